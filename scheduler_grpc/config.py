@@ -1,0 +1,222 @@
+"""Settings: one table, read from `SCHEDULER_*` environment variables and matching CLI flags.
+
+Every setting is declared once in `SETTINGS`; the CLI flags, the environment lookup, the validation
+and the README table (checked by a test) all come from it. A flag beats the environment, which beats
+the default. A bad value raises `ConfigError` naming the setting, which the CLI prints as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from scheduler_grpc.errors import ConfigError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse `250ms`, `10s`, `5m`, `1h` or a bare number of seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError("expected a duration such as 250ms, 10s, 5m or 1h")
+    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+def format_duration(value: timedelta) -> str:
+    ms = round(value.total_seconds() * 1000)
+    if ms % 1000:
+        return f"{ms}ms"
+    seconds = ms // 1000
+    if seconds and seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    if seconds and seconds % 60 == 0:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError("expected true or false")
+
+
+def _parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return text
+
+    return parse
+
+
+def _redis_url(text: str) -> str:
+    if urlsplit(text).scheme not in {"redis", "rediss", "unix"}:
+        raise ValueError("expected redis://host:port/db, rediss://... or unix://path")
+    return text
+
+
+def _database_url(text: str) -> str:
+    if urlsplit(text).scheme not in {"postgres", "postgresql"}:
+        raise ValueError("expected postgresql://user:password@host:port/database")
+    return text
+
+
+def _queue_name(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text):
+        raise ValueError("expected 1-64 letters, digits, '_', '.' or '-'")
+    return text
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its attribute, environment variable, flag, parser, default and meaning."""
+
+    attr: str
+    env: str
+    parse: Callable[[str], Any]
+    default: str | None
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.attr.replace("_", "-")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("redis_url", "REDIS_URL", _redis_url, None,
+            "Redis/Valkey URL. Unset: an embedded Valkey is started (dev mode only)."),
+    Setting("database_url", "DATABASE_URL", _database_url, None,
+            "PostgreSQL URL. Unset: an embedded PostgreSQL is started (dev mode only)."),
+    Setting("env", "SCHEDULER_ENV", _choice("dev", "production"), "dev",
+            "`production` requires explicit URLs and real credentials; `dev` allows embedded servers."),
+    Setting("data_dir", "SCHEDULER_DATA_DIR", Path, ".data",
+            "Where embedded servers keep their data (dev and tests)."),
+    Setting("log_level", "SCHEDULER_LOG_LEVEL", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO",
+            "Log level."),
+    Setting("log_format", "SCHEDULER_LOG_FORMAT", _choice("json", "text"), "json",
+            "`json`: one object per line; `text`: for a terminal."),
+    Setting("queue", "SCHEDULER_QUEUE", _queue_name, "default",
+            "Name of the Redis queue this process works on."),
+    Setting("connect_timeout", "SCHEDULER_CONNECT_TIMEOUT", parse_duration, "5s",
+            "Time allowed to reach Redis and PostgreSQL at start-up and per call."),
+    Setting("db_pool_size", "SCHEDULER_DB_POOL_SIZE", _parse_positive_int, "10",
+            "Maximum PostgreSQL connections per process."),
+    Setting("leader_ttl", "SCHEDULER_LEADER_TTL", parse_duration, "10s",
+            "Leader lock lifetime; renewed every TTL/3. A crashed leader is replaced within TTL + 1s."),
+    Setting("visibility_timeout", "SCHEDULER_VISIBILITY_TIMEOUT", parse_duration, "30s",
+            "Lease length of a dequeued item; extended while its job runs."),
+    Setting("max_stalls", "SCHEDULER_MAX_STALLS", _parse_positive_int, "3",
+            "Expired leases an item may suffer before it is dead-lettered as stalled."),
+    Setting("worker_concurrency", "SCHEDULER_WORKER_CONCURRENCY", _parse_positive_int, "10",
+            "Jobs one worker process runs at once."),
+    Setting("shell_enabled", "SCHEDULER_SHELL_ENABLED", _parse_bool, "false",
+            "Allow the `shell.command` handler."),
+)
+
+_BY_ATTR = {setting.attr: setting for setting in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated settings of one process."""
+
+    redis_url: str | None
+    database_url: str | None
+    env: str
+    data_dir: Path
+    log_level: str
+    log_format: str
+    queue: str
+    connect_timeout: timedelta
+    db_pool_size: int
+    leader_ttl: timedelta
+    visibility_timeout: timedelta
+    max_stalls: int
+    worker_concurrency: int
+    shell_enabled: bool
+
+    @property
+    def production(self) -> bool:
+        return self.env == "production"
+
+    def with_urls(self, redis_url: str, database_url: str) -> Settings:
+        return dataclasses.replace(self, redis_url=redis_url, database_url=database_url)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add one `--flag` per setting; values stay strings until `load` validates them."""
+    group = parser.add_argument_group("settings (each also from its environment variable)")
+    for setting in SETTINGS:
+        group.add_argument(setting.flag, dest=setting.attr, default=None, metavar="VALUE",
+                           help=f"{setting.help} [{setting.env}, default {setting.default or 'unset'}]")
+
+
+def load(environ: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None) -> Settings:
+    """Build `Settings` from flags, then the environment, then defaults.
+
+    Raises:
+        ConfigError: naming the first invalid setting and what it expects.
+    """
+    environ = os.environ if environ is None else environ
+    flags = flags or {}
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw = flags.get(setting.attr)
+        source = setting.flag
+        if raw is None:
+            raw = environ.get(setting.env) or None
+            source = setting.env
+        if raw is None:
+            raw = setting.default
+            source = f"default of {setting.env}"
+        if raw is None:
+            values[setting.attr] = None
+            continue
+        try:
+            values[setting.attr] = setting.parse(str(raw))
+        except ValueError as exc:
+            raise ConfigError(f"{source}={raw!r} is invalid: {exc}") from None
+    settings = Settings(**values)
+    _check(settings)
+    return settings
+
+
+def _check(settings: Settings) -> None:
+    ttl = settings.leader_ttl
+    if ttl < timedelta(milliseconds=300):
+        raise ConfigError(f"{_BY_ATTR['leader_ttl'].env} must be at least 300ms (renewal runs at TTL/3)")
+    if settings.visibility_timeout < timedelta(seconds=1):
+        raise ConfigError(f"{_BY_ATTR['visibility_timeout'].env} must be at least 1s")
+    if settings.connect_timeout <= timedelta(0):
+        raise ConfigError(f"{_BY_ATTR['connect_timeout'].env} must be positive")
+    if settings.production and not (settings.redis_url and settings.database_url):
+        raise ConfigError("SCHEDULER_ENV=production needs REDIS_URL and DATABASE_URL: embedded servers are for dev")
+
+
+def readme_table() -> str:
+    """The settings table for README.md (a test keeps the README in step with this)."""
+    lines = ["| Environment variable | Flag | Default | Meaning |", "| --- | --- | --- | --- |"]
+    for setting in SETTINGS:
+        default = f"`{setting.default}`" if setting.default is not None else "unset"
+        lines.append(f"| `{setting.env}` | `{setting.flag}` | {default} | {setting.help} |")
+    return "\n".join(lines)

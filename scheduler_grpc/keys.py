@@ -1,0 +1,104 @@
+"""Every Redis key name, built in one place.
+
+All keys of one queue share the hash tag `{q:<name>}` so each multi-key Lua script touches a single
+Redis Cluster slot. Nothing else in the package spells a key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """The keys of one queue.
+
+    Attributes:
+        ready: ZSET id -> score encoding (priority desc, enqueue sequence asc).
+        processing: ZSET id -> lease deadline (ms, Redis clock).
+        delayed: ZSET id -> due time (ms, Redis clock); retries and future one-shots.
+        dead: ZSET id -> time parked (ms).
+        priority: HASH id -> priority; an id is "in the queue" exactly while it has an entry here.
+        data: HASH id -> opaque payload given at enqueue.
+        deliveries: HASH id -> times handed to a consumer.
+        lease: HASH id -> current lease token.
+        owner: HASH id -> worker holding the lease.
+        dead_reason: HASH id -> why it was dead-lettered.
+        seq: STRING counter giving FIFO order within a priority.
+        lease_seq: STRING counter giving lease tokens.
+        marker: ZSET with one member; set when work becomes ready, blocking-popped by idle workers.
+    """
+
+    name: str
+
+    def _key(self, suffix: str) -> str:
+        return f"{{q:{self.name}}}:{suffix}"
+
+    @property
+    def ready(self) -> str:
+        return self._key("ready")
+
+    @property
+    def processing(self) -> str:
+        return self._key("processing")
+
+    @property
+    def delayed(self) -> str:
+        return self._key("delayed")
+
+    @property
+    def dead(self) -> str:
+        return self._key("dead")
+
+    @property
+    def priority(self) -> str:
+        return self._key("priority")
+
+    @property
+    def data(self) -> str:
+        return self._key("data")
+
+    @property
+    def deliveries(self) -> str:
+        return self._key("deliveries")
+
+    @property
+    def lease(self) -> str:
+        return self._key("lease")
+
+    @property
+    def owner(self) -> str:
+        return self._key("owner")
+
+    @property
+    def dead_reason(self) -> str:
+        return self._key("dead_reason")
+
+    @property
+    def seq(self) -> str:
+        return self._key("seq")
+
+    @property
+    def lease_seq(self) -> str:
+        return self._key("lease_seq")
+
+    @property
+    def marker(self) -> str:
+        return self._key("marker")
+
+
+@dataclass(frozen=True)
+class LeaderKeys:
+    """The keys of one leader election (one per deployment, named by `scope`)."""
+
+    scope: str = "scheduler"
+
+    @property
+    def lock(self) -> str:
+        """STRING holding the current leader's lease id, with a PX expiry."""
+        return f"{{leader:{self.scope}}}:lock"
+
+    @property
+    def released(self) -> str:
+        """Pub/sub channel announcing a graceful release, so standbys take over at once."""
+        return f"{{leader:{self.scope}}}:released"

@@ -1,0 +1,109 @@
+"""Real servers for every test: embedded Valkey and PostgreSQL unless REDIS_URL / DATABASE_URL are set.
+
+With URLs set, the tests create (and drop) their own PostgreSQL database on that server and FLUSH
+the Redis database of REDIS_URL before each test: point them at a server you can wipe.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+import uvloop
+
+from scheduler_grpc.db.migrate import migrate
+from scheduler_grpc.db.pool import create_pool
+from scheduler_grpc.embedded import ServerUrls, embedded_servers
+
+ROOT = Path(__file__).resolve().parent.parent
+_TIMEOUT = timedelta(seconds=10)
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], object]]:
+    """Every async test runs on uvloop, as the service does."""
+    return {"uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[ServerUrls]:
+    data_dir = Path(os.environ.get("SCHEDULER_DATA_DIR") or ROOT / ".data")
+    with embedded_servers(
+        data_dir,
+        redis_url=os.environ.get("REDIS_URL") or None,
+        database_url=os.environ.get("DATABASE_URL") or None,
+        throwaway=True,
+    ) as urls:
+        yield urls
+
+
+def _with_database(url: str, database: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+@pytest.fixture(scope="session")
+def database_url(servers: ServerUrls) -> Iterator[str]:
+    """A database of this test session's own, migrated once."""
+    name = f"scheduler_test_{os.getpid()}_{time.time_ns() % 10**9}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(servers.database_url)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    async def create() -> None:
+        await admin(f'CREATE DATABASE "{name}"')
+        pool = await create_pool(_with_database(servers.database_url, name), size=2, timeout=_TIMEOUT)
+        try:
+            await migrate(pool)
+        finally:
+            await pool.close()
+
+    uvloop.run(create())
+    yield _with_database(servers.database_url, name)
+    uvloop.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+_TABLES = ("job_executions", "jobs", "leader_state", "api_keys", "users")
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """A pool on the session database, emptied before the test."""
+    pool = await create_pool(database_url, size=10, timeout=_TIMEOUT)
+    await pool.execute(f"TRUNCATE {', '.join(_TABLES)} CASCADE")
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.fixture
+def redis_url(servers: ServerUrls) -> str:
+    return servers.redis_url
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A client on a flushed Redis database."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    await client.flushdb()
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def deadline() -> Callable[[float], float]:
+    """`deadline(5)` -> a monotonic instant 5 s from now, for poll-until loops."""
+    return lambda seconds: time.monotonic() + seconds

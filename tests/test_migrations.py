@@ -1,0 +1,67 @@
+"""Migrations: applied once, idempotent, safe under concurrent starts; constraints hold."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from scheduler_grpc.db import migrate as migrations
+from scheduler_grpc.db.migrate import migrate
+
+
+async def test_second_run_is_a_no_op(pool: asyncpg.Pool) -> None:
+    assert await migrate(pool) == []
+    versions = [row["version"] for row in await pool.fetch("SELECT version FROM schema_migrations")]
+    assert versions == [migration.version for migration in migrations.available()]
+
+
+async def test_concurrent_migrations_on_a_fresh_database_apply_each_file_once(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    fresh = "scheduler_migrate_race"
+    await pool.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+    await pool.execute(f'CREATE DATABASE "{fresh}"')
+    url = database_url.rsplit("/", 1)[0] + "/" + fresh
+    pools = [await asyncpg.create_pool(url, min_size=1, max_size=1) for _ in range(4)]
+    try:
+        results = await asyncio.gather(*(migrate(p) for p in pools))
+        applied = sorted(version for result in results for version in result)
+        assert applied == [migration.version for migration in migrations.available()]
+    finally:
+        for p in pools:
+            await p.close()
+        await pool.execute(f'DROP DATABASE "{fresh}" WITH (FORCE)')
+
+
+async def test_invalid_job_states_cannot_be_stored(pool: asyncpg.Pool) -> None:
+    insert = "INSERT INTO jobs (name, handler, schedule_kind, cron, run_at, priority) VALUES ($1, $2, $3, $4, $5, $6)"
+    await pool.execute(insert, "ok", "test.echo", "cron", "* * * * *", None, 0)
+    bad_rows = [
+        ("cron-without-expression", "test.echo", "cron", None, None, 0),
+        ("manual-with-cron", "test.echo", "manual", "* * * * *", None, 0),
+        ("too-high", "test.echo", "manual", None, None, 1001),
+        ("bad name with spaces", "test.echo", "manual", None, None, 0),
+        ("bad-handler", "Not A Handler", "manual", None, None, 0),
+    ]
+    for row in bad_rows:
+        with pytest.raises(asyncpg.CheckViolationError):
+            await pool.execute(insert, *row)
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await pool.execute(insert, "ok", "test.echo", "manual", None, None, 0)
+
+
+async def test_one_row_per_job_slot_and_attempt(pool: asyncpg.Pool) -> None:
+    job_id = await pool.fetchval(
+        "INSERT INTO jobs (name, handler, schedule_kind) VALUES ('j', 'test.echo', 'manual') RETURNING id"
+    )
+    insert = """INSERT INTO job_executions (job_id, scheduled_for, attempt, status, trigger)
+                VALUES ($1, '2026-01-01T00:00:00Z', $2, 'queued', $3) ON CONFLICT DO NOTHING RETURNING id"""
+    assert await pool.fetchval(insert, job_id, 1, "schedule") is not None
+    assert await pool.fetchval(insert, job_id, 1, "schedule") is None
+    assert await pool.fetchval(insert, job_id, 2, "retry") is not None
+    with pytest.raises(asyncpg.CheckViolationError):
+        await pool.execute(
+            "UPDATE job_executions SET status = 'succeeded' WHERE job_id = $1 AND attempt = 1", job_id
+        )
