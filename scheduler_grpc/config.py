@@ -103,34 +103,80 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("redis_url", "REDIS_URL", _redis_url, None,
-            "Redis/Valkey URL. Unset: an embedded Valkey is started (dev mode only)."),
-    Setting("database_url", "DATABASE_URL", _database_url, None,
-            "PostgreSQL URL. Unset: an embedded PostgreSQL is started (dev mode only)."),
-    Setting("env", "SCHEDULER_ENV", _choice("dev", "production"), "dev",
-            "`production` requires explicit URLs and real credentials; `dev` allows embedded servers."),
-    Setting("data_dir", "SCHEDULER_DATA_DIR", Path, ".data",
-            "Where embedded servers keep their data (dev and tests)."),
-    Setting("log_level", "SCHEDULER_LOG_LEVEL", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO",
-            "Log level."),
-    Setting("log_format", "SCHEDULER_LOG_FORMAT", _choice("json", "text"), "json",
-            "`json`: one object per line; `text`: for a terminal."),
-    Setting("queue", "SCHEDULER_QUEUE", _queue_name, "default",
-            "Name of the Redis queue this process works on."),
-    Setting("connect_timeout", "SCHEDULER_CONNECT_TIMEOUT", parse_duration, "5s",
-            "Time allowed to reach Redis and PostgreSQL at start-up and per call."),
-    Setting("db_pool_size", "SCHEDULER_DB_POOL_SIZE", _parse_positive_int, "10",
-            "Maximum PostgreSQL connections per process."),
-    Setting("leader_ttl", "SCHEDULER_LEADER_TTL", parse_duration, "10s",
-            "Leader lock lifetime; renewed every TTL/3. A crashed leader is replaced within TTL + 1s."),
-    Setting("visibility_timeout", "SCHEDULER_VISIBILITY_TIMEOUT", parse_duration, "30s",
-            "Lease length of a dequeued item; extended while its job runs."),
-    Setting("max_stalls", "SCHEDULER_MAX_STALLS", _parse_positive_int, "3",
-            "Expired leases an item may suffer before it is dead-lettered as stalled."),
-    Setting("worker_concurrency", "SCHEDULER_WORKER_CONCURRENCY", _parse_positive_int, "10",
-            "Jobs one worker process runs at once."),
-    Setting("shell_enabled", "SCHEDULER_SHELL_ENABLED", _parse_bool, "false",
-            "Allow the `shell.command` handler."),
+    Setting(
+        "redis_url",
+        "REDIS_URL",
+        _redis_url,
+        None,
+        "Redis/Valkey URL. Unset: an embedded Valkey is started (dev mode only).",
+    ),
+    Setting(
+        "database_url",
+        "DATABASE_URL",
+        _database_url,
+        None,
+        "PostgreSQL URL. Unset: an embedded PostgreSQL is started (dev mode only).",
+    ),
+    Setting(
+        "env",
+        "SCHEDULER_ENV",
+        _choice("dev", "production"),
+        "dev",
+        "`production` requires explicit URLs and real credentials; `dev` allows embedded servers.",
+    ),
+    Setting("data_dir", "SCHEDULER_DATA_DIR", Path, ".data", "Where embedded servers keep their data (dev and tests)."),
+    Setting("log_level", "SCHEDULER_LOG_LEVEL", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "Log level."),
+    Setting(
+        "log_format",
+        "SCHEDULER_LOG_FORMAT",
+        _choice("json", "text"),
+        "json",
+        "`json`: one object per line; `text`: for a terminal.",
+    ),
+    Setting("queue", "SCHEDULER_QUEUE", _queue_name, "default", "Name of the Redis queue this process works on."),
+    Setting(
+        "connect_timeout",
+        "SCHEDULER_CONNECT_TIMEOUT",
+        parse_duration,
+        "5s",
+        "Time allowed to reach Redis and PostgreSQL at start-up and per call.",
+    ),
+    Setting(
+        "db_pool_size",
+        "SCHEDULER_DB_POOL_SIZE",
+        _parse_positive_int,
+        "10",
+        "Maximum PostgreSQL connections per process.",
+    ),
+    Setting(
+        "leader_ttl",
+        "SCHEDULER_LEADER_TTL",
+        parse_duration,
+        "10s",
+        "Leader lock lifetime; renewed every TTL/3. A crashed leader is replaced within TTL + 1s.",
+    ),
+    Setting(
+        "visibility_timeout",
+        "SCHEDULER_VISIBILITY_TIMEOUT",
+        parse_duration,
+        "30s",
+        "Lease length of a dequeued item; extended while its job runs.",
+    ),
+    Setting(
+        "max_stalls",
+        "SCHEDULER_MAX_STALLS",
+        _parse_positive_int,
+        "3",
+        "Expired leases an item may suffer before it is dead-lettered as stalled.",
+    ),
+    Setting(
+        "worker_concurrency",
+        "SCHEDULER_WORKER_CONCURRENCY",
+        _parse_positive_int,
+        "10",
+        "Jobs one worker process runs at once.",
+    ),
+    Setting("shell_enabled", "SCHEDULER_SHELL_ENABLED", _parse_bool, "false", "Allow the `shell.command` handler."),
 )
 
 _BY_ATTR = {setting.attr: setting for setting in SETTINGS}
@@ -167,8 +213,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     """Add one `--flag` per setting; values stay strings until `load` validates them."""
     group = parser.add_argument_group("settings (each also from its environment variable)")
     for setting in SETTINGS:
-        group.add_argument(setting.flag, dest=setting.attr, default=None, metavar="VALUE",
-                           help=f"{setting.help} [{setting.env}, default {setting.default or 'unset'}]")
+        group.add_argument(
+            setting.flag,
+            dest=setting.attr,
+            default=None,
+            metavar="VALUE",
+            help=f"{setting.help} [{setting.env}, default {setting.default or 'unset'}]",
+        )
 
 
 def load(environ: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None) -> Settings:
@@ -195,20 +246,23 @@ def load(environ: Mapping[str, str] | None = None, flags: Mapping[str, Any] | No
         try:
             values[setting.attr] = setting.parse(str(raw))
         except ValueError as exc:
-            raise ConfigError(f"{source}={raw!r} is invalid: {exc}") from None
+            shown = "<redacted>" if setting.attr.endswith("_url") else repr(raw)
+            raise ConfigError(f"{source}={shown} is invalid: {exc}") from None
     settings = Settings(**values)
     _check(settings)
     return settings
 
 
 def _check(settings: Settings) -> None:
-    ttl = settings.leader_ttl
-    if ttl < timedelta(milliseconds=300):
-        raise ConfigError(f"{_BY_ATTR['leader_ttl'].env} must be at least 300ms (renewal runs at TTL/3)")
+    def name(attr: str) -> str:
+        return f"{_BY_ATTR[attr].env} ({_BY_ATTR[attr].flag})"
+
+    if settings.leader_ttl < timedelta(milliseconds=300):
+        raise ConfigError(f"{name('leader_ttl')} must be at least 300ms (renewal runs at TTL/3)")
     if settings.visibility_timeout < timedelta(seconds=1):
-        raise ConfigError(f"{_BY_ATTR['visibility_timeout'].env} must be at least 1s")
+        raise ConfigError(f"{name('visibility_timeout')} must be at least 1s")
     if settings.connect_timeout <= timedelta(0):
-        raise ConfigError(f"{_BY_ATTR['connect_timeout'].env} must be positive")
+        raise ConfigError(f"{name('connect_timeout')} must be positive")
     if settings.production and not (settings.redis_url and settings.database_url):
         raise ConfigError("SCHEDULER_ENV=production needs REDIS_URL and DATABASE_URL: embedded servers are for dev")
 

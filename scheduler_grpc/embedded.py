@@ -42,7 +42,7 @@ def free_port() -> int:
         return port
 
 
-def _die_with_parent(sig: int) -> Any:
+def die_with_parent(sig: int) -> Any:
     """A preexec_fn that makes the kernel send `sig` to the child when its parent dies."""
     libc = ctypes.CDLL(None, use_errno=True)
 
@@ -135,7 +135,7 @@ class EmbeddedRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent(signal.SIGTERM),  # noqa: PLW1509 - no threads yet
+            preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509 - no threads yet
         )
         self._child = _Child("Valkey", process, signal.SIGTERM, log_path)
         self._child.wait_ready(lambda: _redis_ping(self.port))
@@ -220,7 +220,7 @@ class EmbeddedPostgres:
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
             start_new_session=True, user=self._user,
             # SIGINT is PostgreSQL's fast shutdown: it disconnects clients instead of waiting for them.
-            preexec_fn=_die_with_parent(signal.SIGINT),  # noqa: PLW1509 - no threads yet
+            preexec_fn=die_with_parent(signal.SIGINT),  # noqa: PLW1509 - no threads yet
         )  # fmt: skip
         log_file.close()
         self._child = _Child("PostgreSQL", process, signal.SIGINT, log_path)
@@ -345,7 +345,8 @@ def embedded_servers(
             redis_url = redis.start()
         if postgres is not None:
             database_url = postgres.start()
-        assert redis_url is not None and database_url is not None
+        assert redis_url is not None
+        assert database_url is not None
         yield ServerUrls(redis_url=redis_url, database_url=database_url)
     finally:
         if postgres is not None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import timedelta
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -62,7 +62,7 @@ def database_url(servers: ServerUrls) -> Iterator[str]:
 
     async def create() -> None:
         await admin(f'CREATE DATABASE "{name}"')
-        pool = await create_pool(_with_database(servers.database_url, name), size=2, timeout=_TIMEOUT)
+        pool = await create_pool(_with_database(servers.database_url, name), size=2, connect_timeout=_TIMEOUT)
         try:
             await migrate(pool)
         finally:
@@ -79,7 +79,7 @@ _TABLES = ("job_executions", "jobs", "leader_state", "api_keys", "users")
 @pytest.fixture
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     """A pool on the session database, emptied before the test."""
-    pool = await create_pool(database_url, size=10, timeout=_TIMEOUT)
+    pool = await create_pool(database_url, size=10, connect_timeout=_TIMEOUT)
     await pool.execute(f"TRUNCATE {', '.join(_TABLES)} CASCADE")
     try:
         yield pool

@@ -62,6 +62,4 @@ async def test_one_row_per_job_slot_and_attempt(pool: asyncpg.Pool) -> None:
     assert await pool.fetchval(insert, job_id, 1, "schedule") is None
     assert await pool.fetchval(insert, job_id, 2, "retry") is not None
     with pytest.raises(asyncpg.CheckViolationError):
-        await pool.execute(
-            "UPDATE job_executions SET status = 'succeeded' WHERE job_id = $1 AND attempt = 1", job_id
-        )
+        await pool.execute("UPDATE job_executions SET status = 'succeeded' WHERE job_id = $1 AND attempt = 1", job_id)

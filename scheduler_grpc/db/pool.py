@@ -30,13 +30,13 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-async def create_pool(database_url: str, *, size: int, timeout: timedelta) -> asyncpg.Pool:
+async def create_pool(database_url: str, *, size: int, connect_timeout: timedelta) -> asyncpg.Pool:
     """Open a pool and prove the server answers.
 
     Raises:
         ConfigError: the server cannot be reached or refuses us (names DATABASE_URL).
     """
-    seconds = timeout.total_seconds()
+    seconds = connect_timeout.total_seconds()
     try:
         pool = await asyncio.wait_for(
             asyncpg.create_pool(

@@ -1,0 +1,5 @@
+"""`python -m scheduler_grpc` is the `scheduler-grpc` console script."""
+
+from scheduler_grpc.cli import main
+
+main()

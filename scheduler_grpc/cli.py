@@ -1,0 +1,114 @@
+"""The `scheduler-grpc` console script: one subcommand per role, plus `migrate` and `up`.
+
+Errors a user can fix (bad settings, unreachable servers) print as one line and exit with 2;
+nothing prints a traceback to the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import uvloop
+
+from scheduler_grpc import config, logs
+from scheduler_grpc.config import Settings
+from scheduler_grpc.errors import SchedulerError
+
+log = logging.getLogger("scheduler_grpc.cli")
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    main: Callable[[Settings, argparse.Namespace, asyncio.Event], Coroutine[Any, Any, int]]
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+
+
+async def _migrate(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    from scheduler_grpc.connections import connect_database
+    from scheduler_grpc.db.migrate import migrate
+
+    async with connect_database(settings) as pool:
+        applied = await migrate(pool)
+    log.info("migrations applied" if applied else "schema is up to date", extra={"versions": applied})
+    return 0
+
+
+async def _up(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    from scheduler_grpc.topology import run_topology
+
+    return await run_topology(settings, args, stop)
+
+
+def _add_up_arguments(parser: argparse.ArgumentParser) -> None:
+    from scheduler_grpc.topology import add_arguments
+
+    add_arguments(parser)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("migrate", "apply pending schema migrations (idempotent, safe to run concurrently)", _migrate),
+    Command("up", "run the whole topology as separate processes (embedded servers when no URL is set)",
+            _up, _add_up_arguments),
+)  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scheduler-grpc", description="A distributed, cron-capable job scheduler.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
+        config.add_flags(sub)
+        if command.add_arguments is not None:
+            command.add_arguments(sub)
+        sub.set_defaults(command_spec=command)
+    return parser
+
+
+async def _run(command: Command, settings: Settings, args: argparse.Namespace) -> int:
+    """Run a command with SIGINT/SIGTERM wired to a graceful stop; a second signal cancels at once."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def on_signal() -> None:
+        if stop.is_set():
+            task.cancel()
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal)
+    try:
+        return await command.main(settings, args, stop)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    command: Command = args.command_spec
+    try:
+        settings = config.load(os.environ, vars(args))
+        logs.setup(command.name, settings.log_level, settings.log_format)
+        code = uvloop.run(_run(command, settings, args))
+    except SchedulerError as exc:
+        print(f"scheduler-grpc {command.name}: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code)

@@ -1,0 +1,79 @@
+"""Opening Redis and PostgreSQL for a role: inside the running loop, bounded, with one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from scheduler_grpc.config import Settings
+from scheduler_grpc.db.migrate import migrate
+from scheduler_grpc.db.pool import Pool, create_pool
+from scheduler_grpc.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Connections:
+    redis: aioredis.Redis
+    pool: Pool
+
+
+async def open_redis(url: str, settings: Settings) -> aioredis.Redis:
+    """A client whose server has answered PING.
+
+    Raises:
+        ConfigError: naming REDIS_URL when the server cannot be reached.
+    """
+    seconds = settings.connect_timeout.total_seconds()
+    client = aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=seconds,
+        health_check_interval=30,
+        max_connections=256,
+    )
+    try:
+        async with asyncio.timeout(seconds * 2):
+            await client.ping()
+    except (RedisError, OSError, TimeoutError) as exc:
+        await client.aclose()
+        parts = urlsplit(url)
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"REDIS_URL ({parts.scheme}://{parts.hostname}:{parts.port or 6379}) cannot be reached: {reason}; "
+            "check the URL and that Redis is running"
+        ) from None
+    return client
+
+
+@asynccontextmanager
+async def connect_database(settings: Settings) -> AsyncIterator[Pool]:
+    """A pool on DATABASE_URL, closed on exit (no migrations)."""
+    if not settings.database_url:
+        raise ConfigError("DATABASE_URL must be set (or use `scheduler-grpc up` in dev mode)")
+    pool = await create_pool(
+        settings.database_url, size=settings.db_pool_size, connect_timeout=settings.connect_timeout
+    )
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@asynccontextmanager
+async def connect(settings: Settings, *, run_migrations: bool = True) -> AsyncIterator[Connections]:
+    """Open both servers (and apply pending migrations), close them on exit."""
+    if not settings.redis_url:
+        raise ConfigError("REDIS_URL must be set (or use `scheduler-grpc up` in dev mode)")
+    async with connect_database(settings) as pool:
+        if run_migrations:
+            await migrate(pool)
+        client = await open_redis(settings.redis_url, settings)
+        try:
+            yield Connections(redis=client, pool=pool)
+        finally:
+            await client.aclose()

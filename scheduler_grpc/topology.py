@@ -1,0 +1,114 @@
+"""`scheduler-grpc up`: the whole topology on one machine, one process per role.
+
+gRPC and fork don't mix, so every role is its own freshly exec'd process. The supervisor starts
+embedded servers when no URL is set (dev mode), applies migrations once, starts the roles, and on
+Ctrl-C/SIGTERM stops them (SIGTERM, then SIGKILL after the grace period) before the servers.
+If a role exits on its own, the supervisor stops the rest and exits with its code: a supervisor
+that hides crashes is worse than none (use docker-compose or systemd for restart policies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+from scheduler_grpc.config import Settings
+from scheduler_grpc.connections import connect
+from scheduler_grpc.embedded import die_with_parent, embedded_servers
+from scheduler_grpc.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+GRACE_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class Child:
+    name: str
+    argv: list[str]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--schedulers", type=int, default=2, help="scheduler processes (1 leader + standbys)")
+    parser.add_argument("--workers", type=int, default=3, help="worker processes")
+
+
+def _children(args: argparse.Namespace) -> list[Child]:
+    from scheduler_grpc.cli import COMMANDS
+
+    available = {command.name for command in COMMANDS}
+    script = [sys.executable, "-m", "scheduler_grpc"]
+    children: list[Child] = []
+    if "server" in available:
+        children.append(Child("server", [*script, "server"]))
+    if "scheduler" in available:
+        children += [Child(f"scheduler-{i}", [*script, "scheduler"]) for i in range(1, args.schedulers + 1)]
+    if "worker" in available:
+        children += [Child(f"worker-{i}", [*script, "worker"]) for i in range(1, args.workers + 1)]
+    return children
+
+
+async def run_topology(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    """Run until `stop` is set or a role exits; return the exit code."""
+    if settings.production and not (settings.redis_url and settings.database_url):
+        raise ConfigError("SCHEDULER_ENV=production needs REDIS_URL and DATABASE_URL: embedded servers are for dev")
+    with embedded_servers(
+        settings.data_dir,
+        redis_url=settings.redis_url,
+        database_url=settings.database_url,
+        throwaway=False,
+    ) as urls:
+        settings = settings.with_urls(urls.redis_url, urls.database_url)
+        async with connect(settings):
+            pass  # proves both servers answer and applies migrations once, before the roles race
+        env = {**os.environ, "REDIS_URL": urls.redis_url, "DATABASE_URL": urls.database_url}
+        log.info("topology starting", extra={"redis_url": urls.redis_url, "database_url": urls.database_url})
+        return await _supervise(_children(args), env, stop)
+
+
+async def _supervise(children: list[Child], env: dict[str, str], stop: asyncio.Event) -> int:
+    processes: dict[str, asyncio.subprocess.Process] = {}
+    try:
+        for child in children:
+            processes[child.name] = await asyncio.create_subprocess_exec(
+                *child.argv,
+                env={**env, "SCHEDULER_INSTANCE": child.name},
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops roles in order
+                preexec_fn=die_with_parent(signal.SIGTERM),
+            )
+            log.info("role started", extra={"role_name": child.name, "child_pid": processes[child.name].pid})
+        waits = {asyncio.create_task(process.wait(), name=f"wait-{name}"): name for name, process in processes.items()}
+        stopper = asyncio.create_task(stop.wait(), name="wait-stop")
+        done, _ = await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
+        code = 0
+        for task in done:
+            if task is not stopper:
+                code = task.result() or 1
+                log.error("role exited; stopping the topology", extra={"role_name": waits[task], "exit_code": code})
+        stopper.cancel()
+        return code
+    finally:
+        await _stop_all(processes)
+
+
+async def _stop_all(processes: dict[str, asyncio.subprocess.Process]) -> None:
+    running = [process for process in processes.values() if process.returncode is None]
+    for process in running:
+        with contextlib.suppress(ProcessLookupError):
+            process.terminate()
+    try:
+        async with asyncio.timeout(GRACE_SECONDS):
+            await asyncio.gather(*(process.wait() for process in running))
+    except TimeoutError:
+        for process in running:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+        await asyncio.gather(*(process.wait() for process in running))

@@ -1,0 +1,48 @@
+"""The console script: user errors are one line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {key: value for key, value in os.environ.items() if key not in {"REDIS_URL", "DATABASE_URL"}}
+    return subprocess.run(
+        [sys.executable, "-m", "scheduler_grpc", *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"DATABASE_URL": "postgresql://nobody:secret@127.0.0.1:1/none"}, "DATABASE_URL"),
+        ({"DATABASE_URL": "not a url"}, "DATABASE_URL"),
+        ({"DATABASE_URL": "postgresql://x@127.0.0.1:1/y", "SCHEDULER_LEADER_TTL": "-1"}, "SCHEDULER_LEADER_TTL"),
+    ],
+)
+def test_bad_setting_gives_one_clear_line(env: dict[str, str], named: str) -> None:
+    result = run_cli("migrate", **env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert named in lines[0]
+    assert "Traceback" not in result.stderr
+    assert "secret" not in result.stderr
+
+
+def test_migrate_applies_then_is_a_no_op(database_url: str) -> None:
+    first = run_cli("migrate", DATABASE_URL=database_url)
+    assert first.returncode == 0, first.stderr
+    assert '"schema is up to date"' in first.stderr or "schema is up to date" in first.stderr
