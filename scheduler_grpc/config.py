@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -79,6 +80,13 @@ def _database_url(text: str) -> str:
     if urlsplit(text).scheme not in {"postgres", "postgresql"}:
         raise ValueError("expected postgresql://user:password@host:port/database")
     return text
+
+
+def _networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    try:
+        return tuple(ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise ValueError(f"expected comma-separated CIDRs: {exc}") from None
 
 
 def _queue_name(text: str) -> str:
@@ -177,6 +185,14 @@ SETTINGS: tuple[Setting, ...] = (
         "Jobs one worker process runs at once.",
     ),
     Setting("shell_enabled", "SCHEDULER_SHELL_ENABLED", _parse_bool, "false", "Allow the `shell.command` handler."),
+    Setting(
+        "webhook_allowlist",
+        "SCHEDULER_WEBHOOK_ALLOWLIST",
+        _networks,
+        "",
+        "Comma-separated CIDRs (e.g. `10.0.0.0/8,127.0.0.1/32`) that `http.webhook` may reach "
+        "although they are private, loopback or link-local.",
+    ),
 )
 
 _BY_ATTR = {setting.attr: setting for setting in SETTINGS}
@@ -200,6 +216,7 @@ class Settings:
     max_stalls: int
     worker_concurrency: int
     shell_enabled: bool
+    webhook_allowlist: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
 
     @property
     def production(self) -> bool:
@@ -271,6 +288,6 @@ def readme_table() -> str:
     """The settings table for README.md (a test keeps the README in step with this)."""
     lines = ["| Environment variable | Flag | Default | Meaning |", "| --- | --- | --- | --- |"]
     for setting in SETTINGS:
-        default = f"`{setting.default}`" if setting.default is not None else "unset"
+        default = f"`{setting.default}`" if setting.default else "unset"
         lines.append(f"| `{setting.env}` | `{setting.flag}` | {default} | {setting.help} |")
     return "\n".join(lines)

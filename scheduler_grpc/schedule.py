@@ -1,0 +1,214 @@
+"""Cron schedules in IANA time zones, with explicit daylight-saving policies.
+
+croniter is used only to walk *local wall-clock* times (naive datetimes); this module maps each
+wall-clock slot to UTC instants itself, so DST behaviour is ours and documented:
+
+* A slot inside a skipped local hour (spring forward) fires once at the first valid instant after
+  the gap (`shift`, the default) or not at all (`skip`). Several skipped slots collapse into one fire.
+* A slot inside a repeated local hour (fall back) fires once, on its first occurrence (`first`,
+  the default) or on both occurrences (`both`). The dedupe is on the wall-clock slot, which is what
+  croniter alone gets wrong: it fires `30 1 * * *` twice on the fall-back night.
+
+The scheduler and `PreviewSchedule` both use `fire_times`, so a preview is exactly what will fire.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
+
+from scheduler_grpc.errors import InvalidArgument
+
+MAX_CRON_LENGTH = 200
+_ALIASES = frozenset({"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"})
+_FIELD = re.compile(r"^[0-9A-Za-z*/,?LW#-]+$")
+
+
+class GapPolicy(enum.StrEnum):
+    SHIFT = "shift"
+    SKIP = "skip"
+
+
+class FoldPolicy(enum.StrEnum):
+    FIRST = "first"
+    BOTH = "both"
+
+
+class DstEffect(enum.StrEnum):
+    """How daylight-saving time changed a fire time, for previews and history."""
+
+    NONE = "none"
+    SHIFTED = "shifted"  # the local slot did not exist; fired at the end of the gap
+    REPEATED = "repeated"  # the local slot happened twice; this is its second occurrence
+
+
+@dataclass(frozen=True)
+class CronSchedule:
+    """A validated cron expression in a time zone, with DST policies.
+
+    `seconds` is True for 6-field expressions, whose FIRST field is the second (as in Quartz and
+    Spring): `*/5 * * * * *` fires every five seconds.
+    """
+
+    expression: str
+    time_zone: str
+    gap_policy: GapPolicy = GapPolicy.SHIFT
+    fold_policy: FoldPolicy = FoldPolicy.FIRST
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.time_zone)
+
+    @property
+    def seconds(self) -> bool:
+        return len(self.expression.split()) == 6
+
+
+@dataclass(frozen=True)
+class FireTime:
+    """One instant a schedule fires at, and the local wall-clock slot it belongs to."""
+
+    instant: datetime  # aware, UTC
+    local_slot: datetime  # naive wall-clock time in the schedule's zone
+    dst: DstEffect = DstEffect.NONE
+
+
+def parse_time_zone(name: str, field: str = "time_zone") -> ZoneInfo:
+    """Resolve an IANA zone name (tzdata ships with the package), or raise InvalidArgument."""
+    if not name or len(name) > 64 or ".." in name or name.startswith("/"):
+        raise InvalidArgument(field, f"unknown time zone {name!r}; use an IANA name such as Europe/Paris")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidArgument(field, f"unknown time zone {name!r}; use an IANA name such as Europe/Paris") from None
+
+
+def parse_cron(
+    expression: str,
+    time_zone: str = "UTC",
+    gap_policy: GapPolicy | str = GapPolicy.SHIFT,
+    fold_policy: FoldPolicy | str = FoldPolicy.FIRST,
+    *,
+    field: str = "cron",
+) -> CronSchedule:
+    """Validate a cron expression and build a schedule.
+
+    croniter accepts 7 fields (seconds + year) and expressions that never fire (`0 0 31 2 *`,
+    found only when iterated); both are refused here: the fields are counted, and one next fire
+    time is computed.
+
+    Raises:
+        InvalidArgument: naming `field` (or `time_zone`, `dst_gap_policy`, `dst_fold_policy`).
+    """
+    expression = " ".join(expression.split())
+    if not expression:
+        raise InvalidArgument(field, "must not be empty")
+    if len(expression) > MAX_CRON_LENGTH:
+        raise InvalidArgument(field, f"must be at most {MAX_CRON_LENGTH} characters")
+    parse_time_zone(time_zone)
+    try:
+        gap = GapPolicy(gap_policy)
+    except ValueError:
+        raise InvalidArgument("dst_gap_policy", "expected 'shift' or 'skip'") from None
+    try:
+        fold = FoldPolicy(fold_policy)
+    except ValueError:
+        raise InvalidArgument("dst_fold_policy", "expected 'first' or 'both'") from None
+    fields = expression.split()
+    if expression.startswith("@"):
+        if expression not in _ALIASES:
+            raise InvalidArgument(field, f"unknown alias {expression!r}; known: {', '.join(sorted(_ALIASES))}")
+    elif len(fields) not in (5, 6):
+        raise InvalidArgument(
+            field,
+            f"expected 5 fields (minute hour day month weekday) or 6 with seconds first, got {len(fields)}",
+        )
+    elif not all(_FIELD.match(part) for part in fields):
+        raise InvalidArgument(field, f"invalid characters in {expression!r}")
+    schedule = CronSchedule(expression, time_zone, gap, fold)
+    try:
+        _walk(schedule, datetime(2000, 1, 1))
+        next(fire_times(schedule, datetime.now(UTC)))
+    except (CroniterBadCronError, CroniterError, ValueError, KeyError) as exc:
+        raise InvalidArgument(field, f"invalid cron expression {expression!r}: {exc}") from None
+    except (CroniterBadDateError, StopIteration):
+        raise InvalidArgument(field, f"{expression!r} never fires") from None
+    return schedule
+
+
+def _walk(schedule: CronSchedule, start_local: datetime) -> croniter:
+    return croniter(schedule.expression, start_local, second_at_beginning=schedule.seconds)
+
+
+def _instant(local: datetime, zone: ZoneInfo, fold: int) -> datetime:
+    return local.replace(tzinfo=zone, fold=fold).astimezone(UTC)
+
+
+def _exists(local: datetime, zone: ZoneInfo) -> bool:
+    return _instant(local, zone, 0).astimezone(zone).replace(tzinfo=None) == local
+
+
+def _gap_end(local: datetime, zone: ZoneInfo) -> datetime:
+    """The transition instant ending the gap that swallows the non-existent wall time `local`."""
+    # Interpreted with the offset after the jump, `local` lands before the transition; with the
+    # offset before the jump, after it. Bisect on whole seconds (zone transitions are whole seconds).
+    low = int(_instant(local, zone, 1).timestamp())
+    high = int(_instant(local, zone, 0).timestamp())
+    while high - low > 1:
+        middle = (low + high) // 2
+        if datetime.fromtimestamp(middle, zone).replace(tzinfo=None) > local:
+            high = middle
+        else:
+            low = middle
+    return datetime.fromtimestamp(high, UTC)
+
+
+def fire_times(schedule: CronSchedule, after: datetime) -> Iterator[FireTime]:
+    """Yield the fire times strictly after `after` (aware), in increasing order, forever.
+
+    A schedule that never fires again ends the iterator (croniter gives up after a search limit).
+    """
+    zone = schedule.zone
+    after = after.astimezone(UTC)
+    start = after.astimezone(zone).replace(tzinfo=None)
+    # Inside a repeated hour, slots earlier on the wall clock may still have a later second
+    # occurrence: start the walk one DST delta earlier and let the `> after` filter sort it out.
+    first, second = _instant(start, zone, 0), _instant(start, zone, 1)
+    if second != first:
+        start -= second - first
+    walker = _walk(schedule, start - timedelta(seconds=1))
+    deferred: list[FireTime] = []  # second occurrences, due after every first one of the same fold
+    last: datetime | None = None
+    while True:
+        try:
+            local = walker.get_next(datetime)
+        except CroniterBadDateError:
+            return
+        candidates: list[FireTime] = []
+        fold0, fold1 = _instant(local, zone, 0), _instant(local, zone, 1)
+        if not _exists(local, zone):
+            if schedule.gap_policy is GapPolicy.SHIFT:
+                candidates.append(FireTime(_gap_end(local, zone), local, DstEffect.SHIFTED))
+        elif fold0 != fold1:
+            candidates.append(FireTime(fold0, local))
+            if schedule.fold_policy is FoldPolicy.BOTH:
+                deferred.append(FireTime(fold1, local, DstEffect.REPEATED))
+        else:
+            # Past the repeated hour: its second occurrences all come before this slot.
+            candidates = [*deferred, FireTime(fold0, local)]
+            deferred = []
+        for fire in candidates:
+            if fire.instant > after and (last is None or fire.instant > last):
+                last = fire.instant
+                yield fire
+
+
+def next_fire_time(schedule: CronSchedule, after: datetime) -> FireTime | None:
+    """The first fire time strictly after `after`, or None if the schedule never fires again."""
+    return next(fire_times(schedule, after), None)
