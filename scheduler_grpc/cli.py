@@ -58,8 +58,33 @@ def _add_up_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
 
 
+async def _scheduler(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    from scheduler_grpc.scheduler import run_scheduler
+
+    return await run_scheduler(settings, args, stop)
+
+
+async def _worker(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    from scheduler_grpc.worker import run_worker
+
+    return await run_worker(settings, args, stop)
+
+
+def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    def slots(text: str) -> int:
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError("must be at least 1")
+        return value
+
+    parser.add_argument("--concurrency", type=slots, default=None, metavar="N",
+                        help="jobs run at once (default SCHEDULER_WORKER_CONCURRENCY)")  # fmt: skip
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("migrate", "apply pending schema migrations (idempotent, safe to run concurrently)", _migrate),
+    Command("scheduler", "campaign for leadership; the leader schedules, recovers and reconciles", _scheduler),
+    Command("worker", "execute jobs from the queue with bounded concurrency", _worker, _add_worker_arguments),
     Command("up", "run the whole topology as separate processes (embedded servers when no URL is set)",
             _up, _add_up_arguments),
 )  # fmt: skip

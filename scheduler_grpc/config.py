@@ -61,6 +61,13 @@ def _parse_positive_int(text: str) -> int:
     return value
 
 
+def _parse_ratio(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError("must be greater than 0 and at most 1")
+    return value
+
+
 def _choice(*options: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in options:
@@ -164,6 +171,27 @@ SETTINGS: tuple[Setting, ...] = (
         "Leader lock lifetime; renewed every TTL/3. A crashed leader is replaced within TTL + 1s.",
     ),
     Setting(
+        "misfire_grace",
+        "SCHEDULER_MISFIRE_GRACE",
+        parse_duration,
+        "60s",
+        "A slot later than this (no leader ran) is a misfire and follows the job's misfire policy.",
+    ),
+    Setting(
+        "reconcile_interval",
+        "SCHEDULER_RECONCILE_INTERVAL",
+        parse_duration,
+        "10s",
+        "How often the leader re-enqueues work PostgreSQL has queued but Redis lost.",
+    ),
+    Setting(
+        "scan_interval",
+        "SCHEDULER_SCAN_INTERVAL",
+        parse_duration,
+        "1s",
+        "Longest the leader sleeps between due-scans (it wakes earlier for the next due job or a change).",
+    ),
+    Setting(
         "visibility_timeout",
         "SCHEDULER_VISIBILITY_TIMEOUT",
         parse_duration,
@@ -183,6 +211,41 @@ SETTINGS: tuple[Setting, ...] = (
         _parse_positive_int,
         "10",
         "Jobs one worker process runs at once.",
+    ),
+    Setting(
+        "shutdown_grace",
+        "SCHEDULER_SHUTDOWN_GRACE",
+        parse_duration,
+        "30s",
+        "On SIGTERM a worker lets running jobs finish this long, then hands the rest back to the queue.",
+    ),
+    Setting(
+        "breaker_window",
+        "SCHEDULER_BREAKER_WINDOW",
+        _parse_positive_int,
+        "10",
+        "Calls a circuit breaker remembers (per handler and per webhook host).",
+    ),
+    Setting(
+        "breaker_min_calls",
+        "SCHEDULER_BREAKER_MIN_CALLS",
+        _parse_positive_int,
+        "5",
+        "Fewer remembered calls than this never open a breaker.",
+    ),
+    Setting(
+        "breaker_failure_ratio",
+        "SCHEDULER_BREAKER_FAILURE_RATIO",
+        _parse_ratio,
+        "0.5",
+        "A breaker opens when this share of its remembered calls failed.",
+    ),
+    Setting(
+        "breaker_reset_timeout",
+        "SCHEDULER_BREAKER_RESET_TIMEOUT",
+        parse_duration,
+        "30s",
+        "How long an open breaker refuses work before letting trial calls through (half-open).",
     ),
     Setting("shell_enabled", "SCHEDULER_SHELL_ENABLED", _parse_bool, "false", "Allow the `shell.command` handler."),
     Setting(
@@ -212,9 +275,17 @@ class Settings:
     connect_timeout: timedelta
     db_pool_size: int
     leader_ttl: timedelta
+    misfire_grace: timedelta
+    reconcile_interval: timedelta
+    scan_interval: timedelta
     visibility_timeout: timedelta
     max_stalls: int
     worker_concurrency: int
+    shutdown_grace: timedelta
+    breaker_window: int
+    breaker_min_calls: int
+    breaker_failure_ratio: float
+    breaker_reset_timeout: timedelta
     shell_enabled: bool
     webhook_allowlist: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
 

@@ -6,10 +6,15 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler_grpc.config import Settings
 from scheduler_grpc.db.migrate import migrate
@@ -23,6 +28,19 @@ class Connections:
     pool: Pool
 
 
+def redis_client(url: str, connect_timeout: timedelta = timedelta(seconds=5)) -> aioredis.Redis:
+    """A pooled client that rides out a Redis restart: a call on a connection the server closed is
+    retried on a fresh one (briefly, with backoff) instead of failing the caller."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=connect_timeout.total_seconds(),
+        health_check_interval=30,
+        max_connections=256,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+    )
+
+
 async def open_redis(url: str, settings: Settings) -> aioredis.Redis:
     """A client whose server has answered PING.
 
@@ -30,12 +48,7 @@ async def open_redis(url: str, settings: Settings) -> aioredis.Redis:
         ConfigError: naming REDIS_URL when the server cannot be reached.
     """
     seconds = settings.connect_timeout.total_seconds()
-    client = aioredis.Redis.from_url(
-        url,
-        socket_connect_timeout=seconds,
-        health_check_interval=30,
-        max_connections=256,
-    )
+    client = redis_client(url, settings.connect_timeout)
     try:
         async with asyncio.timeout(seconds * 2):
             await client.ping()

@@ -102,3 +102,26 @@ class LeaderKeys:
     def released(self) -> str:
         """Pub/sub channel announcing a graceful release, so standbys take over at once."""
         return f"{{leader:{self.scope}}}:released"
+
+
+@dataclass(frozen=True)
+class EventKeys:
+    """The execution event stream (capped), read by every gRPC server and fanned out to subscribers."""
+
+    @property
+    def stream(self) -> str:
+        return "{events}:executions"
+
+
+@dataclass(frozen=True)
+class WorkerKeys:
+    """The worker heartbeat registry: one hash per worker with a TTL, plus an index set."""
+
+    @property
+    def index(self) -> str:
+        """ZSET worker id -> last beat (ms)."""
+        return "{workers}:index"
+
+    def worker(self, worker_id: str) -> str:
+        """HASH of one worker's facts (host, pid, slots, active, handlers, started, last beat)."""
+        return f"{{workers}}:worker:{worker_id}"

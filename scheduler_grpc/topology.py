@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
@@ -68,8 +69,35 @@ async def run_topology(settings: Settings, args: argparse.Namespace, stop: async
         async with connect(settings):
             pass  # proves both servers answer and applies migrations once, before the roles race
         env = {**os.environ, "REDIS_URL": urls.redis_url, "DATABASE_URL": urls.database_url}
-        log.info("topology starting", extra={"redis_url": urls.redis_url, "database_url": urls.database_url})
-        return await _supervise(_children(args), env, stop)
+        children = _children(args)
+        env_file = _write_env_file(settings, urls.redis_url, urls.database_url)
+        _banner(children, urls.redis_url, urls.database_url, env_file)
+        try:
+            return await _supervise(children, env, stop)
+        finally:
+            env_file.unlink(missing_ok=True)  # the servers stop with us: their URLs stop working
+
+
+def _write_env_file(settings: Settings, redis_url: str, database_url: str) -> Path:
+    """Where other shells (the README's snippets, schedctl) find this topology's servers."""
+    path = settings.data_dir.resolve() / "dev" / "env"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"REDIS_URL={redis_url}\nDATABASE_URL={database_url}\n")
+    return path
+
+
+def _banner(children: list[Child], redis_url: str, database_url: str, env_file: Path) -> None:
+    roles = ", ".join(child.name for child in children)
+    lines = [
+        "",
+        "scheduler-grpc is up (Ctrl-C stops everything)",
+        f"  roles:        {roles}",
+        f"  REDIS_URL:    {redis_url}",
+        f"  DATABASE_URL: {database_url}",
+        f"  in a shell:   set -a; . {env_file}; set +a",
+        "",
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 async def _supervise(children: list[Child], env: dict[str, str], stop: asyncio.Event) -> int:

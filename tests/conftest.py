@@ -6,6 +6,7 @@ the Redis database of REDIS_URL before each test: point them at a server you can
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -18,9 +19,12 @@ import pytest
 import redis.asyncio as aioredis
 import uvloop
 
+from scheduler_grpc.control import Control
 from scheduler_grpc.db.migrate import migrate
 from scheduler_grpc.db.pool import create_pool
 from scheduler_grpc.embedded import ServerUrls, embedded_servers
+from scheduler_grpc.handlers import HandlerSettings, default_registry
+from tests.engine_helpers import Roles
 
 ROOT = Path(__file__).resolve().parent.parent
 _TIMEOUT = timedelta(seconds=10)
@@ -107,3 +111,25 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 def deadline() -> Callable[[float], float]:
     """`deadline(5)` -> a monotonic instant 5 s from now, for poll-until loops."""
     return lambda seconds: time.monotonic() + seconds
+
+
+@pytest.fixture
+def roles(redis_url: str, database_url: str, tmp_path: Path) -> Iterator[Roles]:
+    """Role processes (scheduler, worker) against the test servers; stopped after the test."""
+    started = Roles(redis_url, database_url, tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop_all()
+        print(started.dump_logs())  # shown by pytest only when the test failed
+
+
+@pytest.fixture
+async def control(redis: aioredis.Redis, pool: asyncpg.Pool) -> AsyncIterator[Control]:
+    registry = default_registry(
+        HandlerSettings(shell_enabled=True, dev_mode=True, webhook_allowlist=(ipaddress.ip_network("127.0.0.1/32"),))
+    )
+    try:
+        yield Control(redis, pool, registry)
+    finally:
+        await registry.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import asyncpg
 import pytest
@@ -56,10 +57,13 @@ async def test_one_row_per_job_slot_and_attempt(pool: asyncpg.Pool) -> None:
     job_id = await pool.fetchval(
         "INSERT INTO jobs (name, handler, schedule_kind) VALUES ('j', 'test.echo', 'manual') RETURNING id"
     )
-    insert = """INSERT INTO job_executions (job_id, scheduled_for, attempt, status, trigger)
-                VALUES ($1, '2026-01-01T00:00:00Z', $2, 'queued', $3) ON CONFLICT DO NOTHING RETURNING id"""
-    assert await pool.fetchval(insert, job_id, 1, "schedule") is not None
-    assert await pool.fetchval(insert, job_id, 1, "schedule") is None
-    assert await pool.fetchval(insert, job_id, 2, "retry") is not None
+    insert = """INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger)
+                VALUES ($1, $2, $3, '2026-01-01T00:00:00Z', $4, 'queued', $5) ON CONFLICT DO NOTHING RETURNING id"""
+    first, second = uuid.uuid4(), uuid.uuid4()
+    assert await pool.fetchval(insert, first, first, job_id, 1, "schedule") is not None
+    assert await pool.fetchval(insert, second, second, job_id, 1, "schedule") is None
+    assert await pool.fetchval(insert, second, first, job_id, 2, "retry") is not None
+    with pytest.raises(asyncpg.CheckViolationError):
+        await pool.execute(insert, uuid.uuid4(), first, job_id, 1, "manual")
     with pytest.raises(asyncpg.CheckViolationError):
         await pool.execute("UPDATE job_executions SET status = 'succeeded' WHERE job_id = $1 AND attempt = 1", job_id)

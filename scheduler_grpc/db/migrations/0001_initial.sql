@@ -45,6 +45,9 @@ CREATE INDEX jobs_due_idx ON jobs (next_run_time) WHERE status = 'active' AND ne
 CREATE TABLE job_executions (
     id            uuid PRIMARY KEY DEFAULT gen_random_uuid(),
     job_id        uuid NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    -- The queue item of this run: the id of its first attempt. Retries and recoveries of a slot
+    -- are new rows (history is never rewritten) but travel through Redis as the same item.
+    run_id        uuid NOT NULL,
     -- The slot this row belongs to (schedule time; trigger time for manual runs).
     scheduled_for timestamptz NOT NULL,
     attempt       integer NOT NULL DEFAULT 1 CHECK (attempt BETWEEN 1 AND 101),
@@ -73,7 +76,8 @@ CREATE TABLE job_executions (
     CHECK (status IN ('queued', 'running') OR finished_at IS NOT NULL),
     CHECK (status <> 'running' OR claim_token IS NOT NULL),
     CHECK (finished_at IS NULL OR started_at IS NULL OR finished_at >= started_at),
-    CHECK (trigger <> 'retry' OR attempt > 1)
+    CHECK (trigger <> 'retry' OR attempt > 1),
+    CHECK (attempt > 1 OR run_id = id)
 );
 
 -- Listing by time (ExecutionService.ListExecutions without a job filter).
@@ -82,6 +86,8 @@ CREATE INDEX job_executions_created_idx ON job_executions (created_at DESC, id D
 -- Reconcile and the concurrency policy look only at unfinished rows.
 CREATE INDEX job_executions_open_idx ON job_executions (job_id, due_at)
     WHERE status IN ('queued', 'running');
+-- A claim resolves a queue item to the latest attempt of its run.
+CREATE INDEX job_executions_run_idx ON job_executions (run_id, attempt DESC);
 
 -- Leader terms come from a PostgreSQL sequence, so fencing tokens stay monotonic when Redis
 -- restarts empty or is flushed. `leader_state.term` is the current term; every leader write

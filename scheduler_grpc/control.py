@@ -1,0 +1,113 @@
+"""Control-plane operations: the domain code behind the gRPC API (and a Python entry point of its own).
+
+Each operation validates first (nothing is stored on bad input), writes PostgreSQL, then Redis (the
+outbox order; the leader's reconcile loop repairs a crash in between).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import asyncpg
+from redis.asyncio import Redis
+
+from scheduler_grpc import events
+from scheduler_grpc.db.executions import ExecutionRepository, Queued
+from scheduler_grpc.db.jobs import JobRepository
+from scheduler_grpc.dispatch import Queues, enqueue_runs
+from scheduler_grpc.errors import FailedPrecondition, InvalidArgument
+from scheduler_grpc.events import EventType, ExecutionEvent
+from scheduler_grpc.executions import Trigger
+from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
+
+MAX_REQUEST_ID_LENGTH = 128
+
+
+def _check_request_id(request_id: str | None) -> str | None:
+    if request_id is None or request_id == "":
+        return None
+    if len(request_id) > MAX_REQUEST_ID_LENGTH:
+        raise InvalidArgument("request_id", f"must be at most {MAX_REQUEST_ID_LENGTH} characters")
+    return request_id
+
+
+class Control:
+    """Jobs and runs, as an operator or another service manipulates them."""
+
+    def __init__(self, redis: Redis, pool: asyncpg.Pool, handlers: PayloadValidator) -> None:
+        self._redis = redis
+        self._pool = pool
+        self._handlers = handlers
+        self.jobs = JobRepository(pool)
+        self.executions = ExecutionRepository(pool)
+        self.queues = Queues(redis)
+
+    async def create_job(self, spec: JobSpec, *, request_id: str | None = None) -> Job:
+        """Validate and store a job; the same `request_id` returns the same job."""
+        request_id = _check_request_id(request_id)
+        spec = validate_job(spec, self._handlers)
+        now = datetime.now(UTC)
+        next_run = spec.first_run_time(now) if spec.status is JobStatus.ACTIVE else None
+        return await self.jobs.create(spec, next_run, request_id)
+
+    async def update_job(self, job_id: str, spec: JobSpec, expected_version: int | None = None) -> Job:
+        """Replace a job's definition (optimistic concurrency on `expected_version` when given)."""
+        current = await self.jobs.get(job_id)
+        spec = validate_job(spec, self._handlers)
+        schedule_changed = (spec.schedule_kind, spec.cron, spec.time_zone, spec.run_at, spec.dst_gap_policy,
+                            spec.dst_fold_policy, spec.status) != (
+            current.schedule_kind, current.cron, current.time_zone, current.run_at, current.dst_gap_policy,
+            current.dst_fold_policy, current.status)  # fmt: skip
+        next_run = current.next_run_time
+        if schedule_changed:
+            next_run = spec.first_run_time(datetime.now(UTC)) if spec.status is JobStatus.ACTIVE else None
+        version = current.version if expected_version is None else expected_version
+        return await self.jobs.update(job_id, spec, next_run, version)
+
+    async def pause_job(self, job_id: str) -> Job:
+        return await self.jobs.set_status(job_id, JobStatus.PAUSED, None)
+
+    async def resume_job(self, job_id: str) -> Job:
+        """Resume from now: slots passed while paused are not caught up."""
+        job = await self.jobs.get(job_id)
+        next_run = replace(job, status=JobStatus.ACTIVE).first_run_time(datetime.now(UTC))
+        return await self.jobs.set_status(job_id, JobStatus.ACTIVE, next_run)
+
+    async def delete_job(self, job_id: str) -> None:
+        await self.jobs.delete(job_id)
+
+    async def trigger_job(self, job_id: str, *, request_id: str | None = None) -> list[Queued]:
+        """Run a job now, outside its schedule; the same `request_id` does not run it twice."""
+        request_id = _check_request_id(request_id)
+        job = await self.jobs.get(job_id)
+        now = datetime.now(UTC)
+        runs = await self.executions.trigger(job.id, Trigger.MANUAL, [now], request_id=request_id)
+        await self._dispatch(runs)
+        return runs
+
+    async def backfill_job(self, job_id: str, slots: Sequence[datetime]) -> list[Queued]:
+        """One run per past slot (idempotent per slot), trigger `backfill`."""
+        job = await self.jobs.get(job_id)
+        if job.schedule_kind.value != "cron":
+            raise FailedPrecondition("job: only cron jobs can be backfilled")
+        runs = await self.executions.trigger(job.id, Trigger.BACKFILL, list(slots))
+        await self._dispatch(runs)
+        return runs
+
+    async def requeue_dead_runs(self, queue: str, run_ids: Sequence[str]) -> list[Queued]:
+        """Give dead runs a new attempt and move them from the dead-letter queue back to ready."""
+        runs = await self.executions.requeue_runs(run_ids)
+        if runs:
+            await self.queues.get(queue).requeue_dead([run.run_id for run in runs])
+        return runs
+
+    async def _dispatch(self, runs: Sequence[Queued]) -> None:
+        if not runs:
+            return
+        await enqueue_runs(self.queues, runs)
+        await events.publish(self._redis, [
+            ExecutionEvent(EventType.CREATED, run.run_id, run.run_id, run.job_id, 1, handler=run.handler)
+            for run in runs
+        ])  # fmt: skip

@@ -1,0 +1,239 @@
+"""Job definitions in PostgreSQL."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from scheduler_grpc.errors import Aborted, AlreadyExists, InvalidArgument, NotFound
+from scheduler_grpc.jobs import (
+    ConcurrencyPolicy,
+    Job,
+    JobSpec,
+    JobStatus,
+    MisfirePolicy,
+    RetryPolicy,
+    ScheduleKind,
+)
+from scheduler_grpc.schedule import FoldPolicy, GapPolicy
+
+_COLUMNS = """id, name, handler, payload, queue, schedule_kind, cron, time_zone, run_at, dst_gap_policy,
+    dst_fold_policy, next_run_time, priority, max_retries, initial_backoff, max_backoff, retry_jitter,
+    timeout, misfire_policy, concurrency_policy, status, version, created_at, updated_at"""
+
+MAX_PAGE_SIZE = 1000
+# NOTIFY channel: a job's schedule changed, so a sleeping leader re-plans its next scan at once.
+JOBS_CHANGED_CHANNEL = "scheduler_jobs_changed"
+
+
+def job_from_row(row: asyncpg.Record) -> Job:
+    return Job(
+        id=str(row["id"]),
+        name=row["name"],
+        handler=row["handler"],
+        payload=row["payload"],
+        queue=row["queue"],
+        schedule_kind=ScheduleKind(row["schedule_kind"]),
+        cron=row["cron"],
+        time_zone=row["time_zone"],
+        run_at=row["run_at"],
+        dst_gap_policy=GapPolicy(row["dst_gap_policy"]),
+        dst_fold_policy=FoldPolicy(row["dst_fold_policy"]),
+        next_run_time=row["next_run_time"],
+        priority=row["priority"],
+        retry=RetryPolicy(row["max_retries"], row["initial_backoff"], row["max_backoff"], row["retry_jitter"]),
+        timeout=row["timeout"],
+        misfire_policy=MisfirePolicy(row["misfire_policy"]),
+        concurrency_policy=ConcurrencyPolicy(row["concurrency_policy"]),
+        status=JobStatus(row["status"]),
+        version=row["version"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _spec_values(spec: JobSpec) -> list[Any]:
+    return [
+        spec.name, spec.handler, spec.payload, spec.queue, spec.schedule_kind.value, spec.cron, spec.time_zone,
+        spec.run_at, spec.dst_gap_policy.value, spec.dst_fold_policy.value, spec.priority, spec.retry.max_retries,
+        spec.retry.initial_backoff, spec.retry.max_backoff, spec.retry.jitter, spec.timeout,
+        spec.misfire_policy.value, spec.concurrency_policy.value, spec.status.value,
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[Job]
+    next_page_token: str
+
+
+def _encode_token(name: str) -> str:
+    return base64.urlsafe_b64encode(name.encode()).decode()
+
+
+def _decode_token(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument("page_token", "not a token this server issued") from None
+
+
+class JobRepository:
+    """CRUD on `jobs`. Inputs are already validated by `jobs.validate_job`."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def create(self, spec: JobSpec, next_run_time: datetime | None, request_id: str | None = None) -> Job:
+        """Store a new job; with a `request_id` seen before, return the job it created.
+
+        Raises:
+            AlreadyExists: another job has this name.
+        """
+        try:
+            row = await self._pool.fetchrow(
+                f"""INSERT INTO jobs (name, handler, payload, queue, schedule_kind, cron, time_zone, run_at,
+                        dst_gap_policy, dst_fold_policy, priority, max_retries, initial_backoff, max_backoff,
+                        retry_jitter, timeout, misfire_policy, concurrency_policy, status, next_run_time,
+                        request_id)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
+                        $20, $21)
+                    ON CONFLICT (request_id) DO NOTHING
+                    RETURNING {_COLUMNS}""",
+                *_spec_values(spec),
+                next_run_time,
+                request_id,
+            )
+        except asyncpg.UniqueViolationError:
+            raise AlreadyExists(f"name: a job named {spec.name!r} already exists") from None
+        if row is None:  # the request_id was used before: same request, same answer
+            row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE request_id = $1", request_id)
+            if row is None:
+                raise Aborted("request_id: the job created by this request was deleted meanwhile")
+            return job_from_row(row)
+        await self._notify()
+        return job_from_row(row)
+
+    async def _notify(self) -> None:
+        await self._pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
+
+    async def due(self, limit: int) -> tuple[list[Job], datetime]:
+        """Active jobs whose next run is due, oldest first (the partial index `jobs_due_idx`), and the
+        database's clock, which every leader decision uses so scheduler hosts' clocks don't matter."""
+        rows = await self._pool.fetch(
+            f"""SELECT {_COLUMNS}, now() AS db_now FROM jobs
+                WHERE status = 'active' AND next_run_time <= now()
+                ORDER BY next_run_time LIMIT $1""",
+            limit,
+        )
+        if not rows:
+            return [], await self._pool.fetchval("SELECT now()")
+        return [job_from_row(row) for row in rows], rows[0]["db_now"]
+
+    async def next_due_time(self) -> datetime | None:
+        """The earliest next_run_time of any active job (one index probe)."""
+        value: datetime | None = await self._pool.fetchval(
+            "SELECT min(next_run_time) FROM jobs WHERE status = 'active' AND next_run_time IS NOT NULL"
+        )
+        return value
+
+    async def get(self, job_id: str) -> Job:
+        row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE id = $1", _uuid(job_id))
+        if row is None:
+            raise NotFound(f"job {job_id} not found")
+        return job_from_row(row)
+
+    async def get_by_name(self, name: str) -> Job:
+        row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE name = $1", name)
+        if row is None:
+            raise NotFound(f"job named {name!r} not found")
+        return job_from_row(row)
+
+    async def list_page(
+        self,
+        page_size: int = 100,
+        page_token: str = "",
+        status: JobStatus | None = None,
+        handler: str | None = None,
+    ) -> JobPage:
+        """A page of jobs ordered by name; pass `next_page_token` back for the next page."""
+        if not 0 <= page_size <= MAX_PAGE_SIZE:
+            raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
+        size = page_size or 100
+        after = _decode_token(page_token) if page_token else None
+        rows = await self._pool.fetch(
+            f"""SELECT {_COLUMNS} FROM jobs
+                WHERE ($1::text IS NULL OR name > $1) AND ($2::text IS NULL OR status = $2)
+                  AND ($3::text IS NULL OR handler = $3)
+                ORDER BY name LIMIT $4""",
+            after,
+            status.value if status else None,
+            handler,
+            size + 1,
+        )
+        jobs = [job_from_row(row) for row in rows[:size]]
+        token = _encode_token(jobs[-1].name) if len(rows) > size else ""
+        return JobPage(jobs, token)
+
+    async def update(self, job_id: str, spec: JobSpec, next_run_time: datetime | None, expected_version: int) -> Job:
+        """Replace a job's definition if it is still at `expected_version` (optimistic concurrency).
+
+        Raises:
+            NotFound: no such job.
+            Aborted: someone else changed it first (stale etag).
+            AlreadyExists: the new name is taken.
+        """
+        try:
+            row = await self._pool.fetchrow(
+                f"""UPDATE jobs SET name = $1, handler = $2, payload = $3, queue = $4, schedule_kind = $5,
+                        cron = $6, time_zone = $7, run_at = $8, dst_gap_policy = $9, dst_fold_policy = $10,
+                        priority = $11, max_retries = $12, initial_backoff = $13, max_backoff = $14,
+                        retry_jitter = $15, timeout = $16, misfire_policy = $17, concurrency_policy = $18,
+                        status = $19, next_run_time = $20, version = version + 1, updated_at = now()
+                    WHERE id = $21 AND version = $22
+                    RETURNING {_COLUMNS}""",
+                *_spec_values(spec),
+                next_run_time,
+                _uuid(job_id),
+                expected_version,
+            )
+        except asyncpg.UniqueViolationError:
+            raise AlreadyExists(f"name: a job named {spec.name!r} already exists") from None
+        if row is None:
+            current = await self.get(job_id)
+            raise Aborted(f"etag: job changed meanwhile (now {current.etag}); read it again and retry")
+        await self._notify()
+        return job_from_row(row)
+
+    async def set_status(self, job_id: str, status: JobStatus, next_run_time: datetime | None) -> Job:
+        """Pause or resume; resuming sets the next run from now (paused slots are not caught up)."""
+        row = await self._pool.fetchrow(
+            f"""UPDATE jobs SET status = $2, next_run_time = $3, version = version + 1, updated_at = now()
+                WHERE id = $1 RETURNING {_COLUMNS}""",
+            _uuid(job_id),
+            status.value,
+            next_run_time,
+        )
+        if row is None:
+            raise NotFound(f"job {job_id} not found")
+        await self._notify()
+        return job_from_row(row)
+
+    async def delete(self, job_id: str) -> None:
+        """Delete a job and its history."""
+        result = await self._pool.execute("DELETE FROM jobs WHERE id = $1", _uuid(job_id))
+        if result == "DELETE 0":
+            raise NotFound(f"job {job_id} not found")
+
+
+def _uuid(value: str) -> str:
+    # Refuse anything that is not a UUID before PostgreSQL does, with the field named.
+    try:
+        return str(uuid.UUID(value))
+    except (ValueError, AttributeError, TypeError):
+        raise InvalidArgument("id", f"{value!r} is not a valid id") from None

@@ -1,0 +1,54 @@
+"""Moving runs that PostgreSQL has queued into their Redis queues (the second half of the outbox).
+
+Used by the leader (scan, reconcile), and by the API (trigger, backfill, dead-letter requeue).
+Enqueueing is idempotent per run id, so doing it twice (a retry, a reconcile racing a scan) is safe.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+
+from redis.asyncio import Redis
+
+from scheduler_grpc.db.executions import Queued
+from scheduler_grpc.queue import NewItem, Queue
+
+
+class Queues:
+    """One `Queue` object per queue name, created on first use."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._queues: dict[str, Queue] = {}
+
+    def get(self, name: str) -> Queue:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = Queue(self._redis, name)
+        return queue
+
+    def known(self, also: Iterable[str] = ()) -> list[Queue]:
+        for name in also:
+            self.get(name)
+        return list(self._queues.values())
+
+
+def queue_item(run: Queued, now: datetime) -> NewItem:
+    """The queue item of a run: its id, its priority, its handler (for breaker checks before a claim),
+    and a delay if it is not due yet (a retry's backoff, a future one-shot)."""
+    delay = run.due_at - now if run.due_at > now else None
+    return NewItem(run.run_id, run.priority, run.handler, delay if delay and delay > timedelta(0) else None)
+
+
+async def enqueue_runs(queues: Queues, runs: Sequence[Queued], now: datetime | None = None) -> int:
+    """Enqueue runs, one script call per queue; returns how many were new to Redis."""
+    now = now or datetime.now(UTC)
+    by_queue: dict[str, list[NewItem]] = defaultdict(list)
+    for run in runs:
+        by_queue[run.queue].append(queue_item(run, now))
+    added = 0
+    for name, items in by_queue.items():
+        added += await queues.get(name).enqueue_many(items)
+    return added

@@ -1,0 +1,60 @@
+"""The execution model: one row per attempt, grouped into runs (one run per slot or trigger).
+
+A *run* travels through the Redis queue as one item whose id is the run id (the id of its first
+attempt). Each attempt is its own row: a failure with retry budget left, or a worker lost mid-job,
+finishes the row and adds the next attempt; history is never rewritten.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+class ExecutionStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # this attempt failed; a later attempt of the run retries it
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    DEAD = "dead"  # the run's last attempt: retry budget or stall limit spent; parked in the DLQ
+    ABANDONED = "abandoned"  # its worker was lost (lease expired); the run goes on in a new attempt
+    SKIPPED = "skipped"  # not run: the concurrency policy forbade overlapping the previous run
+    MISSED = "missed"  # not run: the misfire policy dropped a slot missed while no leader ran
+
+    @property
+    def finished(self) -> bool:
+        return self not in (ExecutionStatus.QUEUED, ExecutionStatus.RUNNING)
+
+
+class Trigger(enum.StrEnum):
+    SCHEDULE = "schedule"
+    MANUAL = "manual"
+    RETRY = "retry"
+    BACKFILL = "backfill"
+    DLQ_REQUEUE = "dlq_requeue"
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One attempt of a run."""
+
+    id: str
+    run_id: str
+    job_id: str
+    scheduled_for: datetime
+    attempt: int
+    status: ExecutionStatus
+    trigger: Trigger
+    due_at: datetime
+    priority: int
+    created_at: datetime
+    worker_id: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    error: str | None = None
+    result: Any = None
+    term: int | None = None

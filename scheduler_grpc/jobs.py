@@ -1,0 +1,206 @@
+"""The job model: what a job is, its policies, and validation that names the offending field.
+
+Pure domain code: no I/O. The repository (`db/jobs.py`) stores what `validate_job` returns; the API
+maps these field names onto its messages.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from scheduler_grpc.errors import InvalidArgument
+from scheduler_grpc.schedule import CronSchedule, FoldPolicy, GapPolicy, next_fire_time, parse_cron, parse_time_zone
+
+PRIORITY_MIN = -1000
+PRIORITY_MAX = 1000
+MAX_NAME_LENGTH = 200
+MAX_RETRIES_LIMIT = 100
+MAX_TIMEOUT = timedelta(hours=24)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+_QUEUE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class ScheduleKind(enum.StrEnum):
+    CRON = "cron"
+    ONCE = "once"
+    MANUAL = "manual"
+
+
+class MisfirePolicy(enum.StrEnum):
+    """What to do with slots that passed while no leader ran (later than the misfire grace)."""
+
+    RUN_ONCE = "run_once"  # coalesce a run of missed slots into one run (the latest); the rest are `missed`
+    SKIP = "skip"  # record every missed slot as `missed`, run none
+    RUN_ALL = "run_all"  # run every missed slot (bounded per scan)
+
+
+class ConcurrencyPolicy(enum.StrEnum):
+    """What a slot does while an earlier run of the same job is still queued or running."""
+
+    ALLOW = "allow"
+    FORBID = "forbid"  # record the new slot as `skipped`
+    REPLACE = "replace"  # cancel the earlier run, start the new one
+
+
+class JobStatus(enum.StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff: attempt n (1-based) failing waits min(initial * 2^(n-1), max)."""
+
+    max_retries: int = 3
+    initial_backoff: timedelta = timedelta(seconds=1)
+    max_backoff: timedelta = timedelta(minutes=5)
+    jitter: bool = True
+
+    def backoff(self, failed_attempt: int, rng: random.Random | None = None) -> timedelta:
+        """The delay before the attempt after `failed_attempt`; jitter adds up to 20 %."""
+        base: timedelta = min(self.initial_backoff * (2 ** min(failed_attempt - 1, 40)), self.max_backoff)
+        if not self.jitter:
+            return base
+        jittered: timedelta = base * (1 + (rng or random).uniform(0, 0.2))
+        return jittered
+
+    def allows_retry_after(self, failed_attempt: int) -> bool:
+        return failed_attempt <= self.max_retries
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a user defines about a job (create and update input)."""
+
+    name: str
+    handler: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    schedule_kind: ScheduleKind = ScheduleKind.MANUAL
+    cron: str | None = None
+    time_zone: str = "UTC"
+    run_at: datetime | None = None
+    dst_gap_policy: GapPolicy = GapPolicy.SHIFT
+    dst_fold_policy: FoldPolicy = FoldPolicy.FIRST
+    queue: str = "default"
+    priority: int = 0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout: timedelta = timedelta(minutes=5)
+    misfire_policy: MisfirePolicy = MisfirePolicy.RUN_ONCE
+    concurrency_policy: ConcurrencyPolicy = ConcurrencyPolicy.ALLOW
+    status: JobStatus = JobStatus.ACTIVE
+
+    @property
+    def cron_schedule(self) -> CronSchedule | None:
+        if self.schedule_kind is not ScheduleKind.CRON or self.cron is None:
+            return None
+        return CronSchedule(self.cron, self.time_zone, self.dst_gap_policy, self.dst_fold_policy)
+
+    def first_run_time(self, now: datetime) -> datetime | None:
+        """The `next_run_time` of a job defined (or re-defined, or resumed) at `now`."""
+        if self.schedule_kind is ScheduleKind.ONCE:
+            return self.run_at
+        schedule = self.cron_schedule
+        if schedule is None:
+            return None
+        fire = next_fire_time(schedule, now)
+        return fire.instant if fire else None
+
+
+@dataclass(frozen=True)
+class Job(JobSpec):
+    """A stored job."""
+
+    id: str = ""
+    version: int = 1
+    next_run_time: datetime | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+    @property
+    def etag(self) -> str:
+        return f'W/"{self.version}"'
+
+
+class PayloadValidator(Protocol):
+    """What job validation needs of the handler registry."""
+
+    def validate(self, handler: str, payload: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+def _enum(kind: type[enum.StrEnum], value: object, field_name: str) -> Any:
+    try:
+        return kind(str(value))
+    except ValueError:
+        allowed = ", ".join(repr(member.value) for member in kind)
+        raise InvalidArgument(field_name, f"expected one of {allowed}, got {value!r}") from None
+
+
+def validate_job(spec: JobSpec, handlers: PayloadValidator) -> JobSpec:
+    """Check every field of `spec` and return it normalised.
+
+    Raises:
+        InvalidArgument: naming the first offending field; nothing has been stored.
+    """
+    name = spec.name.strip()
+    if not name:
+        raise InvalidArgument("name", "must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidArgument("name", f"must be at most {MAX_NAME_LENGTH} characters")
+    if not _NAME.match(name):
+        raise InvalidArgument("name", "use letters, digits and _ . : - (starting with a letter or digit)")
+    if not _QUEUE.match(spec.queue):
+        raise InvalidArgument("queue", "use 1-64 letters, digits, '_', '.' or '-'")
+    if isinstance(spec.priority, bool) or not PRIORITY_MIN <= spec.priority <= PRIORITY_MAX:
+        raise InvalidArgument("priority", f"must be between {PRIORITY_MIN} and {PRIORITY_MAX}")
+    payload = handlers.validate(spec.handler, spec.payload)
+    kind = _enum(ScheduleKind, spec.schedule_kind, "schedule_kind")
+    gap = _enum(GapPolicy, spec.dst_gap_policy, "dst_gap_policy")
+    fold = _enum(FoldPolicy, spec.dst_fold_policy, "dst_fold_policy")
+    parse_time_zone(spec.time_zone)
+    cron, run_at = spec.cron, spec.run_at
+    if kind is ScheduleKind.CRON:
+        if not cron:
+            raise InvalidArgument("cron", "required for a cron schedule")
+        if run_at is not None:
+            raise InvalidArgument("run_at", "only for a one-shot schedule")
+        cron = parse_cron(cron, spec.time_zone, gap, fold).expression
+    elif kind is ScheduleKind.ONCE:
+        if cron:
+            raise InvalidArgument("cron", "only for a cron schedule")
+        if run_at is None:
+            raise InvalidArgument("run_at", "required for a one-shot schedule")
+        if run_at.tzinfo is None:
+            raise InvalidArgument("run_at", "must carry a time zone (use UTC)")
+        run_at = run_at.astimezone(UTC)
+    elif cron or run_at is not None:
+        raise InvalidArgument("schedule_kind", "a manual job has neither cron nor run_at")
+    retry = spec.retry
+    if not 0 <= retry.max_retries <= MAX_RETRIES_LIMIT:
+        raise InvalidArgument("retry_policy.max_retries", f"must be between 0 and {MAX_RETRIES_LIMIT}")
+    if retry.initial_backoff <= timedelta(0):
+        raise InvalidArgument("retry_policy.initial_backoff", "must be positive")
+    if retry.max_backoff < retry.initial_backoff:
+        raise InvalidArgument("retry_policy.max_backoff", "must be at least initial_backoff")
+    if retry.max_backoff > timedelta(days=1):
+        raise InvalidArgument("retry_policy.max_backoff", "must be at most 1 day")
+    if not timedelta(0) < spec.timeout <= MAX_TIMEOUT:
+        raise InvalidArgument("timeout", "must be positive and at most 24h")
+    return replace(
+        spec,
+        name=name,
+        payload=payload,
+        schedule_kind=kind,
+        cron=cron,
+        run_at=run_at,
+        dst_gap_policy=gap,
+        dst_fold_policy=fold,
+        misfire_policy=_enum(MisfirePolicy, spec.misfire_policy, "misfire_policy"),
+        concurrency_policy=_enum(ConcurrencyPolicy, spec.concurrency_policy, "concurrency_policy"),
+        status=_enum(JobStatus, spec.status, "status"),
+    )

@@ -1,0 +1,46 @@
+-- KEYS[1]=ready KEYS[2]=processing KEYS[3]=priority KEYS[4]=data KEYS[5]=deliveries KEYS[6]=lease
+-- KEYS[7]=owner KEYS[8]=lease_seq KEYS[9]=marker
+-- ARGV[1]=worker id ARGV[2]=visibility timeout in ms ARGV[3]=most items to take
+-- Returns: {} when nothing is ready, else {deadline_ms, id, token, data, priority, deliveries, id, ...}:
+-- the best ready items, best first, each now leased to the worker until deadline_ms (Redis clock).
+local ready_key, processing_key, priority_key, data_key, deliveries_key, lease_key, owner_key,
+  lease_seq_key, marker_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
+  KEYS[9]
+
+local popped = redis.call('ZPOPMIN', ready_key, ARGV[3])
+if #popped == 0 then
+  -- Ready is empty, so no idle worker should wake for it; the next enqueue sets the marker again.
+  redis.call('DEL', marker_key)
+  return {}
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = string.format('%.0f', now + tonumber(ARGV[2]))
+-- A token joins the lease counter with the server time, so it stays unique per delivery even if
+-- Redis restarts without its data and the counter starts over.
+local stamp = '.' .. t[1] .. string.format('%06d', tonumber(t[2]))
+
+local out = {deadline}
+for i = 1, #popped, 2 do
+  local id = popped[i]
+  local token = string.format('%d', redis.call('INCR', lease_seq_key)) .. stamp
+  redis.call('ZADD', processing_key, deadline, id)
+  redis.call('HSET', lease_key, id, token)
+  redis.call('HSET', owner_key, id, ARGV[1])
+  local deliveries = redis.call('HINCRBY', deliveries_key, id, 1)
+  out[#out + 1] = id
+  out[#out + 1] = token
+  -- A nil inside a Lua array would truncate the reply, hence the defaults.
+  out[#out + 1] = redis.call('HGET', data_key, id) or ''
+  out[#out + 1] = redis.call('HGET', priority_key, id) or '0'
+  out[#out + 1] = deliveries
+end
+
+-- BullMQ's marker pattern: work is left, so wake another idle worker; otherwise nobody should wake.
+if redis.call('ZCARD', ready_key) > 0 then
+  redis.call('ZADD', marker_key, 0, 'ready')
+else
+  redis.call('DEL', marker_key)
+end
+return out

@@ -1,0 +1,55 @@
+-- KEYS[1]=ready KEYS[2]=delayed KEYS[3]=priority KEYS[4]=data KEYS[5]=seq KEYS[6]=marker
+-- ARGV: four per item: ARGV[4i+1]=id ARGV[4i+2]=priority (-1000..1000, checked by the caller)
+--       ARGV[4i+3]=delay in ms (0: ready now) ARGV[4i+4]=data (opaque bytes; '' stores nothing)
+-- Returns: the number of items added. An id the queue already knows, in any state, is skipped,
+-- which makes enqueueing idempotent per id.
+local ready_key, delayed_key, priority_key, data_key, seq_key, marker_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+
+-- Ready score = (PRIORITY_MAX - priority) * SEQ_SPAN + seq: priority desc, then FIFO, exact in a
+-- double because 2001 * 2^42 < 2^53. Both constants must match queue.py (a test checks).
+local PRIORITY_MAX = 1000
+local SEQ_SPAN = 4398046511104
+
+local function ready_score(priority)
+  local seq = redis.call('INCR', seq_key)
+  if seq > SEQ_SPAN / 2 and redis.call('ZCARD', ready_key) == 0 then
+    -- Nothing waits, so no order needs keeping: restart the counter long before it could overflow.
+    redis.call('SET', seq_key, 1)
+    seq = 1
+  end
+  if seq >= SEQ_SPAN then
+    error('queue sequence exhausted: drain the ready set once to reset it')
+  end
+  -- '%.0f' keeps every digit; tostring() would round to 14 significant digits.
+  return string.format('%.0f', (PRIORITY_MAX - priority) * SEQ_SPAN + seq)
+end
+
+local now
+local added = 0
+local made_ready = false
+for i = 1, #ARGV, 4 do
+  local id = ARGV[i]
+  -- The priority hash doubles as the set of known ids: HSETNX is the idempotency check.
+  if redis.call('HSETNX', priority_key, id, ARGV[i + 1]) == 1 then
+    if ARGV[i + 3] ~= '' then
+      redis.call('HSET', data_key, id, ARGV[i + 3])
+    end
+    local delay = tonumber(ARGV[i + 2])
+    if delay > 0 then
+      if not now then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      redis.call('ZADD', delayed_key, string.format('%.0f', now + delay), id)
+    else
+      redis.call('ZADD', ready_key, ready_score(tonumber(ARGV[i + 1])), id)
+      made_ready = true
+    end
+    added = added + 1
+  end
+end
+if made_ready then
+  redis.call('ZADD', marker_key, 0, 'ready')
+end
+return added

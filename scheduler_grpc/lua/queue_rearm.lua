@@ -1,0 +1,11 @@
+-- KEYS[1]=ready KEYS[2]=marker
+-- ARGV: none
+-- Returns: 1 if work is ready and the wake-up marker is now set, else 0. Used after a waiter was
+-- cancelled mid-BZPOPMIN: it may have consumed the marker, and another idle worker must still wake.
+local ready_key, marker_key = KEYS[1], KEYS[2]
+
+if redis.call('ZCARD', ready_key) > 0 then
+  redis.call('ZADD', marker_key, 0, 'ready')
+  return 1
+end
+return 0

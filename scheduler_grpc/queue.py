@@ -1,0 +1,804 @@
+"""The reliable priority queue: Redis sorted sets moved between by one Lua script per operation.
+
+An item is an id (an execution UUID later), a priority and an opaque payload. It is in exactly one
+of four sorted sets of its queue (all keys share the hash tag `{q:<name>}`, see `QueueKeys`):
+
+- ready: waiting to run, scored `(PRIORITY_MAX - priority) * 2**42 + seq`, so the lowest score is the
+  most urgent item and, within a priority, the earliest to become ready. `seq` comes from `INCR`, so
+  the order is exact for items of any age: unlike `now - priority * 1e6` no amount of waiting lets a
+  lower priority overtake a higher one, and the score stays an exact integer in a double
+  (2001 * 2**42 < 2**53).
+- processing: leased to a worker until a deadline (ms, Redis clock). Each delivery gets a fresh
+  token; ack, nack, extend and dead_letter act only under the current token, so a worker whose lease
+  expired and was recovered changes nothing ("lease lost").
+- delayed: due at a time (ms, Redis clock); `promote_due` moves due items to ready.
+- dead: parked with a reason; listed, requeued or purged by an operator.
+
+Every time comes from Redis `TIME` inside the scripts, never from a client clock; durations in this
+API are `timedelta`, turned into integer milliseconds only at the Redis boundary.
+
+Idle workers do not poll: they block in `BZPOPMIN` on the queue's marker, a one-member sorted set
+that every script making work ready sets (BullMQ's marker pattern), so an enqueue wakes one of them
+at once and the marker persists until consumed, which rules out a lost wake-up.
+
+The queue knows nothing of gRPC or PostgreSQL; the scheduler records what `recover_expired`,
+`dead_letter`, `requeue_dead` and `purge_dead` report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import functools
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
+from scheduler_grpc.keys import QueueKeys
+
+__all__ = [
+    "DEFAULT_MAX_DELIVERIES",
+    "MAX_BATCH",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
+    "DeadItem",
+    "DeadPage",
+    "ItemState",
+    "Lease",
+    "NewItem",
+    "Queue",
+    "QueueStats",
+    "Recovered",
+]
+
+_log = logging.getLogger(__name__)
+
+PRIORITY_MIN: Final = -1000
+"""Least urgent priority (the database bounds `priority` to the same range)."""
+PRIORITY_MAX: Final = 1000
+"""Most urgent priority."""
+SEQ_SPAN: Final = 2**42
+"""Sequence numbers per priority in a ready score; the Lua scripts hard-code the same value."""
+DEFAULT_MAX_DELIVERIES: Final = 3
+"""Default of `recover_expired(max_deliveries=)`, the default of `SCHEDULER_MAX_STALLS`."""
+MAX_BATCH: Final = 1000
+"""Most items one dequeue, recover, promote or dead-letter batch moves, so no script stalls Redis."""
+STALLED: Final = "stalled"
+"""Dead-letter reason of an item whose leases expired `max_deliveries` times."""
+
+_MS: Final = timedelta(milliseconds=1)
+# Each BZPOPMIN of dequeue_blocking waits at most this long, then the loop tries a dequeue anyway:
+# a marker lost to a crash between its pop and the following dequeue costs at most this much delay.
+_MAX_BLOCK_S: Final = 2.0
+# Extra time a blocking read may take beyond BZPOPMIN's own timeout before the server counts as hung.
+_BLOCK_MARGIN_S: Final = 1.0
+_DEFAULT_WAIT: Final = timedelta(seconds=5)
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# Next to this module (package data); a plain path also works from an editable install.
+_LUA: Final = Path(__file__).resolve().parent / "lua"
+
+
+class ItemState(StrEnum):
+    """Where an item is."""
+
+    READY = "ready"
+    PROCESSING = "processing"
+    DELAYED = "delayed"
+    DEAD = "dead"
+
+
+# The integer codes queue_states.lua returns, in its order.
+_STATE_CODES: Final = (None, ItemState.READY, ItemState.PROCESSING, ItemState.DELAYED, ItemState.DEAD)
+
+
+@dataclass(frozen=True, slots=True)
+class NewItem:
+    """An item to enqueue.
+
+    Attributes:
+        id: Unique within the queue; enqueueing an id the queue knows (in any state) does nothing.
+        priority: PRIORITY_MIN..PRIORITY_MAX; higher runs first.
+        data: Opaque payload returned with every lease (a str is stored as UTF-8).
+        delay: Wait this long (Redis clock) in the delayed set first; None or zero: ready now.
+    """
+
+    id: str
+    priority: int = 0
+    data: bytes | str = b""
+    delay: timedelta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One delivery of an item to a worker.
+
+    Attributes:
+        id: The item.
+        token: Opaque, unique per delivery; ack, nack, extend and dead_letter need it.
+        data: The payload given at enqueue.
+        priority: The item's priority.
+        deliveries: Deliveries counted so far, this one included (see `Queue.nack`).
+        deadline: When the lease expires (Redis clock, UTC) unless extended or finished.
+    """
+
+    id: str
+    token: str
+    data: bytes
+    priority: int
+    deliveries: int
+    deadline: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What one `recover_expired` call did.
+
+    Attributes:
+        requeued: Ids whose lease expired, back in ready with their priority.
+        dead: Ids whose lease expired once too often, now in the dead set with reason "stalled".
+    """
+
+    requeued: list[str]
+    dead: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadItem:
+    """A dead-lettered item as `list_dead` shows it."""
+
+    id: str
+    reason: str
+    parked_at: datetime
+    priority: int
+    deliveries: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeadPage:
+    """One page of `list_dead`; `next_page_token` is None on the last page."""
+
+    items: list[DeadItem]
+    next_page_token: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Item counts per state, read atomically."""
+
+    ready: int
+    processing: int
+    delayed: int
+    dead: int
+
+
+@functools.cache
+def _lua_source(name: str) -> str:
+    return (_LUA / f"queue_{name}.lua").read_text(encoding="utf-8")
+
+
+class _Op:
+    """One Lua script with the keys it is always called with."""
+
+    __slots__ = ("key_names", "keys", "name", "script")
+
+    def __init__(self, client: Redis, name: str, key_names: Sequence[str], keys: Sequence[str]) -> None:
+        self.name = name
+        self.key_names = list(key_names)
+        source = _lua_source(name)
+        # register_script calls EVALSHA and loads the source only on NOSCRIPT (first use, or after
+        # SCRIPT FLUSH / a restart), so the script text crosses the wire once per server.
+        self.script: AsyncScript = client.register_script(source)
+        self.keys = list(keys)
+
+
+class Queue:
+    """One named priority queue with leases, delays and a dead-letter set.
+
+    Blocking waits (`wait_for_work`, `dequeue_blocking`) hold a connection for up to a couple of
+    seconds each. They take it from `blocking_redis`'s connection pool when given, otherwise from
+    `redis`'s pool (redis-py hands every command its own pooled connection, so other calls go on
+    meanwhile). Size the pool for the number of concurrent waiters plus ordinary calls; a
+    `single_connection_client` cannot serve blocking waits and is refused.
+
+    Attributes:
+        name: The queue's name.
+        keys: Its Redis keys.
+
+    Args:
+        redis: Client for every non-blocking call. `decode_responses=False` is recommended (payloads
+            are bytes); both settings work for str payloads.
+        name: Queue name: 1-64 letters, digits, '_', '.' or '-'.
+        blocking_redis: Optional separate client for blocking waits.
+        call_timeout: Bound on each non-blocking call (e.g. SCHEDULER_CONNECT_TIMEOUT).
+
+    Raises:
+        InvalidArgument: a bad name, timeout or single-connection client for blocking waits.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        name: str = "default",
+        *,
+        blocking_redis: Redis | None = None,
+        call_timeout: timedelta = timedelta(seconds=5),
+    ) -> None:
+        if not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name):
+            raise InvalidArgument("name", "expected 1-64 letters, digits, '_', '.' or '-'")
+        if call_timeout <= timedelta(0):
+            raise InvalidArgument("call_timeout", "must be positive")
+        blocking = blocking_redis or redis
+        if getattr(blocking, "single_connection_client", False):
+            raise InvalidArgument(
+                "blocking_redis",
+                "a single_connection_client would stall every call during a blocking wait; pass a pooled client",
+            )
+        self._redis = redis
+        self._blocking = blocking
+        socket_timeout = blocking.connection_pool.connection_kwargs.get("socket_timeout")
+        self._blocking_socket_timeout: float | None = float(socket_timeout) if socket_timeout else None
+        self._call_timeout_s = call_timeout.total_seconds()
+        self.name = name
+        self.keys = k = QueueKeys(name)
+
+        def op(script: str, key_names: str) -> _Op:
+            # Key names in the order of the script's KEYS (its header lists the same; a test checks).
+            return _Op(redis, script, key_names.split(), [getattr(k, key) for key in key_names.split()])
+
+        self._enqueue = op("enqueue", "ready delayed priority data seq marker")
+        self._dequeue = op("dequeue", "ready processing priority data deliveries lease owner lease_seq marker")
+        self._ack = op("ack", "processing priority data deliveries lease owner")
+        self._nack = op("nack", "processing ready delayed priority deliveries lease owner seq marker")
+        self._extend = op("extend", "processing lease")
+        self._recover = op("recover", "processing ready dead priority deliveries lease owner dead_reason seq marker")
+        self._promote = op("promote", "delayed ready priority seq marker")
+        self._dead_letter = op("dead_letter", "processing ready delayed dead lease owner dead_reason")
+        self._list_dead = op("list_dead", "dead priority data deliveries dead_reason")
+        self._requeue_dead = op("requeue_dead", "dead ready priority deliveries dead_reason seq marker")
+        self._purge_dead = op("purge_dead", "dead priority data deliveries lease owner dead_reason")
+        self._remove = op("remove", "ready delayed priority data deliveries")
+        self._states = op("states", "ready processing delayed dead")
+        self._rearm = op("rearm", "ready marker")
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    async def _run(self, op: _Op, args: Sequence[Any]) -> Any:
+        """Run one script under the call timeout."""
+        return await self._bounded(op.script(keys=op.keys, args=args))
+
+    async def _bounded(self, call: Awaitable[Any]) -> Any:
+        """Await one Redis call under the call timeout, turning connectivity failures into Unavailable."""
+        try:
+            async with asyncio.timeout(self._call_timeout_s):
+                return await call
+        except (TimeoutError, RedisConnectionError, RedisTimeoutError) as exc:
+            raise Unavailable(f"Redis did not answer for queue {self.name!r}: {exc or 'timed out'}") from exc
+
+    # -- adding work ----------------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        item_id: str,
+        *,
+        priority: int = 0,
+        data: bytes | str = b"",
+        delay: timedelta | None = None,
+    ) -> bool:
+        """Add one item, ready now or after `delay`.
+
+        Args:
+            item_id: Unique id; an id the queue already knows in any state is not added again.
+            priority: PRIORITY_MIN..PRIORITY_MAX; higher runs first, FIFO within a priority.
+            data: Opaque payload handed back with each lease.
+            delay: Keep it in the delayed set this long (Redis clock) before it can be promoted.
+
+        Returns:
+            True if added, False if the id was already queued.
+
+        Raises:
+            InvalidArgument: a bad id, priority or delay.
+            Unavailable: Redis did not answer in time.
+        """
+        item = NewItem(item_id, priority, data, delay)
+        args = _item_args(item, lambda attr: "item_id" if attr == "id" else attr)
+        return int(await self._run(self._enqueue, args)) == 1
+
+    async def enqueue_many(self, items: Iterable[NewItem]) -> int:
+        """Add many items in one atomic script call; ids already known are skipped.
+
+        An enqueue that makes work ready sets the wake-up marker, so one idle worker wakes.
+
+        Returns:
+            How many items were added.
+
+        Raises:
+            InvalidArgument: naming the first bad field, e.g. `items[3].priority`; nothing is added.
+            Unavailable: Redis did not answer in time.
+        """
+        args: list[Any] = []
+        for index, item in enumerate(items):
+            args += _item_args(item, f"items[{index}].{{}}".format)
+        if not args:
+            return 0
+        return int(await self._run(self._enqueue, args))
+
+    # -- taking work ----------------------------------------------------------------------------
+
+    async def dequeue(self, worker_id: str, visibility_timeout: timedelta, count: int = 1) -> list[Lease]:
+        """Lease up to `count` of the best ready items to `worker_id`, without waiting.
+
+        Items come out by priority (highest first), FIFO within a priority. Each gets a fresh token,
+        a deadline `visibility_timeout` from now (Redis clock) and one more delivery counted. If this
+        call is cancelled while the script runs, it waits for the reply and hands whatever it leased
+        back (uncounted) before re-raising, so a cancelled consumer strands nothing.
+
+        Args:
+            worker_id: Recorded as the owner of each lease.
+            visibility_timeout: Lease length; the item is recovered if not acked or extended by then.
+            count: Most items to take (1..MAX_BATCH).
+
+        Returns:
+            The leases, best first; empty when nothing is ready.
+
+        Raises:
+            InvalidArgument: a bad worker id, timeout or count.
+            Unavailable: Redis did not answer in time.
+        """
+        _check_id(worker_id, "worker_id")
+        visibility_ms = _to_ms(visibility_timeout, "visibility_timeout", minimum=1)
+        _check_count(count, "count")
+        call = asyncio.ensure_future(self._run(self._dequeue, (worker_id, visibility_ms, count)))
+        try:
+            # Shielded: a cancellation must not drop a reply whose items are already leased.
+            reply = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            await self._give_back(call)
+            raise
+        return _leases(reply)
+
+    async def _give_back(self, call: asyncio.Future[Any]) -> None:
+        """Finish a cancelled dequeue and return what it leased to ready, as if never delivered."""
+        try:
+            leases = _leases(await call)
+            if leases:
+                await self.nack_many(leases, count_delivery=False)
+        except Exception:
+            # Not lost either way: the leases expire and recover_expired requeues the items.
+            _log.warning("queue %s: could not hand back a cancelled dequeue", self.name, exc_info=True)
+
+    async def wait_for_work(self, wait: timedelta) -> bool:
+        """Block (one BZPOPMIN on the marker) until work may be ready or `wait` passes.
+
+        The marker is a hint, not a claim: after True, `dequeue` may still find nothing because
+        another worker was faster. The wait never busy-polls, and a cancelled wait re-sets the
+        marker if work is ready, in case it consumed the marker just before being cancelled.
+
+        Args:
+            wait: Longest wait; shortened to half the blocking client's socket timeout if set.
+
+        Returns:
+            True if woken by the marker, False on timeout.
+
+        Raises:
+            Unavailable: Redis did not answer within the wait plus a margin.
+        """
+        block = _to_ms(wait, "wait") / 1000
+        if self._blocking_socket_timeout is not None:
+            block = min(block, self._blocking_socket_timeout / 2)
+        if block < 0.001:
+            return False  # BZPOPMIN reads 0 as "block for ever".
+        try:
+            # BZPOPMIN's own timeout ends the wait; this outer one only catches a hung server.
+            async with asyncio.timeout(block + _BLOCK_MARGIN_S):
+                popped = await self._blocking.bzpopmin([self.keys.marker], timeout=round(block, 3))
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self._run(self._rearm, ())
+            raise
+        except (TimeoutError, RedisConnectionError, RedisTimeoutError) as exc:
+            raise Unavailable(f"Redis did not answer a blocking wait on queue {self.name!r}") from exc
+        return popped is not None
+
+    async def dequeue_blocking(
+        self,
+        worker_id: str,
+        visibility_timeout: timedelta,
+        count: int = 1,
+        wait: timedelta = _DEFAULT_WAIT,
+    ) -> list[Lease]:
+        """Like `dequeue`, but wait up to `wait` for work instead of returning empty at once.
+
+        Tries a dequeue; when nothing is ready, blocks on the marker (no polling) and tries again,
+        until it gets items or `wait` has passed. Work enqueued at any point, even between the empty
+        dequeue and the block, wakes it: the marker stays set until a waiter takes it.
+
+        Returns:
+            The leases, best first; empty if nothing became ready within `wait`.
+
+        Raises:
+            InvalidArgument: a bad argument.
+            Unavailable: Redis did not answer in time.
+        """
+        _check_id(worker_id, "worker_id")
+        _to_ms(wait, "wait")
+        loop = asyncio.get_running_loop()
+        end = loop.time() + wait.total_seconds()
+        while True:
+            leases = await self.dequeue(worker_id, visibility_timeout, count)
+            if leases:
+                return leases
+            remaining = end - loop.time()
+            if remaining <= 0:
+                return []
+            await self.wait_for_work(timedelta(seconds=min(remaining, _MAX_BLOCK_S)))
+
+    # -- finishing work -------------------------------------------------------------------------
+
+    async def ack(self, item_id: str, token: str) -> bool:
+        """Finish an item: remove it and every trace of it from the queue.
+
+        Returns:
+            True if done; False if the lease was lost (recovered, or handed to another worker):
+            then nothing changed.
+        """
+        return (await self.ack_many([(item_id, token)]))[0]
+
+    async def ack_many(self, leases: Iterable[Lease | tuple[str, str]]) -> list[bool]:
+        """`ack` many leases (leases or (id, token) pairs) in one atomic script call.
+
+        Returns:
+            One flag per lease, in order: True if acked, False if its lease was lost.
+        """
+        args = _lease_args(leases)
+        if not args:
+            return []
+        return [bool(flag) for flag in await self._run(self._ack, args)]
+
+    async def nack(
+        self,
+        item_id: str,
+        token: str,
+        delay: timedelta = timedelta(0),
+        *,
+        count_delivery: bool = True,
+    ) -> bool:
+        """Return a leased item to the queue with its priority.
+
+        With no delay it rejoins ready at the back of its priority (a fresh FIFO position), and the
+        marker wakes a worker; with a delay it goes to the delayed set, due `delay` from now.
+
+        Args:
+            item_id: The item.
+            token: Its current lease token.
+            delay: Keep it delayed this long before it can run again.
+            count_delivery: True (default) keeps this delivery in the item's count, which
+                `recover_expired` compares with max_deliveries. Pass False for work returned
+                unstarted (its breaker is open, the worker is shutting down): the delivery is given
+                back, so such returns never bring an item closer to being dead-lettered as stalled.
+
+        Returns:
+            True if returned; False if the lease was lost (nothing changed).
+        """
+        return (await self.nack_many([(item_id, token)], delay, count_delivery=count_delivery))[0]
+
+    async def nack_many(
+        self,
+        leases: Iterable[Lease | tuple[str, str]],
+        delay: timedelta = timedelta(0),
+        *,
+        count_delivery: bool = True,
+    ) -> list[bool]:
+        """`nack` many leases in one atomic script call; one flag per lease, False = lease lost."""
+        delay_ms = _to_ms(delay, "delay")
+        args = _lease_args(leases)
+        if not args:
+            return []
+        reply = await self._run(self._nack, [delay_ms, 1 if count_delivery else 0, *args])
+        return [bool(flag) for flag in reply]
+
+    async def extend(self, item_id: str, token: str, more_time: timedelta) -> datetime:
+        """Keep a lease: its deadline becomes `more_time` from now (Redis clock).
+
+        A lease whose deadline passed but which was not recovered yet can still be extended: nobody
+        else holds the item until `recover_expired` moves it.
+
+        Returns:
+            The new deadline (UTC).
+
+        Raises:
+            LeaseLost: the token is not the item's current one; nothing changed and the caller must
+                stop working on the item (another worker may have it).
+            InvalidArgument: `more_time` is under a millisecond.
+            Unavailable: Redis did not answer in time.
+        """
+        more_ms = _to_ms(more_time, "more_time", minimum=1)
+        deadline = int(await self._run(self._extend, (item_id, token, more_ms)))
+        if deadline < 0:
+            raise LeaseLost(f"queue {self.name!r}: the lease on item {item_id!r} was lost")
+        return _from_ms(deadline)
+
+    # -- maintenance (the leader's loops) -------------------------------------------------------
+
+    async def recover_expired(
+        self, limit: int = MAX_BATCH, *, max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    ) -> Recovered:
+        """Requeue up to `limit` items whose lease deadline passed (Redis clock), atomically.
+
+        Each loses its lease (a later ack/nack/extend under the old token fails) and goes back to
+        ready with its priority, unless its deliveries have reached `max_deliveries`: then it is
+        dead-lettered with reason "stalled", so a job that kills every worker taking it is parked
+        after a bounded number of stalls.
+
+        Args:
+            limit: Most items to move in this call (1..MAX_BATCH); call again while it returns a full
+                batch.
+            max_deliveries: SCHEDULER_MAX_STALLS.
+
+        Returns:
+            The ids requeued and the ids dead-lettered, for the scheduler to record.
+        """
+        _check_count(limit, "limit")
+        if isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int) or max_deliveries < 1:
+            raise InvalidArgument("max_deliveries", "must be an integer of at least 1")
+        requeued, dead = await self._run(self._recover, (limit, max_deliveries, STALLED))
+        return Recovered(requeued=_texts(requeued), dead=_texts(dead))
+
+    async def promote_due(self, limit: int = MAX_BATCH) -> list[str]:
+        """Move up to `limit` delayed items whose due time passed (Redis clock) to ready, atomically.
+
+        Each keeps its priority and joins the back of it; the marker wakes a worker.
+
+        Returns:
+            The ids promoted, in due order; a full batch means more may be due.
+        """
+        _check_count(limit, "limit")
+        return _texts(await self._run(self._promote, (limit,)))
+
+    # -- dead letters ---------------------------------------------------------------------------
+
+    async def dead_letter(self, item_id: str, token: str | None, reason: str) -> bool:
+        """Park an item in the dead set with a reason.
+
+        Args:
+            item_id: The item.
+            token: Its lease token when a worker holds it; None for an item waiting in ready or
+                delayed (a processing item is only parked under its token).
+            reason: Why, shown by `list_dead`.
+
+        Returns:
+            True if parked; False if the lease was lost or (token None) the item was not waiting.
+        """
+        _check_id(item_id, "item_id")
+        if not isinstance(reason, str):
+            raise InvalidArgument("reason", "must be a string")
+        return bool(await self._run(self._dead_letter, (item_id, token or "", reason)))
+
+    async def list_dead(self, page_size: int = 100, page_token: str | None = None) -> DeadPage:
+        """One page of dead items, ordered by time parked, then id.
+
+        The order is stable: items parked or removed between pages do not make a page repeat or skip
+        the items still parked after the previous page's last one.
+
+        Args:
+            page_size: Items per page (1..MAX_BATCH).
+            page_token: None for the first page, else the previous page's `next_page_token`.
+
+        Raises:
+            InvalidArgument: a bad page size or a page token not from `list_dead`.
+        """
+        _check_count(page_size, "page_size")
+        after_ms, after_id = ("", "") if not page_token else _decode_page_token(page_token)
+        reply = await self._run(self._list_dead, (page_size, after_ms, after_id))
+        items = [
+            DeadItem(
+                id=_text(reply[i]),
+                reason=_text(reply[i + 2]),
+                parked_at=_from_ms(int(reply[i + 1])),
+                priority=int(reply[i + 3]),
+                deliveries=int(reply[i + 4]),
+                data=_bytes(reply[i + 5]),
+            )
+            for i in range(1, len(reply), 6)
+        ]
+        more = int(reply[0]) == 1
+        next_token = None
+        if more and items:
+            last = len(reply) - 6
+            next_token = _encode_page_token(_text(reply[last + 1]), items[-1].id)
+        return DeadPage(items=items, next_page_token=next_token)
+
+    async def requeue_dead(self, ids: Iterable[str] | None, *, batch: int = MAX_BATCH) -> list[str]:
+        """Move dead items back to ready with their priority and their delivery count reset.
+
+        Args:
+            ids: The items; None means every dead item. Ids not in the dead set are skipped.
+            batch: Items per atomic script call; "every item" runs as several calls.
+
+        Returns:
+            The ids requeued.
+        """
+        return await self._batched(self._requeue_dead, ids, batch, ())
+
+    async def purge_dead(
+        self, ids: Iterable[str] | None, *, older_than: timedelta | None = None, batch: int = MAX_BATCH
+    ) -> list[str]:
+        """Forget dead items entirely: the dead set and every per-item hash.
+
+        Args:
+            ids: The items; None means every dead item. Ids not in the dead set are skipped.
+            older_than: Only items parked at least this long ago (Redis clock).
+            batch: Items per atomic script call.
+
+        Returns:
+            The ids purged.
+        """
+        older_ms = -1 if older_than is None else _to_ms(older_than, "older_than")
+        return await self._batched(self._purge_dead, ids, batch, (older_ms,))
+
+    async def _batched(self, op: _Op, ids: Iterable[str] | None, batch: int, extra: tuple[Any, ...]) -> list[str]:
+        _check_count(batch, "batch")
+        done: list[str] = []
+        if ids is not None:
+            wanted = _id_list(ids)
+            for start in range(0, len(wanted), batch):
+                chunk = wanted[start : start + batch]
+                done += _texts(await self._run(op, (len(chunk), *extra, *chunk)))
+            return done
+        # "All": take the head of the dead set batch by batch. Bounded by the count seen now, so
+        # items parked meanwhile cannot keep the loop going for ever.
+        rounds = -(-int(await self._bounded(self._redis.zcard(self.keys.dead))) // batch) + 1
+        for _ in range(rounds):
+            moved = _texts(await self._run(op, (batch, *extra)))
+            done += moved
+            if len(moved) < batch:
+                break
+        return done
+
+    # -- inspection and cancellation ------------------------------------------------------------
+
+    async def remove(self, item_id: str) -> bool:
+        """Forget an item waiting in ready or delayed (e.g. its execution was cancelled).
+
+        Returns:
+            True if removed; False if it was not waiting (unknown, processing or dead).
+        """
+        return (await self.remove_many([item_id]))[0]
+
+    async def remove_many(self, ids: Iterable[str]) -> list[bool]:
+        """`remove` many ids in one atomic script call; one flag per id."""
+        wanted = _id_list(ids)
+        if not wanted:
+            return []
+        return [bool(flag) for flag in await self._run(self._remove, wanted)]
+
+    async def states(self, ids: Iterable[str]) -> dict[str, ItemState | None]:
+        """Where each id is, read atomically in one round trip; None = unknown to the queue."""
+        wanted = list(dict.fromkeys(_id_list(ids)))
+        if not wanted:
+            return {}
+        codes = await self._run(self._states, wanted)
+        return {item_id: _STATE_CODES[int(code)] for item_id, code in zip(wanted, codes, strict=True)}
+
+    async def stats(self) -> QueueStats:
+        """Item counts per state, from one MULTI/EXEC round trip (a consistent snapshot)."""
+        k = self.keys
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for key in (k.ready, k.processing, k.delayed, k.dead):
+                pipe.zcard(key)
+            ready, processing, delayed, dead = await self._bounded(pipe.execute())
+        return QueueStats(ready=int(ready), processing=int(processing), delayed=int(delayed), dead=int(dead))
+
+
+# -- conversions ------------------------------------------------------------------------------------
+
+
+def _item_args(item: NewItem, name: Callable[[str], str]) -> tuple[Any, ...]:
+    """An item's four script arguments, validated; `name` gives the field an error names."""
+    _check_id(item.id, name("id"))
+    _check_priority(item.priority, name("priority"))
+    if not isinstance(item.data, bytes | str):
+        raise InvalidArgument(name("data"), "must be bytes or str")
+    delay = 0 if item.delay is None else _to_ms(item.delay, name("delay"))
+    return (item.id, item.priority, delay, item.data)
+
+
+def _id_list(ids: Iterable[str]) -> list[str]:
+    # A lone string is iterable too, and would silently become one id per character.
+    if isinstance(ids, str | bytes):
+        raise InvalidArgument("ids", "expected a collection of ids, not a single string")
+    return list(ids)
+
+
+def _check_id(value: object, field: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(field, "must be a non-empty string")
+
+
+def _check_priority(value: object, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise InvalidArgument(field, f"must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {value!r}")
+
+
+def _check_count(value: object, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH:
+        raise InvalidArgument(field, f"must be an integer from 1 to {MAX_BATCH}, got {value!r}")
+
+
+def _to_ms(value: object, field: str, *, minimum: int = 0) -> int:
+    """A non-negative timedelta as whole milliseconds, rounded up (never earlier than asked)."""
+    if not isinstance(value, timedelta):
+        raise InvalidArgument(field, "must be a datetime.timedelta")
+    ms = -(-value // _MS)
+    if ms < minimum:
+        raise InvalidArgument(field, f"must be at least {minimum} ms" if minimum else "must not be negative")
+    return ms
+
+
+def _from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _texts(values: Iterable[bytes | str]) -> list[str]:
+    return [_text(value) for value in values]
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+def _lease_args(leases: Iterable[Lease | tuple[str, str]]) -> list[str]:
+    args: list[str] = []
+    for lease in leases:
+        item_id, token = (lease.id, lease.token) if isinstance(lease, Lease) else lease
+        args += (item_id, token)
+    return args
+
+
+def _leases(reply: Sequence[Any]) -> list[Lease]:
+    if not reply:
+        return []
+    deadline = _from_ms(int(reply[0]))
+    return [
+        Lease(
+            id=_text(reply[i]),
+            token=_text(reply[i + 1]),
+            data=_bytes(reply[i + 2]),
+            priority=int(reply[i + 3]),
+            deliveries=int(reply[i + 4]),
+            deadline=deadline,
+        )
+        for i in range(1, len(reply), 5)
+    ]
+
+
+def _encode_page_token(parked_ms: str, item_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{parked_ms}\n{item_id}".encode()).decode().rstrip("=")
+
+
+def _decode_page_token(token: str) -> tuple[str, str]:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raw = ""
+    parked_ms, _, item_id = raw.partition("\n")
+    if not (parked_ms.isascii() and parked_ms.isdigit()) or not item_id:
+        raise InvalidArgument("page_token", "is not a token returned by list_dead")
+    return parked_ms, item_id

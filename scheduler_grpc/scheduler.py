@@ -1,0 +1,293 @@
+"""The scheduler role: leader election, and the loops only the leader runs.
+
+* scan: due jobs (partial index) -> one fenced statement records their slots and advances them
+  (see `ExecutionRepository.fire`) -> the queued runs are enqueued in Redis.
+* recover: expired leases back to ready; runs that stalled too often are dead-lettered.
+* promote: due retries move from the delayed set to ready.
+* reconcile: runs PostgreSQL has `queued` that Redis does not know (crash between commit and
+  enqueue, Redis restarted empty, FLUSHALL) are enqueued again.
+
+Every decision uses the database clock, so the scheduler hosts' clocks do not matter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import asyncpg
+from redis.asyncio import Redis
+
+from scheduler_grpc.config import Settings
+from scheduler_grpc.connections import connect
+from scheduler_grpc.db.executions import Advance, ExecutionRepository, PlannedSlot, Queued
+from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL, JobRepository
+from scheduler_grpc.db.leadership import LeadershipRepository
+from scheduler_grpc.dispatch import Queues, enqueue_runs
+from scheduler_grpc.events import EventType, ExecutionEvent, publish
+from scheduler_grpc.executions import ExecutionStatus
+from scheduler_grpc.jobs import Job, MisfirePolicy, ScheduleKind
+from scheduler_grpc.leader import LeaderElector, Term
+from scheduler_grpc.queue import MAX_BATCH
+from scheduler_grpc.schedule import fire_times
+
+log = logging.getLogger(__name__)
+
+STALLED_REASON = "stalled: its lease expired {limit} times (the job kills or hangs its worker)"
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """Timings of the leader loops (defaults in brackets)."""
+
+    scan_interval: timedelta = timedelta(seconds=1)  # longest sleep between scans [1 s]
+    scan_batch: int = 500  # due jobs per scan statement [500]
+    max_slots_per_job: int = 1000  # catch-up slots one job records per scan [1000]
+    misfire_grace: timedelta = timedelta(seconds=60)  # [60 s]
+    recover_interval: timedelta = timedelta(milliseconds=500)  # [500 ms]
+    promote_interval: timedelta = timedelta(milliseconds=100)  # [100 ms]
+    reconcile_interval: timedelta = timedelta(seconds=10)  # [10 s]
+    reconcile_grace: timedelta = timedelta(seconds=2)  # rows younger than this may be mid-enqueue [2 s]
+    max_stalls: int = 3  # [3]
+    stale_running_grace: timedelta = timedelta(seconds=30)  # running past timeout + this: worker gone [30 s]
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LoopSettings:
+        return cls(
+            scan_interval=settings.scan_interval,
+            misfire_grace=settings.misfire_grace,
+            reconcile_interval=settings.reconcile_interval,
+            max_stalls=settings.max_stalls,
+            stale_running_grace=settings.visibility_timeout,
+        )
+
+
+@dataclass
+class Plan:
+    """What one scan decided for a batch of due jobs."""
+
+    advances: list[Advance] = field(default_factory=list)
+    slots: list[PlannedSlot] = field(default_factory=list)
+
+
+def plan_job(job: Job, now: datetime, loop: LoopSettings, plan: Plan) -> None:
+    """Decide the due slots of one job at `now` (database clock) and its next run time.
+
+    A slot later than the misfire grace follows the misfire policy: `run_once` runs only the last
+    slot of a run of misfires (its successor is not itself misfired), `skip` runs none, `run_all`
+    runs them all. Slots not run are recorded `missed`. At most `max_slots_per_job` slots are
+    recorded per scan; the next scan continues from there, so an outage of any length is bounded
+    work per tick and still leaves one row per slot.
+    """
+    assert job.next_run_time is not None
+    first = job.next_run_time
+    if job.schedule_kind is ScheduleKind.ONCE:
+        due, following = [first], None
+    else:
+        schedule = job.cron_schedule
+        assert schedule is not None
+        upcoming = (fire.instant for fire in fire_times(schedule, first))
+        due = [first]
+        following = None
+        for instant in upcoming:
+            if instant > now or len(due) >= loop.max_slots_per_job:
+                following = instant
+                break
+            due.append(instant)
+    misfire_before = now - loop.misfire_grace
+    for index, slot in enumerate(due):
+        status = ExecutionStatus.QUEUED
+        if slot < misfire_before:
+            successor = due[index + 1] if index + 1 < len(due) else following
+            successor_misfired = successor is not None and successor < misfire_before
+            if job.misfire_policy is MisfirePolicy.SKIP or (
+                job.misfire_policy is MisfirePolicy.RUN_ONCE and successor_misfired
+            ):
+                status = ExecutionStatus.MISSED
+        plan.slots.append(PlannedSlot(job.id, slot, status, slot))
+    plan.advances.append(Advance(job.id, first, following))
+
+
+class LeaderLoops:
+    """The leader's work for one term; `lead` is what `LeaderElector.run` calls."""
+
+    def __init__(self, redis: Redis, pool: asyncpg.Pool, loop: LoopSettings, *, default_queue: str = "default"):
+        self._redis = redis
+        self._pool = pool
+        self._loop = loop
+        self._jobs = JobRepository(pool)
+        self._executions = ExecutionRepository(pool)
+        self._queues = Queues(redis)
+        self._queues.get(default_queue)
+        self._jobs_changed = asyncio.Event()
+        self.scans = 0
+
+    async def lead(self, term: Term) -> None:
+        """Run every leader loop until cancelled (leadership lost or shutdown)."""
+        log.info("leading", extra={"term": term.token})
+        listener = await self._pool.acquire()
+        try:
+            await listener.add_listener(JOBS_CHANGED_CHANNEL, self._on_jobs_changed)
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._scan_loop(term), name="scan")
+                group.create_task(self._every(self._loop.recover_interval, self._recover, term), name="recover")
+                group.create_task(self._every(self._loop.promote_interval, self._promote, term), name="promote")
+                group.create_task(self._every(self._loop.reconcile_interval, self._reconcile, term), name="reconcile")
+        finally:
+            with contextlib.suppress(Exception):
+                await listener.remove_listener(JOBS_CHANGED_CHANNEL, self._on_jobs_changed)
+            await self._pool.release(listener)
+
+    def _on_jobs_changed(self, *args: object) -> None:
+        self._jobs_changed.set()
+
+    async def _every(self, interval: timedelta, step: object, term: Term) -> None:
+        assert callable(step)
+        while True:
+            if term.is_valid():
+                try:
+                    await step(term)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("leader loop step failed", extra={"step": getattr(step, "__name__", "?")})
+            await asyncio.sleep(interval.total_seconds())
+
+    # -- scan ------------------------------------------------------------------------------------
+
+    async def _scan_loop(self, term: Term) -> None:
+        while True:
+            self._jobs_changed.clear()
+            full = False
+            try:
+                if term.is_valid():
+                    full = await self.scan_once(term)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("scan failed")
+            if full:
+                continue  # more due jobs than one batch: go again at once
+            await self._sleep_until_next_due()
+
+    async def scan_once(self, term: Term) -> bool:
+        """One scan: record and enqueue what is due. Returns True if the batch was full."""
+        jobs, now = await self._jobs.due(self._loop.scan_batch)
+        self.scans += 1
+        if not jobs:
+            return False
+        plan = Plan()
+        for job in jobs:
+            plan_job(job, now, self._loop, plan)
+        queued = await self._executions.fire(term.token, plan.advances, plan.slots)
+        await enqueue_runs(self._queues, queued, now)
+        await self._announce(queued, plan.slots)
+        return len(jobs) >= self._loop.scan_batch
+
+    async def _announce(self, queued: Sequence[Queued], slots: Sequence[PlannedSlot]) -> None:
+        events = [
+            ExecutionEvent(EventType.CREATED, run.run_id, run.run_id, run.job_id, 1, handler=run.handler)
+            for run in queued
+        ]
+        missed = sum(1 for slot in slots if slot.status is ExecutionStatus.MISSED)
+        if missed:
+            log.warning("slots missed (misfire policy)", extra={"missed": missed})
+        if events:
+            await publish(self._redis, events)
+
+    async def _sleep_until_next_due(self) -> None:
+        cap = self._loop.scan_interval.total_seconds()
+        next_due = await self._jobs.next_due_time()
+        wait = cap
+        if next_due is not None:
+            db_now = await self._pool.fetchval("SELECT now()")
+            wait = min(cap, max(0.0, (next_due - db_now).total_seconds()))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await self._jobs_changed.wait()
+
+    # -- recover, promote, reconcile ---------------------------------------------------------------
+
+    async def _recover(self, term: Term) -> None:
+        for queue in self._queues.known():
+            while True:
+                recovered = await queue.recover_expired(MAX_BATCH, max_deliveries=self._loop.max_stalls)
+                if recovered.requeued:
+                    log.warning(
+                        "leases expired; runs requeued", extra={"queue": queue.name, "runs": len(recovered.requeued)}
+                    )
+                if recovered.dead:
+                    reason = STALLED_REASON.format(limit=self._loop.max_stalls)
+                    dead = await self._executions.mark_runs_dead(recovered.dead, reason)
+                    await publish(self._redis, [
+                        ExecutionEvent(EventType.DEAD, e.id, e.run_id, e.job_id, e.attempt, error=reason)
+                        for e in dead
+                    ])  # fmt: skip
+                    log.error("runs dead-lettered after stalling", extra={"runs": recovered.dead})
+                if len(recovered.requeued) + len(recovered.dead) < MAX_BATCH:
+                    break
+
+    async def _promote(self, term: Term) -> None:
+        for queue in self._queues.known():
+            while len(await queue.promote_due(MAX_BATCH)) >= MAX_BATCH:
+                pass
+
+    async def _reconcile(self, term: Term) -> None:
+        """Re-enqueue runs PostgreSQL has open but Redis does not know (the outbox repair)."""
+        names = await self._pool.fetch("SELECT DISTINCT queue FROM jobs")
+        self._queues.known(row["queue"] for row in names)
+        after: str | None = None
+        restored = 0
+        while True:
+            runs = await self._executions.open_runs(
+                older_than=self._loop.reconcile_grace, after_run_id=after, limit=MAX_BATCH
+            )
+            restored += await self._restore_missing(runs)
+            if len(runs) < MAX_BATCH:
+                break
+            after = runs[-1].run_id
+        stale = await self._executions.stale_running_runs(grace=self._loop.stale_running_grace, limit=MAX_BATCH)
+        restored += await self._restore_missing(stale)
+        if restored:
+            log.warning("reconcile re-enqueued runs Redis had lost", extra={"runs": restored})
+
+    async def _restore_missing(self, runs: Sequence[Queued]) -> int:
+        missing: list[Queued] = []
+        runs_by_queue = itertools.groupby(sorted(runs, key=lambda run: run.queue), key=lambda run: run.queue)
+        for name, group in runs_by_queue:
+            batch = list(group)
+            states = await self._queues.get(name).states(run.run_id for run in batch)
+            missing += [run for run in batch if states.get(run.run_id) is None]
+        if not missing:
+            return 0
+        now = await self._pool.fetchval("SELECT now()")
+        return await enqueue_runs(self._queues, missing, now)
+
+
+def holder_name() -> str:
+    return f"{os.environ.get('SCHEDULER_INSTANCE') or socket.gethostname()}:{os.getpid()}"
+
+
+async def run_scheduler(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    """`scheduler-grpc scheduler`: campaign for leadership; lead until stopped."""
+    async with connect(settings) as conns:
+        elector = LeaderElector(
+            conns.redis, LeadershipRepository(conns.pool), holder=holder_name(), ttl=settings.leader_ttl
+        )
+        loops = LeaderLoops(conns.redis, conns.pool, LoopSettings.from_settings(settings), default_queue=settings.queue)
+        campaign = asyncio.create_task(elector.run(loops.lead), name="campaign")
+        stopper = asyncio.create_task(stop.wait(), name="stop")
+        await asyncio.wait([campaign, stopper], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        campaign.cancel()  # the elector releases the lock gracefully: a standby takes over at once
+        await asyncio.wait([campaign])
+        log.info("scheduler stopped")
+    return 0

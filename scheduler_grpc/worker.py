@@ -1,0 +1,462 @@
+"""The worker role: takes runs from the queue and executes them with bounded concurrency.
+
+One pass of a run through a worker:
+
+1. `dequeue_blocking` leases up to the number of free slots in one script call (no polling).
+2. Items whose handler breaker is open go straight back, delayed, without spending an attempt.
+3. One statement claims the rest in PostgreSQL under their lease tokens (`ExecutionRepository.claim`);
+   items with nothing left to run are acked away.
+4. Each claim runs in its own task under the job's timeout and its breaker(s); its lease is extended
+   while it runs.
+5. Outcomes are flushed in batches: one statement records them (only under the claim token, so an
+   attempt whose lease was lost cannot overwrite its replacement), then the queue is told
+   (ack / nack with backoff / dead-letter) and events are published.
+
+On SIGTERM: stop taking work, let running jobs finish within the grace period, then cancel the rest
+and hand their runs straight back to the queue (not after the visibility timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+from redis.asyncio import Redis
+
+from scheduler_grpc import events
+from scheduler_grpc.breakers import BreakerOpen, BreakerPolicy, Breakers, BreakerState
+from scheduler_grpc.config import Settings
+from scheduler_grpc.connections import connect
+from scheduler_grpc.db.executions import Claim, Completed, ExecutionRepository, Outcome
+from scheduler_grpc.errors import LeaseLost, SchedulerError
+from scheduler_grpc.events import EventType, ExecutionEvent
+from scheduler_grpc.executions import ExecutionStatus
+from scheduler_grpc.handlers import (
+    ExecutionContext,
+    HandlerError,
+    HandlerRegistry,
+    HandlerSettings,
+    PermanentHandlerError,
+    default_registry,
+)
+from scheduler_grpc.keys import WorkerKeys
+from scheduler_grpc.queue import Lease, Queue
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL = timedelta(seconds=5)
+HEARTBEAT_TTL = timedelta(seconds=30)
+FETCH_WAIT = timedelta(seconds=2)
+COMPLETION_BATCH = 500
+_WORKER_KEYS = WorkerKeys()
+_EVENT_OF = {
+    ExecutionStatus.SUCCEEDED: EventType.SUCCEEDED,
+    ExecutionStatus.FAILED: EventType.FAILED,
+    ExecutionStatus.TIMED_OUT: EventType.TIMED_OUT,
+    ExecutionStatus.DEAD: EventType.DEAD,
+    ExecutionStatus.CANCELLED: EventType.CANCELLED,
+}
+
+
+@dataclass
+class _Running:
+    lease: Lease
+    claim: Claim
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Finished:
+    lease: Lease
+    claim: Claim
+    outcome: Outcome
+    handler: str
+
+
+@dataclass
+class WorkerStats:
+    """Counters for tests and metrics."""
+
+    claimed: int = 0
+    completed: int = 0
+    breaker_deferred: int = 0
+    lost_leases: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+
+
+class _Maintenance:
+    """What `system.cleanup` may touch, implemented over our stores."""
+
+    def __init__(self, redis: Redis, executions: ExecutionRepository, queue: Queue) -> None:
+        self._redis = redis
+        self._executions = executions
+        self._queue = queue
+
+    async def prune_executions(self, older_than: datetime) -> int:
+        return await self._executions.prune(older_than)
+
+    async def trim_events(self, older_than: datetime) -> int:
+        return await events.trim_before(self._redis, older_than)
+
+    async def trim_dead_letters(self, older_than: datetime) -> int:
+        age = max(datetime.now(UTC) - older_than, timedelta(0))
+        return len(await self._queue.purge_dead(None, older_than=age))
+
+
+class Worker:
+    """Executes runs from one queue with `concurrency` slots.
+
+    Args:
+        redis: Client for the queue, events and heartbeats.
+        pool: PostgreSQL pool (claims and completions).
+        registry: The handlers this worker can run.
+        settings: Process settings (visibility timeout, grace, breakers, ...).
+        worker_id: Unique id of this worker process (default host:pid:random).
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        pool: asyncpg.Pool,
+        registry: HandlerRegistry,
+        settings: Settings,
+        *,
+        worker_id: str | None = None,
+        concurrency: int | None = None,
+    ) -> None:
+        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._redis = redis
+        self._registry = registry
+        self._settings = settings
+        self._handler_settings = HandlerSettings.from_settings(settings)
+        self.concurrency = concurrency or settings.worker_concurrency
+        self._visibility = settings.visibility_timeout
+        self._executions = ExecutionRepository(pool)
+        self.queue = Queue(redis, settings.queue, call_timeout=settings.connect_timeout)
+        self.breakers = Breakers(
+            BreakerPolicy(
+                window=settings.breaker_window,
+                min_calls=settings.breaker_min_calls,
+                failure_ratio=settings.breaker_failure_ratio,
+                reset_timeout=settings.breaker_reset_timeout,
+            ),
+            on_change=self._breaker_changed,
+        )
+        self._maintenance = _Maintenance(redis, self._executions, self.queue)
+        self._running: dict[str, _Running] = {}  # by run id
+        self._slot_free = asyncio.Event()
+        self._finished: asyncio.Queue[_Finished] = asyncio.Queue(maxsize=self.concurrency * 4)
+        self._started_at = datetime.now(UTC)
+        self.stats = WorkerStats()
+
+    @property
+    def active(self) -> int:
+        return len(self._running)
+
+    # -- the role ----------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Work until `stop` is set, then shut down gracefully."""
+        log.info("worker started", extra={"worker_id": self.id, "slots": self.concurrency, "queue": self.queue.name})
+        async with asyncio.TaskGroup() as group:
+            fetcher = group.create_task(self._fetch_loop(), name="fetch")
+            completer = group.create_task(self._complete_loop(), name="complete")
+            extender = group.create_task(self._extend_loop(), name="extend-leases")
+            beater = group.create_task(self._heartbeat_loop(), name="heartbeat")
+            await stop.wait()
+            log.info("worker stopping: no new work", extra={"worker_id": self.id, "active": self.active})
+            fetcher.cancel()
+            await asyncio.wait([fetcher])
+            await self._drain(self._settings.shutdown_grace)
+            await self._finished.join()
+            for task in (completer, extender, beater):
+                task.cancel()
+        await self._unregister()
+        log.info("worker stopped", extra={"worker_id": self.id})
+
+    async def _drain(self, grace: timedelta) -> None:
+        tasks = [running.task for running in self._running.values() if running.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace.total_seconds())
+        unfinished = [r for r in self._running.values() if r.task is not None and not r.task.done()]
+        for running in unfinished:
+            assert running.task is not None
+            running.task.cancel()
+        if unfinished:
+            await asyncio.wait([r.task for r in unfinished if r.task is not None])
+            # A task that finished just before its cancellation reported its outcome: keep that.
+            await self._hand_back([r for r in unfinished if r.task is not None and r.task.cancelled()])
+
+    async def _hand_back(self, runs: Sequence[_Running]) -> None:
+        """Interrupted attempts go back to `queued` and their items straight back to ready."""
+        if not runs:
+            return
+        await self._executions.release([(r.claim.execution_id, r.lease.token) for r in runs])
+        await self.queue.nack_many([r.lease for r in runs], count_delivery=False)
+        for running in runs:
+            self._running.pop(running.lease.id, None)
+        log.warning("handed back unfinished runs", extra={"worker_id": self.id, "runs": len(runs)})
+
+    # -- taking work -------------------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        while True:
+            free = self.concurrency - len(self._running)
+            if free <= 0:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
+            try:
+                leases = await self.queue.dequeue_blocking(self.id, self._visibility, free, FETCH_WAIT)
+                if leases:
+                    await self._take(leases)
+            except asyncio.CancelledError:
+                raise
+            except SchedulerError as exc:
+                log.warning("cannot take work: %s", exc, extra={"worker_id": self.id})
+                await asyncio.sleep(1)
+
+    async def _take(self, leases: list[Lease]) -> None:
+        deferred: dict[timedelta, list[Lease]] = {}
+        wanted: list[Lease] = []
+        for lease in leases:
+            wait = self.breakers.blocked_for(lease.data.decode())
+            if wait > timedelta(0):
+                deferred.setdefault(wait, []).append(lease)
+            else:
+                wanted.append(lease)
+        for wait, group in deferred.items():
+            await self.queue.nack_many(group, wait, count_delivery=False)
+            self.stats.breaker_deferred += len(group)
+        if not wanted:
+            return
+        try:
+            claims = await self._executions.claim([(lease.id, lease.token) for lease in wanted], self.id)
+        except BaseException:
+            await self.queue.nack_many(wanted, count_delivery=False)
+            raise
+        by_run = {claim.run_id: claim for claim in claims}
+        nothing_to_do = [lease for lease in wanted if lease.id not in by_run]
+        if nothing_to_do:  # finished meanwhile, or its job was deleted
+            await self.queue.ack_many(nothing_to_do)
+        started = []
+        for lease in wanted:
+            claim = by_run.get(lease.id)
+            if claim is None:
+                continue
+            running = _Running(lease, claim)
+            self._running[lease.id] = running
+            running.task = asyncio.create_task(self._execute(running), name=f"run-{claim.execution_id}")
+            started.append(self._event(EventType.STARTED, claim))
+        self.stats.claimed += len(started)
+        if started:
+            await events.publish(self._redis, started)
+
+    # -- running -----------------------------------------------------------------------------------
+
+    async def _execute(self, running: _Running) -> None:
+        claim, lease = running.claim, running.lease
+        try:
+            handler = self._registry.get(claim.handler)
+            breaker = self.breakers.get(handler.breaker_key(claim.payload))
+            outcome = await breaker.call(lambda: self._attempt(claim, lease, handler), _failed)
+        except BreakerOpen as exc:
+            # Not a failure and not an attempt: back to `queued`, back to the queue after the wait.
+            await self._executions.release([(claim.execution_id, lease.token)])
+            await self.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
+            self._running.pop(lease.id, None)
+            self._slot_free.set()
+            self.stats.breaker_deferred += 1
+            return
+        except SchedulerError as exc:  # unknown handler (plugin removed): a permanent failure
+            outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc))
+        await self._finished.put(_Finished(lease, claim, outcome, claim.handler))
+
+    async def _attempt(self, claim: Claim, lease: Lease, handler: Any) -> Outcome:
+        ctx = ExecutionContext(
+            execution_id=claim.execution_id,
+            job_id=claim.job_id,
+            job_name=claim.job_name,
+            attempt=claim.attempt,
+            scheduled_for=claim.scheduled_for,
+            timeout=claim.timeout,
+            settings=self._handler_settings,
+            maintenance=self._maintenance,
+            log=logging.LoggerAdapter(
+                log, {"execution_id": claim.execution_id, "job_id": claim.job_id, "attempt": claim.attempt}
+            ),
+        )
+        status, error, result = ExecutionStatus.SUCCEEDED, None, None
+        try:
+            async with asyncio.timeout(claim.timeout.total_seconds()):
+                result = await handler.run(ctx, claim.payload)
+        except TimeoutError:
+            status, error = ExecutionStatus.TIMED_OUT, f"timed out after {claim.timeout.total_seconds():g}s"
+        except PermanentHandlerError as exc:
+            return Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc))
+        except HandlerError as exc:
+            status, error = ExecutionStatus.FAILED, str(exc)
+        except Exception as exc:  # a handler bug is this attempt's failure, not the worker's
+            log.exception("handler raised", extra={"execution_id": claim.execution_id, "handler": claim.handler})
+            status, error = ExecutionStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        if status is ExecutionStatus.SUCCEEDED:
+            return Outcome(claim.execution_id, lease.token, status, result=result)
+        if claim.retry.allows_retry_after(claim.attempt):
+            backoff = claim.retry.backoff(claim.attempt)
+            return Outcome(claim.execution_id, lease.token, status, error=error, retry_after=backoff)
+        spent = f"{error} (retry budget of {claim.retry.max_retries} spent)"
+        return Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=spent)
+
+    # -- finishing ---------------------------------------------------------------------------------
+
+    async def _complete_loop(self) -> None:
+        while True:
+            batch = [await self._finished.get()]
+            while len(batch) < COMPLETION_BATCH and not self._finished.empty():
+                batch.append(self._finished.get_nowait())
+            try:
+                await self._complete(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # The leases expire and the leader recovers the runs; nothing is lost.
+                log.exception("could not record outcomes", extra={"worker_id": self.id, "count": len(batch)})
+            finally:
+                for finished in batch:
+                    self._running.pop(finished.lease.id, None)
+                    self._finished.task_done()
+                self._slot_free.set()
+
+    async def _complete(self, batch: list[_Finished]) -> None:
+        completed = {c.execution_id: c for c in await self._executions.complete([f.outcome for f in batch])}
+        acks: list[Lease] = []
+        event_list: list[ExecutionEvent] = []
+        for finished in batch:
+            done: Completed | None = completed.get(finished.outcome.execution_id)
+            if done is None:
+                self.stats.lost_leases += 1  # another attempt replaced this one: change nothing
+                continue
+            outcome, lease, claim = finished.outcome, finished.lease, finished.claim
+            self.stats.completed += 1
+            self.stats.by_status[outcome.status] = self.stats.by_status.get(outcome.status, 0) + 1
+            event_list.append(self._event(_EVENT_OF[outcome.status], claim, error=outcome.error or ""))
+            if outcome.retry_after is not None:
+                # The delivery is given back: only stalls count towards the stall limit.
+                await self.queue.nack(lease.id, lease.token, outcome.retry_after, count_delivery=False)
+                retry_id = done.retry_execution_id or ""
+                event_list.append(
+                    self._event(EventType.RETRYING, claim, execution_id=retry_id, attempt=claim.attempt + 1)
+                )
+            elif outcome.status is ExecutionStatus.DEAD:
+                await self.queue.dead_letter(lease.id, lease.token, outcome.error or "dead")
+            else:
+                acks.append(lease)
+        if acks:
+            await self.queue.ack_many(acks)
+        if event_list:
+            await events.publish(self._redis, event_list)
+
+    def _event(
+        self, kind: EventType, claim: Claim, *, execution_id: str = "", attempt: int = 0, error: str = ""
+    ) -> ExecutionEvent:
+        return ExecutionEvent(
+            kind,
+            execution_id or claim.execution_id,
+            claim.run_id,
+            claim.job_id,
+            attempt or claim.attempt,
+            handler=claim.handler,
+            worker_id=self.id,
+            error=error,
+        )
+
+    # -- leases, heartbeats, breakers --------------------------------------------------------------
+
+    async def _extend_loop(self) -> None:
+        interval = self._visibility.total_seconds() / 3
+        while True:
+            await asyncio.sleep(interval)
+            lost: list[_Running] = []
+            for running in list(self._running.values()):
+                try:
+                    await self.queue.extend(running.lease.id, running.lease.token, self._visibility)
+                except LeaseLost:
+                    lost.append(running)
+                except SchedulerError as exc:
+                    log.warning("could not extend a lease: %s", exc, extra={"worker_id": self.id})
+            if lost:
+                await self._give_up(lost)
+
+    async def _give_up(self, lost: list[_Running]) -> None:
+        """Our leases are gone (recovered elsewhere, or Redis lost them): stop, and let the run go on
+        in a new attempt; our outcome would be refused anyway."""
+        for running in lost:
+            if running.task is not None:
+                running.task.cancel()
+        await asyncio.wait([r.task for r in lost if r.task is not None])
+        cancelled = [r for r in lost if r.task is not None and r.task.cancelled()]
+        await self._executions.abandon([(r.claim.execution_id, r.lease.token) for r in cancelled])
+        for running in cancelled:
+            self._running.pop(running.lease.id, None)
+        self.stats.lost_leases += len(cancelled)
+        self._slot_free.set()
+        log.warning("leases lost; attempts abandoned", extra={"worker_id": self.id, "runs": len(cancelled)})
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                await self._beat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc, extra={"worker_id": self.id})
+            await asyncio.sleep(HEARTBEAT_INTERVAL.total_seconds())
+
+    async def _beat(self) -> None:
+        now_ms = int(time.time() * 1000)
+        key = _WORKER_KEYS.worker(self.id)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hset(key, mapping={
+            "id": self.id, "host": socket.gethostname(), "pid": os.getpid(), "slots": self.concurrency,
+            "active": self.active, "queue": self.queue.name, "handlers": ",".join(self._registry.names()),
+            "started_at": self._started_at.isoformat(), "last_beat_ms": now_ms,
+        })  # fmt: skip
+        pipe.pexpire(key, int(HEARTBEAT_TTL.total_seconds() * 1000))
+        pipe.zadd(_WORKER_KEYS.index, {self.id: now_ms})
+        await pipe.execute()
+
+    async def _unregister(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._redis.delete(_WORKER_KEYS.worker(self.id))
+            await self._redis.zrem(_WORKER_KEYS.index, self.id)
+
+    def _breaker_changed(self, key: str, old: BreakerState, new: BreakerState) -> None:
+        level = logging.WARNING if new is BreakerState.OPEN else logging.INFO
+        log.log(level, "circuit breaker %s: %s -> %s", key, old, new, extra={"breaker": key, "worker_id": self.id})
+
+
+def _failed(outcome: Outcome) -> bool:
+    return outcome.status in (ExecutionStatus.FAILED, ExecutionStatus.TIMED_OUT, ExecutionStatus.DEAD)
+
+
+async def run_worker(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    """`scheduler-grpc worker`: execute jobs until SIGTERM/SIGINT."""
+    async with connect(settings) as conns:
+        registry = default_registry(HandlerSettings.from_settings(settings))
+        try:
+            worker = Worker(conns.redis, conns.pool, registry, settings, concurrency=args.concurrency)
+            await worker.run(stop)
+        finally:
+            await registry.aclose()
+    return 0

@@ -1,0 +1,126 @@
+"""Shared pieces of the engine tests: settings on the test servers, in-process roles, polling."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from redis.asyncio import Redis
+
+from scheduler_grpc import config
+from scheduler_grpc.config import Settings
+from scheduler_grpc.keys import LeaderKeys, WorkerKeys
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_settings(redis_url: str, database_url: str, **overrides: str) -> Settings:
+    environ = {"REDIS_URL": redis_url, "DATABASE_URL": database_url, **overrides}
+    return config.load(environ, {})
+
+
+async def eventually(check: Callable[[], Awaitable[T]], *, within: float = 10.0, interval: float = 0.05) -> T:
+    """Poll `check` until it returns something truthy, or fail after `within` seconds."""
+    deadline = time.monotonic() + within
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"condition not met within {within}s (last value: {last!r})")
+
+
+class Role:
+    """One `scheduler-grpc <role>` process with its log in a file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "scheduler_grpc", *argv],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def signal(self, signum: int) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signum)
+
+    def log_lines(self) -> list[str]:
+        return self.log_path.read_text(errors="replace").splitlines()
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+
+class Roles:
+    """Starts role processes against the test servers; kills whatever is left at the end."""
+
+    def __init__(self, redis_url: str, database_url: str, log_dir: Path, **env: str) -> None:
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
+            "REDIS_URL": redis_url,
+            "DATABASE_URL": database_url,
+            "SCHEDULER_LOG_LEVEL": "INFO",
+            "SCHEDULER_LEADER_TTL": "2s",
+            "SCHEDULER_VISIBILITY_TIMEOUT": "2s",
+            "SCHEDULER_RECONCILE_INTERVAL": "1s",
+            "SCHEDULER_SHUTDOWN_GRACE": "5s",
+            **env,
+        }
+        self.log_dir = log_dir
+        self.started: list[Role] = []
+
+    def start(self, role: str, *args: str, **env: str) -> Role:
+        name = f"{role}-{len(self.started) + 1}"
+        process = Role(name, [role, *args], {**self.env, **env, "SCHEDULER_INSTANCE": name},
+                       self.log_dir / f"{name}.log")  # fmt: skip
+        self.started.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for role in self.started:
+            role.stop()
+
+    def dump_logs(self, tail: int = 40) -> str:
+        return "\n".join(
+            f"--- {role.name} (exit {role.process.poll()}) ---\n" + "\n".join(role.log_lines()[-tail:])
+            for role in self.started
+        )
+
+
+async def wait_until_ready(redis: Redis, *, workers: int, leader: bool = True, within: float = 30.0) -> None:
+    """Wait until `workers` workers beat and (optionally) a leader holds the lock."""
+
+    async def ready() -> bool:
+        beating = await redis.zcard(WorkerKeys().index)
+        led = not leader or await redis.exists(LeaderKeys().lock)
+        return bool(beating >= workers and led)
+
+    await eventually(ready, within=within)
