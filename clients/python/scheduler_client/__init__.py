@@ -1,0 +1,3 @@
+"""Client of scheduler-grpc: generated stubs in `scheduler_client.v1`."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,199 @@
+import datetime
+
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ExecutionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXECUTION_STATE_UNSPECIFIED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_QUEUED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_RUNNING: _ClassVar[ExecutionState]
+    EXECUTION_STATE_SUCCEEDED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_FAILED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_TIMED_OUT: _ClassVar[ExecutionState]
+    EXECUTION_STATE_CANCELLED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_DEAD: _ClassVar[ExecutionState]
+    EXECUTION_STATE_ABANDONED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_SKIPPED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_MISSED: _ClassVar[ExecutionState]
+
+class Trigger(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRIGGER_UNSPECIFIED: _ClassVar[Trigger]
+    TRIGGER_SCHEDULE: _ClassVar[Trigger]
+    TRIGGER_MANUAL: _ClassVar[Trigger]
+    TRIGGER_RETRY: _ClassVar[Trigger]
+    TRIGGER_BACKFILL: _ClassVar[Trigger]
+    TRIGGER_DLQ_REQUEUE: _ClassVar[Trigger]
+
+class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_TYPE_UNSPECIFIED: _ClassVar[EventType]
+    EVENT_TYPE_CREATED: _ClassVar[EventType]
+    EVENT_TYPE_STARTED: _ClassVar[EventType]
+    EVENT_TYPE_SUCCEEDED: _ClassVar[EventType]
+    EVENT_TYPE_FAILED: _ClassVar[EventType]
+    EVENT_TYPE_TIMED_OUT: _ClassVar[EventType]
+    EVENT_TYPE_RETRYING: _ClassVar[EventType]
+    EVENT_TYPE_DEAD: _ClassVar[EventType]
+    EVENT_TYPE_CANCELLED: _ClassVar[EventType]
+    EVENT_TYPE_ABANDONED: _ClassVar[EventType]
+    EVENT_TYPE_SKIPPED: _ClassVar[EventType]
+    EVENT_TYPE_MISSED: _ClassVar[EventType]
+EXECUTION_STATE_UNSPECIFIED: ExecutionState
+EXECUTION_STATE_QUEUED: ExecutionState
+EXECUTION_STATE_RUNNING: ExecutionState
+EXECUTION_STATE_SUCCEEDED: ExecutionState
+EXECUTION_STATE_FAILED: ExecutionState
+EXECUTION_STATE_TIMED_OUT: ExecutionState
+EXECUTION_STATE_CANCELLED: ExecutionState
+EXECUTION_STATE_DEAD: ExecutionState
+EXECUTION_STATE_ABANDONED: ExecutionState
+EXECUTION_STATE_SKIPPED: ExecutionState
+EXECUTION_STATE_MISSED: ExecutionState
+TRIGGER_UNSPECIFIED: Trigger
+TRIGGER_SCHEDULE: Trigger
+TRIGGER_MANUAL: Trigger
+TRIGGER_RETRY: Trigger
+TRIGGER_BACKFILL: Trigger
+TRIGGER_DLQ_REQUEUE: Trigger
+EVENT_TYPE_UNSPECIFIED: EventType
+EVENT_TYPE_CREATED: EventType
+EVENT_TYPE_STARTED: EventType
+EVENT_TYPE_SUCCEEDED: EventType
+EVENT_TYPE_FAILED: EventType
+EVENT_TYPE_TIMED_OUT: EventType
+EVENT_TYPE_RETRYING: EventType
+EVENT_TYPE_DEAD: EventType
+EVENT_TYPE_CANCELLED: EventType
+EVENT_TYPE_ABANDONED: EventType
+EVENT_TYPE_SKIPPED: EventType
+EVENT_TYPE_MISSED: EventType
+
+class Execution(_message.Message):
+    __slots__ = ("id", "run_id", "job_id", "schedule_time", "attempt", "state", "trigger", "due_time", "priority", "worker_id", "create_time", "start_time", "end_time", "error", "result")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_TIME_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    DUE_TIME_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    run_id: str
+    job_id: str
+    schedule_time: _timestamp_pb2.Timestamp
+    attempt: int
+    state: ExecutionState
+    trigger: Trigger
+    due_time: _timestamp_pb2.Timestamp
+    priority: int
+    worker_id: str
+    create_time: _timestamp_pb2.Timestamp
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    error: str
+    result: _struct_pb2.Value
+    def __init__(self, id: _Optional[str] = ..., run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., schedule_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[ExecutionState, str]] = ..., trigger: _Optional[_Union[Trigger, str]] = ..., due_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., worker_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+
+class GetExecutionRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetExecutionResponse(_message.Message):
+    __slots__ = ("execution",)
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    execution: Execution
+    def __init__(self, execution: _Optional[_Union[Execution, _Mapping]] = ...) -> None: ...
+
+class ListExecutionsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "job_id", "states")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    job_id: str
+    states: _containers.RepeatedScalarFieldContainer[ExecutionState]
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., job_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[ExecutionState, str]]] = ...) -> None: ...
+
+class ListExecutionsResponse(_message.Message):
+    __slots__ = ("executions", "next_page_token")
+    EXECUTIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    executions: _containers.RepeatedCompositeFieldContainer[Execution]
+    next_page_token: str
+    def __init__(self, executions: _Optional[_Iterable[_Union[Execution, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelExecutionRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class CancelExecutionResponse(_message.Message):
+    __slots__ = ("execution",)
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    execution: Execution
+    def __init__(self, execution: _Optional[_Union[Execution, _Mapping]] = ...) -> None: ...
+
+class ExecutionEvent(_message.Message):
+    __slots__ = ("cursor", "type", "execution_id", "run_id", "job_id", "attempt", "handler", "worker_id", "error", "event_time")
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    cursor: str
+    type: EventType
+    execution_id: str
+    run_id: str
+    job_id: str
+    attempt: int
+    handler: str
+    worker_id: str
+    error: str
+    event_time: _timestamp_pb2.Timestamp
+    def __init__(self, cursor: _Optional[str] = ..., type: _Optional[_Union[EventType, str]] = ..., execution_id: _Optional[str] = ..., run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., handler: _Optional[str] = ..., worker_id: _Optional[str] = ..., error: _Optional[str] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class WatchExecutionsRequest(_message.Message):
+    __slots__ = ("job_ids", "types", "handler", "cursor")
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    TYPES_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    types: _containers.RepeatedScalarFieldContainer[EventType]
+    handler: str
+    cursor: str
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., types: _Optional[_Iterable[_Union[EventType, str]]] = ..., handler: _Optional[str] = ..., cursor: _Optional[str] = ...) -> None: ...
+
+class WatchExecutionsResponse(_message.Message):
+    __slots__ = ("event",)
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    event: ExecutionEvent
+    def __init__(self, event: _Optional[_Union[ExecutionEvent, _Mapping]] = ...) -> None: ...
