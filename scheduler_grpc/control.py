@@ -16,10 +16,10 @@ from redis.asyncio import Redis
 from scheduler_grpc import events
 from scheduler_grpc.db.executions import ExecutionRepository, Queued
 from scheduler_grpc.db.jobs import JobRepository
-from scheduler_grpc.dispatch import Queues, enqueue_runs
+from scheduler_grpc.dispatch import Queues, cancel_runs, enqueue_runs
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument
 from scheduler_grpc.events import EventType, ExecutionEvent
-from scheduler_grpc.executions import Trigger
+from scheduler_grpc.executions import Execution, Trigger
 from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
 
 MAX_REQUEST_ID_LENGTH = 128
@@ -102,6 +102,21 @@ class Control:
         if runs:
             await self.queues.get(queue).requeue_dead([run.run_id for run in runs])
         return runs
+
+    async def cancel_execution(self, execution_id: str) -> Execution:
+        """Cancel the run of an execution: removed from the queue if waiting, stopped on its worker
+        if running (then recorded `cancelled` by the worker).
+
+        Raises:
+            NotFound: no such execution.
+            FailedPrecondition: the run has already finished.
+        """
+        execution = await self.executions.get(execution_id)
+        job = await self.jobs.get(execution.job_id)
+        latest = await cancel_runs(self._redis, self.queues, self.executions, job.queue, [execution.run_id])
+        if not latest:
+            raise FailedPrecondition(f"id: the run of execution {execution_id} has already finished")
+        return latest[0]
 
     async def _dispatch(self, runs: Sequence[Queued]) -> None:
         if not runs:

@@ -12,7 +12,11 @@ from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
 
-from scheduler_grpc.db.executions import Queued
+from scheduler_grpc import events
+from scheduler_grpc.db.executions import ExecutionRepository, Queued
+from scheduler_grpc.events import EventType, ExecutionEvent
+from scheduler_grpc.executions import Execution
+from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.queue import NewItem, Queue
 
 
@@ -52,3 +56,25 @@ async def enqueue_runs(queues: Queues, runs: Sequence[Queued], now: datetime | N
     for name, items in by_queue.items():
         added += await queues.get(name).enqueue_many(items)
     return added
+
+
+async def cancel_runs(
+    redis: Redis, queues: Queues, executions: ExecutionRepository, queue: str, run_ids: Sequence[str]
+) -> list[Execution]:
+    """Cancel runs: queued ones leave the queue at once; running ones are cancelled by their workers
+    (asked on the cancel channel; each records `cancelled` when its handler has stopped).
+
+    Returns the latest attempt of each run as it stands now.
+    """
+    cancelled, running = await executions.cancel_runs(run_ids)
+    if cancelled:
+        await queues.get(queue).remove_many([execution.run_id for execution in cancelled])
+        await events.publish(redis, [
+            ExecutionEvent(EventType.CANCELLED, e.id, e.run_id, e.job_id, e.attempt) for e in cancelled
+        ])  # fmt: skip
+    if running:
+        pipe = redis.pipeline(transaction=False)
+        for execution in running:
+            pipe.publish(WorkerKeys().cancel, execution.run_id)
+        await pipe.execute()
+    return [*cancelled, *running]

@@ -125,3 +125,8 @@ class WorkerKeys:
     def worker(self, worker_id: str) -> str:
         """HASH of one worker's facts (host, pid, slots, active, handlers, started, last beat)."""
         return f"{{workers}}:worker:{worker_id}"
+
+    @property
+    def cancel(self) -> str:
+        """Pub/sub channel of run ids to cancel; the worker running one cancels it."""
+        return "{workers}:cancel"

@@ -31,10 +31,10 @@ from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Advance, ExecutionRepository, PlannedSlot, Queued
 from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL, JobRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
-from scheduler_grpc.dispatch import Queues, enqueue_runs
+from scheduler_grpc.dispatch import Queues, cancel_runs, enqueue_runs
 from scheduler_grpc.events import EventType, ExecutionEvent, publish
 from scheduler_grpc.executions import ExecutionStatus
-from scheduler_grpc.jobs import Job, MisfirePolicy, ScheduleKind
+from scheduler_grpc.jobs import ConcurrencyPolicy, Job, MisfirePolicy, ScheduleKind
 from scheduler_grpc.leader import LeaderElector, Term
 from scheduler_grpc.queue import MAX_BATCH
 from scheduler_grpc.schedule import fire_times
@@ -190,7 +190,23 @@ class LeaderLoops:
         queued = await self._executions.fire(term.token, plan.advances, plan.slots)
         await enqueue_runs(self._queues, queued, now)
         await self._announce(queued, plan.slots)
+        await self._replace_earlier_runs(jobs, queued)
         return len(jobs) >= self._loop.scan_batch
+
+    async def _replace_earlier_runs(self, jobs: Sequence[Job], queued: Sequence[Queued]) -> None:
+        """`replace` concurrency policy: a new run cancels the job's runs still queued or running."""
+        replacing = {job.id for job in jobs if job.concurrency_policy is ConcurrencyPolicy.REPLACE}
+        fresh_by_queue: dict[str, list[Queued]] = {}
+        for run in queued:
+            if run.job_id in replacing:
+                fresh_by_queue.setdefault(run.queue, []).append(run)
+        for queue, fresh in fresh_by_queue.items():
+            earlier = await self._executions.open_run_ids(
+                [run.job_id for run in fresh], excluding=[run.run_id for run in fresh]
+            )
+            if earlier:
+                await cancel_runs(self._redis, self._queues, self._executions, queue, earlier)
+                log.info("replaced earlier runs", extra={"queue": queue, "runs": len(earlier)})
 
     async def _announce(self, queued: Sequence[Queued], slots: Sequence[PlannedSlot]) -> None:
         events = [

@@ -155,6 +155,7 @@ class Worker:
         )
         self._maintenance = _Maintenance(redis, self._executions, self.queue)
         self._running: dict[str, _Running] = {}  # by run id
+        self._cancel_requested: set[str] = set()  # run ids an operator (or `replace`) cancelled
         self._slot_free = asyncio.Event()
         self._finished: asyncio.Queue[_Finished] = asyncio.Queue(maxsize=self.concurrency * 4)
         self._started_at = datetime.now(UTC)
@@ -174,13 +175,14 @@ class Worker:
             completer = group.create_task(self._complete_loop(), name="complete")
             extender = group.create_task(self._extend_loop(), name="extend-leases")
             beater = group.create_task(self._heartbeat_loop(), name="heartbeat")
+            canceller = group.create_task(self._cancel_listener(), name="cancel-listener")
             await stop.wait()
             log.info("worker stopping: no new work", extra={"worker_id": self.id, "active": self.active})
             fetcher.cancel()
             await asyncio.wait([fetcher])
             await self._drain(self._settings.shutdown_grace)
             await self._finished.join()
-            for task in (completer, extender, beater):
+            for task in (completer, extender, beater, canceller):
                 task.cancel()
         await self._unregister()
         log.info("worker stopped", extra={"worker_id": self.id})
@@ -223,8 +225,8 @@ class Worker:
                     await self._take(leases)
             except asyncio.CancelledError:
                 raise
-            except SchedulerError as exc:
-                log.warning("cannot take work: %s", exc, extra={"worker_id": self.id})
+            except Exception as exc:  # Redis or PostgreSQL unavailable: the leases expire, nothing is lost
+                log.warning("cannot take work: %r", exc, extra={"worker_id": self.id})
                 await asyncio.sleep(1)
 
     async def _take(self, leases: list[Lease]) -> None:
@@ -281,6 +283,15 @@ class Worker:
             return
         except SchedulerError as exc:  # unknown handler (plugin removed): a permanent failure
             outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc))
+        except asyncio.CancelledError:
+            if lease.id not in self._cancel_requested:
+                raise  # shutdown or a lost lease: not ours to record
+            # We cancelled this task ourselves for a cancel request: absorb exactly that one.
+            self._cancel_requested.discard(lease.id)
+            task = asyncio.current_task()
+            if task is not None and task.uncancel() > 0:
+                raise
+            outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.CANCELLED, error="cancelled")
         await self._finished.put(_Finished(lease, claim, outcome, claim.handler))
 
     async def _attempt(self, claim: Claim, lease: Lease, handler: Any) -> Outcome:
@@ -396,7 +407,12 @@ class Worker:
                 except SchedulerError as exc:
                     log.warning("could not extend a lease: %s", exc, extra={"worker_id": self.id})
             if lost:
-                await self._give_up(lost)
+                try:
+                    await self._give_up(lost)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("could not abandon lost attempts", extra={"worker_id": self.id})
 
     async def _give_up(self, lost: list[_Running]) -> None:
         """Our leases are gone (recovered elsewhere, or Redis lost them): stop, and let the run go on
@@ -412,6 +428,33 @@ class Worker:
         self.stats.lost_leases += len(cancelled)
         self._slot_free.set()
         log.warning("leases lost; attempts abandoned", extra={"worker_id": self.id, "runs": len(cancelled)})
+
+    async def _cancel_listener(self) -> None:
+        """Cancel runs on request (CancelExecution, the `replace` concurrency policy)."""
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(_WORKER_KEYS.cancel)
+                while True:
+                    message = await pubsub.get_message(timeout=5.0)
+                    if message is not None:
+                        self._cancel_on_request(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis restarting: subscribe again
+                log.warning("cancel channel lost: %r", exc, extra={"worker_id": self.id})
+                await asyncio.sleep(1)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    def _cancel_on_request(self, data: bytes | str) -> None:
+        run_id = data.decode() if isinstance(data, bytes) else str(data)
+        running = self._running.get(run_id)
+        if running is not None and running.task is not None and not running.task.done():
+            log.info("cancelling on request", extra={"run_id": run_id, "worker_id": self.id})
+            self._cancel_requested.add(run_id)
+            running.task.cancel()
 
     async def _heartbeat_loop(self) -> None:
         while True:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -415,6 +415,51 @@ class ExecutionRepository:
             LOST_WORKER_ERROR,
         )
         return len(rows)
+
+    async def cancel_runs(self, run_ids: Sequence[str]) -> tuple[list[Execution], list[Execution]]:
+        """Cancel runs: a `queued` latest attempt becomes `cancelled` here; a `running` one is left to
+        its worker, which records `cancelled` once it has stopped the handler.
+
+        Returns:
+            (attempts cancelled now, attempts running that their workers must cancel).
+        """
+        if not run_ids:
+            return [], []
+        rows = await self._pool.fetch(
+            f"""
+            WITH latest AS (
+                SELECT x.id, x.status FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL (
+                    SELECT id, status FROM job_executions e WHERE e.run_id = r.run_id
+                    ORDER BY attempt DESC LIMIT 1 FOR UPDATE) x
+                WHERE x.status IN ('queued', 'running')
+            ), cancelled AS (
+                UPDATE job_executions e SET status = 'cancelled', finished_at = now(), error = 'cancelled'
+                FROM latest WHERE e.id = latest.id AND latest.status = 'queued'
+                RETURNING e.id
+            )
+            SELECT {_COLUMNS}, (e.id IN (SELECT id FROM cancelled)) AS cancelled_now
+            FROM job_executions e JOIN latest ON latest.id = e.id
+            """,
+            _ids(run_ids),
+        )
+        now, running = [], []
+        for row in rows:
+            execution = execution_from_row(row)
+            if row["cancelled_now"]:
+                now.append(replace(execution, status=ExecutionStatus.CANCELLED))
+            else:
+                running.append(execution)
+        return now, running
+
+    async def open_run_ids(self, job_ids: Sequence[str], *, excluding: Sequence[str] = ()) -> list[str]:
+        """Runs of these jobs whose latest attempt is queued or running (for the `replace` policy)."""
+        rows = await self._pool.fetch(
+            """SELECT DISTINCT run_id FROM job_executions
+               WHERE job_id = ANY($1::uuid[]) AND status IN ('queued', 'running') AND NOT run_id = ANY($2::uuid[])""",
+            _ids(job_ids),
+            _ids(excluding),
+        )
+        return [str(row["run_id"]) for row in rows]
 
     async def mark_runs_dead(self, run_ids: Sequence[str], reason: str) -> list[Execution]:
         """The latest open attempt of each run becomes `dead` (e.g. stalled past the limit)."""
