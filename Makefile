@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint bench migrate clean
+.PHONY: run test lint bench migrate readme clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py
+
+readme: $(STAMP)
+	$(BIN)/python scripts/readme_tables.py
 
 migrate: $(STAMP)
 	$(BIN)/scheduler-grpc migrate

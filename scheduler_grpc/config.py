@@ -61,6 +61,13 @@ def _parse_positive_int(text: str) -> int:
     return value
 
 
+def _parse_port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be a port number between 0 and 65535")
+    return value
+
+
 def _parse_ratio(text: str) -> float:
     value = float(text)
     if not 0 < value <= 1:
@@ -94,6 +101,33 @@ def _networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network,
         return tuple(ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip())
     except ValueError as exc:
         raise ValueError(f"expected comma-separated CIDRs: {exc}") from None
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError("expected a TCP port between 0 and 65535 (0: any free port)")
+    return value
+
+
+def _host(text: str) -> str:
+    text = text.strip()
+    if not re.fullmatch(r"[A-Za-z0-9_.:\[\]-]{1,255}", text):
+        raise ValueError("expected a host name or an IP address, e.g. 0.0.0.0 or 127.0.0.1")
+    return text
+
+
+def _username(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", text):
+        raise ValueError("expected 1-64 letters, digits, '_', '.', '@' or '-'")
+    return text
+
+
+def _existing_file(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise ValueError("no such file")
+    return path
 
 
 def _queue_name(text: str) -> str:
@@ -144,9 +178,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "log_format",
         "SCHEDULER_LOG_FORMAT",
-        _choice("json", "text"),
-        "json",
-        "`json`: one object per line; `text`: for a terminal.",
+        _choice("auto", "json", "text"),
+        "auto",
+        "`json`: one object per line; `text`: for a terminal; `auto`: text when stderr is a terminal, else json.",
     ),
     Setting("queue", "SCHEDULER_QUEUE", _queue_name, "default", "Name of the Redis queue this process works on."),
     Setting(
@@ -247,6 +281,21 @@ SETTINGS: tuple[Setting, ...] = (
         "30s",
         "How long an open breaker refuses work before letting trial calls through (half-open).",
     ),
+    Setting(
+        "metrics_port",
+        "SCHEDULER_METRICS_PORT",
+        _parse_port,
+        None,
+        "Port of this process's /metrics (0: any free port). Unset: server 9090, scheduler 9091, "
+        "worker 9100; under `up`, schedulers 9091+i and workers 9100+i.",
+    ),
+    Setting(
+        "metrics_host",
+        "SCHEDULER_METRICS_HOST",
+        str,
+        "127.0.0.1",
+        "Address /metrics listens on (0.0.0.0 in containers).",
+    ),
     Setting("shell_enabled", "SCHEDULER_SHELL_ENABLED", _parse_bool, "false", "Allow the `shell.command` handler."),
     Setting(
         "webhook_allowlist",
@@ -255,6 +304,66 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "Comma-separated CIDRs (e.g. `10.0.0.0/8,127.0.0.1/32`) that `http.webhook` may reach "
         "although they are private, loopback or link-local.",
+    ),
+    Setting(
+        "grpc_host",
+        "SCHEDULER_GRPC_HOST",
+        _host,
+        None,
+        "Address the gRPC server listens on. Unset: `127.0.0.1` in dev; production must set it (e.g. `0.0.0.0`).",
+    ),
+    Setting("grpc_port", "SCHEDULER_GRPC_PORT", _port, "50051", "Port of the gRPC server (0: any free port)."),
+    Setting(
+        "admin_username",
+        "SCHEDULER_ADMIN_USERNAME",
+        _username,
+        "admin",
+        "The admin user the gRPC server creates (or updates) at start-up.",
+    ),
+    Setting(
+        "admin_password",
+        "SCHEDULER_ADMIN_PASSWORD",
+        str,
+        None,
+        "Password of that admin. Production requires one of at least 12 characters (not the dev default); "
+        "only in dev on a loopback address may it be unset (`admin123` is used, with a warning).",
+    ),
+    Setting(
+        "session_ttl",
+        "SCHEDULER_SESSION_TTL",
+        parse_duration,
+        "12h",
+        "How long a session token from `Login` stays valid.",
+    ),
+    Setting(
+        "max_concurrent_rpcs",
+        "SCHEDULER_MAX_CONCURRENT_RPCS",
+        _parse_positive_int,
+        "10000",
+        "Calls (streams included) one gRPC server runs at once; beyond, calls fail with RESOURCE_EXHAUSTED.",
+    ),
+    Setting(
+        "watch_buffer",
+        "SCHEDULER_WATCH_BUFFER",
+        _parse_positive_int,
+        "1000",
+        "Events buffered per `WatchExecutions` subscriber; a subscriber that falls further behind is ended "
+        "with RESOURCE_EXHAUSTED and resumes from its cursor.",
+    ),
+    Setting(
+        "tls_cert",
+        "SCHEDULER_TLS_CERT",
+        _existing_file,
+        None,
+        "PEM certificate chain of the gRPC server. Set with `SCHEDULER_TLS_KEY` to serve TLS.",
+    ),
+    Setting("tls_key", "SCHEDULER_TLS_KEY", _existing_file, None, "PEM private key of `SCHEDULER_TLS_CERT`."),
+    Setting(
+        "tls_client_ca",
+        "SCHEDULER_TLS_CLIENT_CA",
+        _existing_file,
+        None,
+        "PEM CA bundle: when set (with TLS), clients must present a certificate it signed (mutual TLS).",
     ),
 )
 
@@ -286,7 +395,19 @@ class Settings:
     breaker_min_calls: int
     breaker_failure_ratio: float
     breaker_reset_timeout: timedelta
+    metrics_port: int | None
+    metrics_host: str
     shell_enabled: bool
+    grpc_host: str | None
+    grpc_port: int
+    admin_username: str
+    admin_password: str | None
+    session_ttl: timedelta
+    max_concurrent_rpcs: int
+    watch_buffer: int
+    tls_cert: Path | None
+    tls_key: Path | None
+    tls_client_ca: Path | None
     webhook_allowlist: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
 
     @property
@@ -334,7 +455,8 @@ def load(environ: Mapping[str, str] | None = None, flags: Mapping[str, Any] | No
         try:
             values[setting.attr] = setting.parse(str(raw))
         except ValueError as exc:
-            shown = "<redacted>" if setting.attr.endswith("_url") else repr(raw)
+            # URLs may carry credentials and passwords are secrets: never echo them.
+            shown = "<redacted>" if setting.attr.endswith(("_url", "_password")) else repr(raw)
             raise ConfigError(f"{source}={shown} is invalid: {exc}") from None
     settings = Settings(**values)
     _check(settings)
@@ -353,6 +475,12 @@ def _check(settings: Settings) -> None:
         raise ConfigError(f"{name('connect_timeout')} must be positive")
     if settings.production and not (settings.redis_url and settings.database_url):
         raise ConfigError("SCHEDULER_ENV=production needs REDIS_URL and DATABASE_URL: embedded servers are for dev")
+    if settings.session_ttl < timedelta(minutes=1):
+        raise ConfigError(f"{name('session_ttl')} must be at least 1m")
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        raise ConfigError(f"{name('tls_cert')} and {name('tls_key')} must be set together")
+    if settings.tls_client_ca is not None and settings.tls_cert is None:
+        raise ConfigError(f"{name('tls_client_ca')} needs TLS: set {name('tls_cert')} and {name('tls_key')} too")
 
 
 def readme_table() -> str:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import asyncpg
 from redis.asyncio import Redis
 
-from scheduler_grpc import events
+from scheduler_grpc import events, metrics
 from scheduler_grpc.db.executions import ExecutionRepository, Queued
 from scheduler_grpc.db.jobs import JobRepository
 from scheduler_grpc.dispatch import Queues, cancel_runs, enqueue_runs
@@ -50,7 +50,9 @@ class Control:
         spec = validate_job(spec, self._handlers)
         now = datetime.now(UTC)
         next_run = spec.first_run_time(now) if spec.status is JobStatus.ACTIVE else None
-        return await self.jobs.create(spec, next_run, request_id)
+        job = await self.jobs.create(spec, next_run, request_id)
+        metrics.JOBS_CREATED.inc()
+        return job
 
     async def update_job(self, job_id: str, spec: JobSpec, expected_version: int | None = None) -> Job:
         """Replace a job's definition (optimistic concurrency on `expected_version` when given)."""
@@ -64,19 +66,26 @@ class Control:
         if schedule_changed:
             next_run = spec.first_run_time(datetime.now(UTC)) if spec.status is JobStatus.ACTIVE else None
         version = current.version if expected_version is None else expected_version
-        return await self.jobs.update(job_id, spec, next_run, version)
+        job = await self.jobs.update(job_id, spec, next_run, version)
+        metrics.JOBS_UPDATED.inc()
+        return job
 
     async def pause_job(self, job_id: str) -> Job:
-        return await self.jobs.set_status(job_id, JobStatus.PAUSED, None)
+        job = await self.jobs.set_status(job_id, JobStatus.PAUSED, None)
+        metrics.JOBS_UPDATED.inc()
+        return job
 
     async def resume_job(self, job_id: str) -> Job:
         """Resume from now: slots passed while paused are not caught up."""
         job = await self.jobs.get(job_id)
         next_run = replace(job, status=JobStatus.ACTIVE).first_run_time(datetime.now(UTC))
-        return await self.jobs.set_status(job_id, JobStatus.ACTIVE, next_run)
+        job = await self.jobs.set_status(job_id, JobStatus.ACTIVE, next_run)
+        metrics.JOBS_UPDATED.inc()
+        return job
 
     async def delete_job(self, job_id: str) -> None:
         await self.jobs.delete(job_id)
+        metrics.JOBS_DELETED.inc()
 
     async def trigger_job(self, job_id: str, *, request_id: str | None = None) -> list[Queued]:
         """Run a job now, outside its schedule; the same `request_id` does not run it twice."""

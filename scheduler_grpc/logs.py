@@ -61,8 +61,10 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def setup(role: str, level: str = "INFO", fmt: str = "json") -> None:
+def setup(role: str, level: str = "INFO", fmt: str = "auto") -> None:
     """Send this process's logs to stderr in the chosen format, tagged with its role."""
+    if fmt == "auto":
+        fmt = "text" if sys.stderr.isatty() else "json"
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(role) if fmt == "json" else TextFormatter(role))
     root = logging.getLogger()

@@ -56,7 +56,9 @@ QUEUE_WAIT = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
-RETRIES = Counter("scheduler_retries_total", "Retries scheduled after a failed attempt.", ["handler"], registry=REGISTRY)
+RETRIES = Counter(
+    "scheduler_retries_total", "Retries scheduled after a failed attempt.", ["handler"], registry=REGISTRY
+)
 DEAD_LETTERED = Counter(
     "scheduler_dead_lettered_total", "Runs parked in the dead-letter queue, by reason.", ["reason"], registry=REGISTRY
 )

@@ -702,6 +702,20 @@ class Queue:
             ready, processing, delayed, dead = await self._bounded(pipe.execute())
         return QueueStats(ready=int(ready), processing=int(processing), delayed=int(delayed), dead=int(dead))
 
+    async def ready_by_band(self) -> dict[str, int]:
+        """Ready items by priority band: `high` (> 0), `normal` (0), `low` (< 0); one round trip.
+
+        The ready score orders by priority first, so each band is one score range.
+        """
+        normal_start = (PRIORITY_MAX - 0) * SEQ_SPAN
+        normal_end = (PRIORITY_MAX - 0 + 1) * SEQ_SPAN
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zcount(self.keys.ready, "-inf", f"({normal_start}")
+            pipe.zcount(self.keys.ready, normal_start, f"({normal_end}")
+            pipe.zcount(self.keys.ready, normal_end, "+inf")
+            high, normal, low = await self._bounded(pipe.execute())
+        return {"high": int(high), "normal": int(normal), "low": int(low)}
+
 
 # -- conversions ------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import itertools
 import logging
 import os
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -26,6 +27,7 @@ from datetime import datetime, timedelta
 import asyncpg
 from redis.asyncio import Redis
 
+from scheduler_grpc import metrics
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Advance, ExecutionRepository, PlannedSlot, Queued
@@ -41,6 +43,8 @@ from scheduler_grpc.schedule import fire_times
 
 log = logging.getLogger(__name__)
 
+DEFAULT_METRICS_PORT = 9091
+METRICS_INTERVAL = timedelta(seconds=2)
 STALLED_REASON = "stalled: its lease expired {limit} times (the job kills or hangs its worker)"
 
 
@@ -133,6 +137,9 @@ class LeaderLoops:
     async def lead(self, term: Term) -> None:
         """Run every leader loop until cancelled (leadership lost or shutdown)."""
         log.info("leading", extra={"term": term.token})
+        metrics.LEADER.set(1)
+        metrics.LEADER_TERM.set(term.token)
+        metrics.LEADERSHIP_CHANGES.inc()
         listener = await self._pool.acquire()
         try:
             await listener.add_listener(JOBS_CHANGED_CHANNEL, self._on_jobs_changed)
@@ -141,7 +148,10 @@ class LeaderLoops:
                 group.create_task(self._every(self._loop.recover_interval, self._recover, term), name="recover")
                 group.create_task(self._every(self._loop.promote_interval, self._promote, term), name="promote")
                 group.create_task(self._every(self._loop.reconcile_interval, self._reconcile, term), name="reconcile")
+                group.create_task(self._every(METRICS_INTERVAL, self._observe_queues, term), name="queue-metrics")
         finally:
+            metrics.LEADER.set(0)
+            metrics.LEADERSHIP_CHANGES.inc()
             with contextlib.suppress(Exception):
                 await listener.remove_listener(JOBS_CHANGED_CHANNEL, self._on_jobs_changed)
             await self._pool.release(listener)
@@ -157,7 +167,8 @@ class LeaderLoops:
                     await step(term)
                 except asyncio.CancelledError:
                     raise
-                except Exception:
+                except Exception as exc:
+                    metrics.store_error(exc)
                     log.exception("leader loop step failed", extra={"step": getattr(step, "__name__", "?")})
             await asyncio.sleep(interval.total_seconds())
 
@@ -172,7 +183,8 @@ class LeaderLoops:
                     full = await self.scan_once(term)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
+                metrics.store_error(exc)
                 log.exception("scan failed")
             if full:
                 continue  # more due jobs than one batch: go again at once
@@ -180,9 +192,12 @@ class LeaderLoops:
 
     async def scan_once(self, term: Term) -> bool:
         """One scan: record and enqueue what is due. Returns True if the batch was full."""
+        began = time.perf_counter()
         jobs, now = await self._jobs.due(self._loop.scan_batch)
         self.scans += 1
+        metrics.SCAN_DUE_JOBS.observe(len(jobs))
         if not jobs:
+            metrics.SCAN_DURATION.observe(time.perf_counter() - began)
             return False
         plan = Plan()
         for job in jobs:
@@ -191,6 +206,7 @@ class LeaderLoops:
         await enqueue_runs(self._queues, queued, now)
         await self._announce(queued, plan.slots)
         await self._replace_earlier_runs(jobs, queued)
+        metrics.SCAN_DURATION.observe(time.perf_counter() - began)
         return len(jobs) >= self._loop.scan_batch
 
     async def _replace_earlier_runs(self, jobs: Sequence[Job], queued: Sequence[Queued]) -> None:
@@ -237,12 +253,15 @@ class LeaderLoops:
             while True:
                 recovered = await queue.recover_expired(MAX_BATCH, max_deliveries=self._loop.max_stalls)
                 if recovered.requeued:
+                    metrics.LEASE_RECOVERIES.labels(queue.name).inc(len(recovered.requeued))
                     log.warning(
                         "leases expired; runs requeued", extra={"queue": queue.name, "runs": len(recovered.requeued)}
                     )
                 if recovered.dead:
                     reason = STALLED_REASON.format(limit=self._loop.max_stalls)
                     dead = await self._executions.mark_runs_dead(recovered.dead, reason)
+                    metrics.LEASE_RECOVERIES.labels(queue.name).inc(len(recovered.dead))
+                    metrics.DEAD_LETTERED.labels("stalled").inc(len(recovered.dead))
                     await publish(self._redis, [
                         ExecutionEvent(EventType.DEAD, e.id, e.run_id, e.job_id, e.attempt, error=reason)
                         for e in dead
@@ -273,7 +292,16 @@ class LeaderLoops:
         stale = await self._executions.stale_running_runs(grace=self._loop.stale_running_grace, limit=MAX_BATCH)
         restored += await self._restore_missing(stale)
         if restored:
+            metrics.RECONCILE_REENQUEUED.inc(restored)
             log.warning("reconcile re-enqueued runs Redis had lost", extra={"runs": restored})
+
+    async def _observe_queues(self, term: Term) -> None:
+        for queue in self._queues.known():
+            stats = await queue.stats()
+            for state in ("ready", "processing", "delayed", "dead"):
+                metrics.QUEUE_DEPTH.labels(queue.name, state).set(getattr(stats, state))
+            for band, count in (await queue.ready_by_band()).items():
+                metrics.QUEUE_READY_BY_PRIORITY.labels(queue.name, band).set(count)
 
     async def _restore_missing(self, runs: Sequence[Queued]) -> int:
         missing: list[Queued] = []
@@ -294,7 +322,8 @@ def holder_name() -> str:
 
 async def run_scheduler(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
     """`scheduler-grpc scheduler`: campaign for leadership; lead until stopped."""
-    async with connect(settings) as conns:
+    port = settings.metrics_port if settings.metrics_port is not None else DEFAULT_METRICS_PORT
+    async with connect(settings) as conns, metrics.serve(settings.metrics_host, port):
         elector = LeaderElector(
             conns.redis, LeadershipRepository(conns.pool), holder=holder_name(), ttl=settings.leader_ttl
         )

@@ -33,6 +33,7 @@ GRACE_SECONDS = 20.0
 class Child:
     name: str
     argv: list[str]
+    metrics_port: int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,11 +48,11 @@ def _children(args: argparse.Namespace) -> list[Child]:
     script = [sys.executable, "-m", "scheduler_grpc"]
     children: list[Child] = []
     if "server" in available:
-        children.append(Child("server", [*script, "server"]))
+        children.append(Child("server", [*script, "server"], 9090))
     if "scheduler" in available:
-        children += [Child(f"scheduler-{i}", [*script, "scheduler"]) for i in range(1, args.schedulers + 1)]
+        children += [Child(f"scheduler-{i}", [*script, "scheduler"], 9090 + i) for i in range(1, args.schedulers + 1)]
     if "worker" in available:
-        children += [Child(f"worker-{i}", [*script, "worker"]) for i in range(1, args.workers + 1)]
+        children += [Child(f"worker-{i}", [*script, "worker"], 9099 + i) for i in range(1, args.workers + 1)]
     return children
 
 
@@ -88,10 +89,12 @@ def _write_env_file(settings: Settings, redis_url: str, database_url: str) -> Pa
 
 def _banner(children: list[Child], redis_url: str, database_url: str, env_file: Path) -> None:
     roles = ", ".join(child.name for child in children)
+    metrics = ", ".join(f"{child.name} :{child.metrics_port}" for child in children)
     lines = [
         "",
         "scheduler-grpc is up (Ctrl-C stops everything)",
         f"  roles:        {roles}",
+        f"  /metrics:     http://127.0.0.1:<port>/metrics  ({metrics})",
         f"  REDIS_URL:    {redis_url}",
         f"  DATABASE_URL: {database_url}",
         f"  in a shell:   set -a; . {env_file}; set +a",
@@ -106,7 +109,7 @@ async def _supervise(children: list[Child], env: dict[str, str], stop: asyncio.E
         for child in children:
             processes[child.name] = await asyncio.create_subprocess_exec(
                 *child.argv,
-                env={**env, "SCHEDULER_INSTANCE": child.name},
+                env={**env, "SCHEDULER_INSTANCE": child.name, "SCHEDULER_METRICS_PORT": str(child.metrics_port)},
                 stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops roles in order
                 preexec_fn=die_with_parent(signal.SIGTERM),

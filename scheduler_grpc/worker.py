@@ -34,7 +34,7 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
-from scheduler_grpc import events
+from scheduler_grpc import events, metrics
 from scheduler_grpc.breakers import BreakerOpen, BreakerPolicy, Breakers, BreakerState
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
@@ -55,6 +55,7 @@ from scheduler_grpc.queue import Lease, Queue
 
 log = logging.getLogger(__name__)
 
+DEFAULT_METRICS_PORT = 9100
 HEARTBEAT_INTERVAL = timedelta(seconds=5)
 HEARTBEAT_TTL = timedelta(seconds=30)
 FETCH_WAIT = timedelta(seconds=2)
@@ -226,6 +227,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis or PostgreSQL unavailable: the leases expire, nothing is lost
+                metrics.store_error(exc)
                 log.warning("cannot take work: %r", exc, extra={"worker_id": self.id})
                 await asyncio.sleep(1)
 
@@ -262,8 +264,17 @@ class Worker:
             running.task = asyncio.create_task(self._execute(running), name=f"run-{claim.execution_id}")
             started.append(self._event(EventType.STARTED, claim))
         self.stats.claimed += len(started)
+        self._observe_starts([by_run[lease.id] for lease in wanted if lease.id in by_run])
         if started:
             await events.publish(self._redis, started)
+
+    def _observe_starts(self, claims: Sequence[Claim]) -> None:
+        metrics.WORKER_SLOTS.labels("busy").set(len(self._running))
+        for claim in claims:
+            if claim.attempt == 1:
+                metrics.LATENESS.observe(max((claim.started_at - claim.scheduled_for).total_seconds(), 0.0))
+            if claim.due_at is not None:
+                metrics.QUEUE_WAIT.observe(max((claim.started_at - claim.due_at).total_seconds(), 0.0))
 
     # -- running -----------------------------------------------------------------------------------
 
@@ -305,10 +316,17 @@ class Worker:
             settings=self._handler_settings,
             maintenance=self._maintenance,
             log=logging.LoggerAdapter(
-                log, {"execution_id": claim.execution_id, "job_id": claim.job_id, "attempt": claim.attempt}
+                log,
+                {
+                    "execution_id": claim.execution_id,
+                    "job_id": claim.job_id,
+                    "attempt": claim.attempt,
+                    "worker_id": self.id,
+                },
             ),
         )
         status, error, result = ExecutionStatus.SUCCEEDED, None, None
+        began = time.perf_counter()
         try:
             async with asyncio.timeout(claim.timeout.total_seconds()):
                 result = await handler.run(ctx, claim.payload)
@@ -321,6 +339,8 @@ class Worker:
         except Exception as exc:  # a handler bug is this attempt's failure, not the worker's
             log.exception("handler raised", extra={"execution_id": claim.execution_id, "handler": claim.handler})
             status, error = ExecutionStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        finally:
+            metrics.EXECUTION_DURATION.labels(claim.handler).observe(time.perf_counter() - began)
         if status is ExecutionStatus.SUCCEEDED:
             return Outcome(claim.execution_id, lease.token, status, result=result)
         if claim.retry.allows_retry_after(claim.attempt):
@@ -340,13 +360,15 @@ class Worker:
                 await self._complete(batch)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 # The leases expire and the leader recovers the runs; nothing is lost.
+                metrics.store_error(exc)
                 log.exception("could not record outcomes", extra={"worker_id": self.id, "count": len(batch)})
             finally:
                 for finished in batch:
                     self._running.pop(finished.lease.id, None)
                     self._finished.task_done()
+                metrics.WORKER_SLOTS.labels("busy").set(len(self._running))
                 self._slot_free.set()
 
     async def _complete(self, batch: list[_Finished]) -> None:
@@ -360,17 +382,27 @@ class Worker:
                 continue
             outcome, lease, claim = finished.outcome, finished.lease, finished.claim
             self.stats.completed += 1
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "attempt finished",
+                    extra={"execution_id": claim.execution_id, "job_id": claim.job_id, "attempt": claim.attempt,
+                           "worker_id": self.id, "status": outcome.status.value},
+                )  # fmt: skip
             self.stats.by_status[outcome.status] = self.stats.by_status.get(outcome.status, 0) + 1
+            metrics.EXECUTIONS.labels(outcome.status.value, finished.handler).inc()
             event_list.append(self._event(_EVENT_OF[outcome.status], claim, error=outcome.error or ""))
             if outcome.retry_after is not None:
                 # The delivery is given back: only stalls count towards the stall limit.
                 await self.queue.nack(lease.id, lease.token, outcome.retry_after, count_delivery=False)
+                metrics.RETRIES.labels(finished.handler).inc()
                 retry_id = done.retry_execution_id or ""
                 event_list.append(
                     self._event(EventType.RETRYING, claim, execution_id=retry_id, attempt=claim.attempt + 1)
                 )
             elif outcome.status is ExecutionStatus.DEAD:
                 await self.queue.dead_letter(lease.id, lease.token, outcome.error or "dead")
+                reason = "retries_exhausted" if outcome.error and "retry budget" in outcome.error else "permanent"
+                metrics.DEAD_LETTERED.labels(reason).inc()
             else:
                 acks.append(lease)
         if acks:
@@ -485,6 +517,8 @@ class Worker:
             await self._redis.zrem(_WORKER_KEYS.index, self.id)
 
     def _breaker_changed(self, key: str, old: BreakerState, new: BreakerState) -> None:
+        metrics.BREAKER_STATE.labels(key).set(metrics.BREAKER_VALUES[new.value])
+        metrics.BREAKER_TRANSITIONS.labels(key, new.value).inc()
         level = logging.WARNING if new is BreakerState.OPEN else logging.INFO
         log.log(level, "circuit breaker %s: %s -> %s", key, old, new, extra={"breaker": key, "worker_id": self.id})
 
@@ -495,10 +529,13 @@ def _failed(outcome: Outcome) -> bool:
 
 async def run_worker(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
     """`scheduler-grpc worker`: execute jobs until SIGTERM/SIGINT."""
-    async with connect(settings) as conns:
+    port = settings.metrics_port if settings.metrics_port is not None else DEFAULT_METRICS_PORT
+    async with connect(settings) as conns, metrics.serve(settings.metrics_host, port):
         registry = default_registry(HandlerSettings.from_settings(settings))
         try:
             worker = Worker(conns.redis, conns.pool, registry, settings, concurrency=args.concurrency)
+            metrics.WORKER_SLOTS.labels("total").set(worker.concurrency)
+            metrics.WORKER_SLOTS.labels("busy").set(0)
             await worker.run(stop)
         finally:
             await registry.aclose()

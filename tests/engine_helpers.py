@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -66,6 +67,13 @@ class Role:
     def log_lines(self) -> list[str]:
         return self.log_path.read_text(errors="replace").splitlines()
 
+    def metrics_port(self) -> int | None:
+        """The /metrics port this role logged, once it has."""
+        for line in self.log_lines():
+            if '"metrics listening"' in line:
+                return int(json.loads(line)["metrics_port"])
+        return None
+
     def stop(self, timeout: float = 15.0) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
@@ -92,6 +100,7 @@ class Roles:
             "SCHEDULER_VISIBILITY_TIMEOUT": "2s",
             "SCHEDULER_RECONCILE_INTERVAL": "1s",
             "SCHEDULER_SHUTDOWN_GRACE": "5s",
+            "SCHEDULER_METRICS_PORT": "0",  # any free port; a role logs the one it got
             **env,
         }
         self.log_dir = log_dir

@@ -96,6 +96,7 @@ class Claim:
     timeout: timedelta
     retry: RetryPolicy
     queue: str
+    due_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -265,7 +266,7 @@ class ExecutionRepository:
                 SELECT * FROM unnest($1::uuid[], $2::text[]) AS i(run_id, token)
             ), latest AS (
                 SELECT x.id, x.run_id, x.job_id, x.scheduled_for, x.attempt, x.status, x.claim_token,
-                       x.priority, x.started_at, i.token
+                       x.priority, x.started_at, x.due_at, i.token
                 FROM items i CROSS JOIN LATERAL (
                     SELECT * FROM job_executions e WHERE e.run_id = i.run_id
                     ORDER BY e.attempt DESC LIMIT 1 FOR UPDATE
@@ -274,7 +275,7 @@ class ExecutionRepository:
                 UPDATE job_executions e SET status = 'running', claim_token = l.token, worker_id = $3,
                        started_at = now()
                 FROM latest l WHERE e.id = l.id AND l.status = 'queued'
-                RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at
+                RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at
             ), abandoned AS (
                 UPDATE job_executions e SET status = 'abandoned', finished_at = now(), error = $4
                 FROM latest l WHERE e.id = l.id AND l.status = 'running' AND l.claim_token <> l.token
@@ -286,14 +287,14 @@ class ExecutionRepository:
                        l.priority, l.token, $3, now()
                 FROM latest l
                 WHERE l.status = 'abandoned' OR (l.status = 'running' AND l.claim_token <> l.token)
-                RETURNING id, run_id, job_id, scheduled_for, attempt, started_at
+                RETURNING id, run_id, job_id, scheduled_for, attempt, started_at, due_at
             ), claimed AS (
                 SELECT * FROM started
                 UNION ALL SELECT * FROM restarted
-                UNION ALL SELECT l.id, l.run_id, l.job_id, l.scheduled_for, l.attempt, l.started_at
+                UNION ALL SELECT l.id, l.run_id, l.job_id, l.scheduled_for, l.attempt, l.started_at, l.due_at
                           FROM latest l WHERE l.status = 'running' AND l.claim_token = l.token
             )
-            SELECT c.id, c.run_id, c.job_id, c.scheduled_for, c.attempt, c.started_at, j.name, j.handler,
+            SELECT c.id, c.run_id, c.job_id, c.scheduled_for, c.attempt, c.started_at, c.due_at, j.name, j.handler,
                    j.payload, j.timeout, j.max_retries, j.initial_backoff, j.max_backoff, j.retry_jitter, j.queue,
                    (SELECT count(*) FROM abandoned) AS abandoned
             FROM claimed c JOIN jobs j ON j.id = c.job_id
@@ -317,6 +318,7 @@ class ExecutionRepository:
                 timeout=row["timeout"],
                 retry=RetryPolicy(row["max_retries"], row["initial_backoff"], row["max_backoff"], row["retry_jitter"]),
                 queue=row["queue"],
+                due_at=row["due_at"],
             )
             for row in rows
         ]

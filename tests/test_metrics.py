@@ -1,0 +1,124 @@
+"""Every documented metric exists, and the engine's metrics move when their event happens."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+from collections.abc import Callable
+from datetime import timedelta
+
+import asyncpg
+import redis.asyncio as aioredis
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduler_grpc import metrics
+from scheduler_grpc.control import Control
+from scheduler_grpc.jobs import JobSpec, RetryPolicy, ScheduleKind
+from scheduler_grpc.queue import Queue
+from tests.conftest import ROOT
+from tests.engine_helpers import Role, Roles, eventually, wait_until_ready
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def documented() -> set[str]:
+    readme = (ROOT / "README.md").read_text()
+    return set(re.findall(r"^\| `(scheduler_[a-z_]+)` \|", readme, re.MULTILINE))
+
+
+def test_readme_documents_every_metric() -> None:
+    assert metrics.readme_table() in (ROOT / "README.md").read_text()
+
+
+async def scrape(role: Role) -> Samples:
+    port = role.metrics_port()
+    if port is None:
+        return {}
+
+    def fetch() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    text = await asyncio.to_thread(fetch)
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    return sum(v for (n, ls), v in samples.items() if n == name and all((k, labels[k]) in ls for k in labels))
+
+
+async def test_engine_metrics_move_when_their_events_happen(
+    roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    scheduler = roles.start("scheduler", SCHEDULER_BREAKER_MIN_CALLS="2")
+    worker = roles.start("worker", SCHEDULER_BREAKER_MIN_CALLS="2")
+    await wait_until_ready(redis, workers=1)
+    created_before = metrics.JOBS_CREATED._value.get()
+    tick = await control.create_job(
+        JobSpec(name="tick", handler="test.echo", schedule_kind=ScheduleKind.CRON, cron="* * * * * *")
+    )
+    fail = await control.create_job(
+        JobSpec(
+            name="fail",
+            handler="test.fail",
+            retry=RetryPolicy(1, timedelta(milliseconds=100), timedelta(milliseconds=100), False),
+        )
+    )
+    side = await control.create_job(JobSpec(name="side", handler="test.echo", queue="side"))
+    await control.trigger_job(fail.id)
+    await control.pause_job(tick.id)
+    await control.resume_job(tick.id)
+    assert metrics.JOBS_CREATED._value.get() == created_before + 3
+    # A lease nobody acks (queue "side" has no worker): the leader recovers it.
+    stalled = (await control.trigger_job(side.id))[0]
+    assert await Queue(redis, "side").dequeue("test", timedelta(seconds=1), 1)
+    # A run Redis "lost": reconcile puts it back.
+    lost = (await control.trigger_job(side.id))[0]
+    await Queue(redis, "side").remove(lost.run_id)
+
+    checks: dict[str, Callable[[Samples, Samples], bool]] = {
+        "executions": lambda s, w: value(w, "scheduler_executions_total", status="succeeded", handler="test.echo") >= 2,
+        "failed": lambda s, w: value(w, "scheduler_executions_total", status="failed", handler="test.fail") >= 1,
+        "duration": lambda s, w: value(w, "scheduler_execution_duration_seconds_count", handler="test.echo") >= 2,
+        "lateness": lambda s, w: value(w, "scheduler_lateness_seconds_count") >= 2,
+        "wait": lambda s, w: value(w, "scheduler_dequeue_wait_seconds_count") >= 2,
+        "retries": lambda s, w: value(w, "scheduler_retries_total", handler="test.fail") >= 1,
+        "dead": lambda s, w: value(w, "scheduler_dead_lettered_total", reason="retries_exhausted") >= 1,
+        "slots": lambda s, w: value(w, "scheduler_worker_slots", state="total") == 10,
+        "breaker": lambda s, w: value(w, "scheduler_breaker_transitions_total", breaker="test.fail", to="open") >= 1,
+        "breaker_state": lambda s, w: value(w, "scheduler_breaker_state", breaker="test.fail") >= 1,
+        "leader": lambda s, w: value(s, "scheduler_leader") == 1 and value(s, "scheduler_leader_term") >= 1,
+        "changes": lambda s, w: value(s, "scheduler_leadership_changes_total") >= 1,
+        "scan": lambda s, w: value(s, "scheduler_scan_duration_seconds_count") >= 2,
+        "scanned": lambda s, w: value(s, "scheduler_scan_due_jobs_sum") >= 2,
+        "depth": lambda s, w: ("scheduler_queue_depth", (("queue", "side"), ("state", "ready"))) in s,
+        "bands": lambda s, w: value(s, "scheduler_queue_ready_by_priority", queue="side", band="normal") >= 1,
+        "recoveries": lambda s, w: value(s, "scheduler_lease_recoveries_total", queue="side") >= 1,
+        "reconcile": lambda s, w: value(s, "scheduler_reconcile_reenqueued_total") >= 1,
+    }
+    pending = dict(checks)
+
+    async def all_moved() -> list[str]:
+        s, w = await scrape(scheduler), await scrape(worker)
+        for name in [name for name, check in pending.items() if check(s, w)]:
+            del pending[name]
+        return [] if pending else ["done"]
+
+    try:
+        await eventually(all_moved, within=30, interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"metrics that did not move: {sorted(pending)}") from None
+    assert stalled.run_id != lost.run_id
+    scraped = set()
+    for role in (scheduler, worker):
+        scraped |= {name for name, _ in await scrape(role)}
+    server_only = ("scheduler_grpc_", "scheduler_jobs_", "scheduler_stream", "scheduler_login", "scheduler_backend")
+    engine_metrics = {name for name in documented() if not name.startswith(server_only)}
+    missing = {name for name in engine_metrics if not any(s.startswith(name.removesuffix("_total")) for s in scraped)}
+    assert not missing, missing
