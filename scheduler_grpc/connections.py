@@ -34,6 +34,9 @@ def redis_client(url: str, connect_timeout: timedelta = timedelta(seconds=5)) ->
     return aioredis.Redis.from_url(
         url,
         socket_connect_timeout=connect_timeout.total_seconds(),
+        # No socket timeout: on Python 3.11 redis-py wraps each read in asyncio.wait_for, which can
+        # swallow a task's cancellation (gh-86296). Callers bound their calls with asyncio.timeout.
+        socket_timeout=None,
         health_check_interval=30,
         max_connections=256,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),

@@ -509,7 +509,8 @@ class Worker:
         })  # fmt: skip
         pipe.pexpire(key, int(HEARTBEAT_TTL.total_seconds() * 1000))
         pipe.zadd(_WORKER_KEYS.index, {self.id: now_ms})
-        await pipe.execute()
+        async with asyncio.timeout(HEARTBEAT_INTERVAL.total_seconds()):
+            await pipe.execute()
 
     async def _unregister(self) -> None:
         with contextlib.suppress(Exception):
