@@ -185,9 +185,15 @@ class QueueStats:
     dead: int
 
 
+_INCLUDE = re.compile(r"^-- @include ([a-z_]+)$", re.MULTILINE)
+
+
 @functools.cache
 def _lua_source(name: str) -> str:
-    return (_LUA / f"queue_{name}.lua").read_text(encoding="utf-8")
+    """A script's source with its `-- @include x` lines replaced by `lua/_x.lua` (shared code:
+    Redis scripts cannot import, and the ready-score layout must be written exactly once)."""
+    source = (_LUA / f"queue_{name}.lua").read_text(encoding="utf-8")
+    return _INCLUDE.sub(lambda match: (_LUA / f"_{match.group(1)}.lua").read_text(encoding="utf-8"), source)
 
 
 class _Op:

@@ -687,7 +687,7 @@ _KEY_LOCALS = re.compile(r"local\s+([\w\s,]+?)\s*=\s*((?:KEYS\[\d+\]\s*,?\s*)+)"
 
 @pytest.mark.parametrize("path", sorted(LUA_DIR.glob("queue_*.lua")), ids=lambda p: p.name)
 def test_script_header_and_keys(path: Path) -> None:
-    source = path.read_text()
+    source = queue_module._lua_source(path.stem.removeprefix("queue_"))  # with its includes
     header = []
     for line in source.splitlines():
         if not line.startswith("--"):
@@ -719,6 +719,7 @@ def test_script_header_and_keys(path: Path) -> None:
     ops = [op for op in vars(Queue(aioredis.Redis())).values() if isinstance(op, queue_module._Op)]
     [op] = [op for op in ops if op.name == path.stem.removeprefix("queue_")]
     assert re.findall(r"KEYS\[\d+\]=(\w+)", text) == op.key_names
-    if "PRIORITY_MAX" in source:
+    if "ready_score(" in source:
         assert f"local PRIORITY_MAX = {PRIORITY_MAX}\n" in source
         assert f"local SEQ_SPAN = {SEQ_SPAN}\n" in source
+        assert not queue_module._INCLUDE.search(source)

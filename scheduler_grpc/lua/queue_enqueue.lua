@@ -6,24 +6,7 @@
 local ready_key, delayed_key, priority_key, data_key, seq_key, marker_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
--- Ready score = (PRIORITY_MAX - priority) * SEQ_SPAN + seq: priority desc, then FIFO, exact in a
--- double because 2001 * 2^42 < 2^53. Both constants must match queue.py (a test checks).
-local PRIORITY_MAX = 1000
-local SEQ_SPAN = 4398046511104
-
-local function ready_score(priority)
-  local seq = redis.call('INCR', seq_key)
-  if seq > SEQ_SPAN / 2 and redis.call('ZCARD', ready_key) == 0 then
-    -- Nothing waits, so no order needs keeping: restart the counter long before it could overflow.
-    redis.call('SET', seq_key, 1)
-    seq = 1
-  end
-  if seq >= SEQ_SPAN then
-    error('queue sequence exhausted: drain the ready set once to reset it')
-  end
-  -- '%.0f' keeps every digit; tostring() would round to 14 significant digits.
-  return string.format('%.0f', (PRIORITY_MAX - priority) * SEQ_SPAN + seq)
-end
+-- @include ready_score
 
 local now
 local added = 0

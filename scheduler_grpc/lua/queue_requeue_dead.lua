@@ -6,21 +6,7 @@
 local dead_key, ready_key, priority_key, deliveries_key, dead_reason_key, seq_key, marker_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 
--- Ready score layout: see queue_enqueue.lua. Both constants must match queue.py (a test checks).
-local PRIORITY_MAX = 1000
-local SEQ_SPAN = 4398046511104
-
-local function ready_score(priority)
-  local seq = redis.call('INCR', seq_key)
-  if seq > SEQ_SPAN / 2 and redis.call('ZCARD', ready_key) == 0 then
-    redis.call('SET', seq_key, 1)
-    seq = 1
-  end
-  if seq >= SEQ_SPAN then
-    error('queue sequence exhausted: drain the ready set once to reset it')
-  end
-  return string.format('%.0f', (PRIORITY_MAX - priority) * SEQ_SPAN + seq)
-end
+-- @include ready_score
 
 local limit = tonumber(ARGV[1])
 local candidates = {}
