@@ -72,7 +72,7 @@ async def run_topology(settings: Settings, args: argparse.Namespace, stop: async
         env = {**os.environ, "REDIS_URL": urls.redis_url, "DATABASE_URL": urls.database_url}
         children = _children(args)
         env_file = _write_env_file(settings, urls.redis_url, urls.database_url)
-        _banner(children, urls.redis_url, urls.database_url, env_file)
+        _banner(settings, children, urls.redis_url, urls.database_url, env_file)
         try:
             return await _supervise(children, env, stop)
         finally:
@@ -87,12 +87,23 @@ def _write_env_file(settings: Settings, redis_url: str, database_url: str) -> Pa
     return path
 
 
-def _banner(children: list[Child], redis_url: str, database_url: str, env_file: Path) -> None:
+def _banner(settings: Settings, children: list[Child], redis_url: str, database_url: str, env_file: Path) -> None:
     roles = ", ".join(child.name for child in children)
     metrics = ", ".join(f"{child.name} :{child.metrics_port}" for child in children)
+    grpc_lines = []
+    if any(child.name == "server" for child in children):
+        address = f"{settings.grpc_host or '127.0.0.1'}:{settings.grpc_port}"
+        login = "admin / admin123 (dev default)" if not settings.admin_password else settings.admin_username
+        grpc_lines = [
+            f"  gRPC:         {address}  (reflection + grpc.health.v1)",
+            f"  login:        {login}",
+            "  try:          npx --yes @bufbuild/buf@1.75.0 curl --protocol grpc --http2-prior-knowledge "
+            f"--list-methods http://{address}",
+        ]
     lines = [
         "",
         "scheduler-grpc is up (Ctrl-C stops everything)",
+        *grpc_lines,
         f"  roles:        {roles}",
         f"  /metrics:     http://127.0.0.1:<port>/metrics  ({metrics})",
         f"  REDIS_URL:    {redis_url}",
