@@ -64,6 +64,12 @@ async def _scheduler(settings: Settings, args: argparse.Namespace, stop: asyncio
     return await run_scheduler(settings, args, stop)
 
 
+async def _server(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    from scheduler_grpc.server import run_server
+
+    return await run_server(settings, args, stop)
+
+
 async def _worker(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
     from scheduler_grpc.worker import run_worker
 
@@ -83,6 +89,7 @@ def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 COMMANDS: tuple[Command, ...] = (
     Command("migrate", "apply pending schema migrations (idempotent, safe to run concurrently)", _migrate),
+    Command("server", "serve the gRPC API (with health checks and reflection) and /metrics", _server),
     Command("scheduler", "campaign for leadership; the leader schedules, recovers and reconciles", _scheduler),
     Command("worker", "execute jobs from the queue with bounded concurrency", _worker, _add_worker_arguments),
     Command("up", "run the whole topology as separate processes (embedded servers when no URL is set)",

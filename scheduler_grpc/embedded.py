@@ -11,7 +11,6 @@ Production never uses this module: `SCHEDULER_ENV=production` refuses embedded s
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import os
 import pwd
@@ -19,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +27,6 @@ from typing import Any
 
 from scheduler_grpc.errors import ConfigError
 
-_PR_SET_PDEATHSIG = 1
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
 # PostgreSQL refuses to run as root; under root it runs as this system user (the one pgserver uses).
@@ -42,14 +41,32 @@ def free_port() -> int:
         return port
 
 
-def die_with_parent(sig: int) -> Any:
-    """A preexec_fn that makes the kernel send `sig` to the child when its parent dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
+# Runs in the child before the server: ask the kernel for `sig` when the parent dies, then become
+# the server. A tiny exec'd launcher instead of a preexec_fn: preexec_fn runs Python code between
+# fork and exec, which is unsafe once the parent has threads (gRPC's), and crashed there.
+_LAUNCHER = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, int(sys.argv[1]), 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[2]):\n"
+    "    sys.exit(1)  # the parent died before the request took effect\n"
+    "os.execv(sys.argv[3], sys.argv[3:])\n"
+)
 
-    def preexec() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
-    return preexec
+def die_with_parent(sig: signal.Signals, argv: list[str]) -> list[str]:
+    """`argv` wrapped so that the kernel sends `sig` to the process when its parent dies.
+
+    util-linux's `setpriv --pdeathsig` where present (it also works after a switch to another user,
+    who may not be able to run our Python); otherwise a tiny Python launcher.
+
+    Args:
+        sig: The signal (SIGTERM for most servers, SIGINT for PostgreSQL's fast shutdown).
+        argv: The command; argv[0] must be a path.
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv:
+        return [setpriv, f"--pdeathsig={sig.name.removeprefix('SIG')}", "--", *argv]
+    return [sys.executable, "-c", _LAUNCHER, str(int(sig)), str(os.getpid()), *argv]
 
 
 def _port_open(port: int) -> bool:
@@ -130,12 +147,11 @@ class EmbeddedRedis:
             "--daemonize", "no",
         ]  # fmt: skip
         process = subprocess.Popen(
-            args,
+            die_with_parent(signal.SIGTERM, args),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509 - no threads yet
         )
         self._child = _Child("Valkey", process, signal.SIGTERM, log_path)
         self._child.wait_ready(lambda: _redis_ping(self.port))
@@ -214,14 +230,17 @@ class EmbeddedPostgres:
         options = ["-c", "max_connections=300", "-c", "shared_buffers=128MB"]
         if self.fast:
             options += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+        # SIGINT is PostgreSQL's fast shutdown: it disconnects clients instead of waiting for them.
+        command = [str(bin_dir / "postgres"), "-D", str(self.data_dir), "-h", "127.0.0.1", "-p", str(self.port),
+                   "-k", "", *options]  # fmt: skip
         process = subprocess.Popen(
-            [str(bin_dir / "postgres"), "-D", str(self.data_dir), "-h", "127.0.0.1",
-             "-p", str(self.port), "-k", "", *options],
-            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-            start_new_session=True, user=self._user,
-            # SIGINT is PostgreSQL's fast shutdown: it disconnects clients instead of waiting for them.
-            preexec_fn=die_with_parent(signal.SIGINT),  # noqa: PLW1509 - no threads yet
-        )  # fmt: skip
+            die_with_parent(signal.SIGINT, command),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+            user=self._user,
+        )
         log_file.close()
         self._child = _Child("PostgreSQL", process, signal.SIGINT, log_path)
         self._child.wait_ready(self._ready)

@@ -7,19 +7,30 @@ they saw. The stream is capped (approximately, `MAXLEN ~`) so it cannot grow wit
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
-from collections.abc import Iterable, Mapping
+import logging
+import re
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
+from scheduler_grpc.errors import InvalidArgument, SchedulerError, Unavailable
 from scheduler_grpc.keys import EventKeys
 
 STREAM_MAX_LENGTH = 100_000
+CATCH_UP_PAGE = 500
 _KEYS = EventKeys()
+_STREAM_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
+_MIN_BACKOFF = 0.05
+_MAX_BACKOFF = 2.0
+_log = logging.getLogger(__name__)
 
 
 class EventType(enum.StrEnum):
@@ -89,10 +100,11 @@ def add_events(pipe: Pipeline, events: Iterable[ExecutionEvent]) -> None:
 
 
 async def publish(redis: Redis, events: Iterable[ExecutionEvent]) -> None:
-    """Append events in one round trip."""
+    """Append events in one round trip (bounded: the client has no socket timeout)."""
     pipe = redis.pipeline(transaction=False)
     add_events(pipe, events)
-    await pipe.execute()
+    async with asyncio.timeout(5.0):
+        await pipe.execute()
 
 
 async def read_after(redis: Redis, cursor: str = "0-0", count: int = 1000) -> list[ExecutionEvent]:
@@ -109,3 +121,284 @@ async def trim_before(redis: Redis, older_than: datetime) -> int:
     minimum = f"{int(older_than.timestamp() * 1000)}-0"
     trimmed: int = await redis.xtrim(_KEYS.stream, minid=minimum, approximate=False)
     return trimmed
+
+
+# -- fan-out to subscribers (the gRPC server's WatchExecutions) -----------------------------------
+
+
+class SubscriberTooSlow(SchedulerError):
+    """A subscriber fell further behind than its buffer; it can resume from `cursor`."""
+
+    def __init__(self, cursor: str) -> None:
+        super().__init__(f"too slow; resume from cursor {cursor}")
+        self.cursor = cursor
+
+
+class FanoutClosed(SchedulerError):
+    """The fan-out stopped (the server is shutting down); resume from `cursor` elsewhere or later."""
+
+    def __init__(self, cursor: str) -> None:
+        super().__init__(f"the server is shutting down; resume from cursor {cursor}")
+        self.cursor = cursor
+
+
+def stream_id(cursor: str) -> tuple[int, int]:
+    """A stream id as a comparable pair (`1700000000000-3` -> (1700000000000, 3)).
+
+    Raises:
+        InvalidArgument: not a stream id (field `cursor`).
+    """
+    match = _STREAM_ID.fullmatch(cursor)
+    if match is None:
+        raise InvalidArgument("cursor", f"{cursor[:40]!r} is not a cursor from an event")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _format_id(value: tuple[int, int]) -> str:
+    return f"{value[0]}-{value[1]}"
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """Which events a subscriber wants; an empty criterion matches everything."""
+
+    job_ids: frozenset[str] = frozenset()
+    types: frozenset[EventType] = frozenset()
+    handler: str = ""
+
+    def matches(self, event: ExecutionEvent) -> bool:
+        return (
+            (not self.job_ids or event.job_id in self.job_ids)
+            and (not self.types or event.type in self.types)
+            and (not self.handler or event.handler == self.handler)
+        )
+
+
+class Subscription:
+    """One subscriber's view of the stream: a catch-up from its cursor, then the live feed.
+
+    Iterate it (`async for event in subscription`). Live events wait in a bounded buffer that the
+    fan-out fills; when it is full the subscription ends with `SubscriberTooSlow`. Events are never
+    delivered twice: everything at or before the last id seen (delivered or filtered out) is skipped.
+    """
+
+    def __init__(self, fanout: EventFanout, event_filter: EventFilter, cursor: str | None, buffer: int) -> None:
+        self._fanout = fanout
+        self.filter = event_filter
+        self._cursor = cursor
+        self._buffer: deque[ExecutionEvent] = deque()
+        self._limit = buffer
+        self._wake = asyncio.Event()
+        self._overflowed = False
+        self._closed = False
+        self._last: tuple[int, int] = (0, 0)
+        self._awaiting_start = False
+
+    @property
+    def cursor(self) -> str:
+        """Where a resumed subscription would continue: the last stream id this one has seen."""
+        return _format_id(self._last)
+
+    def _offer(self, event: ExecutionEvent, event_id: tuple[int, int]) -> bool:
+        """Buffer a live event (called by the reader); False when the subscriber overflowed."""
+        if event_id <= self._last or not self.filter.matches(event):
+            return True
+        if len(self._buffer) >= self._limit:
+            self._overflowed = True
+            self._buffer.clear()  # it ends now: free what it would never read
+            self._wake.set()
+            return False
+        self._buffer.append(event)
+        self._wake.set()
+        return True
+
+    def _close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def __aiter__(self) -> AsyncIterator[ExecutionEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[ExecutionEvent]:
+        if self._cursor is not None:
+            async for event in self._catch_up(self._cursor):
+                yield event
+        while True:
+            while self._buffer:
+                event = self._buffer.popleft()
+                event_id = stream_id(event.cursor)
+                if event_id > self._last:  # events the catch-up already gave are skipped
+                    self._last = event_id
+                    yield event
+            if self._overflowed:
+                raise SubscriberTooSlow(self.cursor)
+            if self._closed:
+                raise FanoutClosed(self.cursor)
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _catch_up(self, cursor: str) -> AsyncIterator[ExecutionEvent]:
+        # Registered with the fan-out before this runs, so every event after the reader's position
+        # reaches the buffer; this reads everything after `cursor` up to the stream's end now, which
+        # is at or past that position: together, no gap. Pages keep each read bounded.
+        after = cursor
+        while True:
+            page = await self._fanout._read_after(after)
+            for event in page:
+                event_id = stream_id(event.cursor)
+                if event_id > self._last:
+                    self._last = event_id
+                    if self.filter.matches(event):
+                        yield event
+            if len(page) < CATCH_UP_PAGE:
+                return
+            after = page[-1].cursor
+
+
+class EventFanout:
+    """One reader of the event stream per process, fanned out to any number of subscribers.
+
+    The reader blocks on `XREAD` only while someone subscribes. Each subscriber has a bounded buffer:
+    one that falls behind is ended (`SubscriberTooSlow`) instead of slowing the reader or the others.
+
+    Args:
+        redis: The client (a blocking read holds one of its pooled connections).
+        buffer: Events buffered per subscriber.
+        block: Longest single XREAD wait (the reader notices it has no subscribers left within this).
+        timeout: Bound on every other Redis call, and on the wait for the reader's first position.
+        batch: Most events per read.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        buffer: int = 1000,
+        block: timedelta = timedelta(seconds=1),
+        timeout: timedelta = timedelta(seconds=5),
+        batch: int = 500,
+    ) -> None:
+        self._redis = redis
+        self._buffer = buffer
+        self._block_ms = int(block.total_seconds() * 1000)
+        self._timeout = timeout.total_seconds()
+        # One read is dispatched to every buffer at once: a batch larger than a buffer would end
+        # even subscribers that keep up.
+        self._batch = max(1, min(batch, buffer))
+        self._subscribers: set[Subscription] = set()
+        self._wanted = asyncio.Event()
+        self._positioned = asyncio.Event()
+        self._position: tuple[int, int] = (0, 0)
+        self._closed = False
+        self.dropped = 0  # subscribers ended for being too slow (metrics, tests)
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
+
+    @property
+    def position(self) -> str:
+        """The id of the last event the reader has fanned out."""
+        return _format_id(self._position)
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, event_filter: EventFilter, cursor: str | None = None) -> AsyncIterator[Subscription]:
+        """Subscribe for the duration of the `async with` block.
+
+        Args:
+            event_filter: Which events to deliver.
+            cursor: Deliver every event after this stream id first (within the stream's retention);
+                None: from the reader's current position on (`Subscription.cursor` tells which).
+
+        Raises:
+            InvalidArgument: a malformed cursor.
+            FanoutClosed: the fan-out has stopped.
+            Unavailable: the reader could not establish its position in time (Redis unreachable).
+        """
+        start = stream_id(cursor) if cursor is not None else None
+        if self._closed:
+            raise FanoutClosed(cursor or "0-0")
+        subscription = Subscription(self, event_filter, cursor, self._buffer)
+        # With a cursor, events at or before it are never delivered (the catch-up covers the rest).
+        # Without one the subscription starts where the reader is now, or, if the reader has no
+        # position yet, where it takes one (it sets `_last` then, before reading anything).
+        if start is not None:
+            subscription._last = start
+        elif self._positioned.is_set():
+            subscription._last = self._position
+        else:
+            subscription._awaiting_start = True
+        self._subscribers.add(subscription)
+        self._wanted.set()
+        try:
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await self._positioned.wait()
+            except TimeoutError:
+                raise Unavailable("the execution event stream cannot be read right now; retry") from None
+            yield subscription
+        finally:
+            self._subscribers.discard(subscription)
+            if not self._subscribers:
+                self._wanted.clear()
+
+    def close(self) -> None:
+        """End every subscription (`FanoutClosed`) and refuse new ones (server shutdown)."""
+        self._closed = True
+        for subscription in list(self._subscribers):
+            subscription._close()
+
+    async def _read_after(self, cursor: str) -> list[ExecutionEvent]:
+        async with asyncio.timeout(self._timeout):
+            # redis-py types stream replies loosely; the shape is [(id, {field: value}), ...].
+            reply: Any = await self._redis.xrange(_KEYS.stream, min=f"({cursor}", count=CATCH_UP_PAGE)
+        return [ExecutionEvent.from_fields(_text(entry_id), fields or {}) for entry_id, fields in reply or []]
+
+    async def _stream_end(self) -> tuple[int, int]:
+        async with asyncio.timeout(self._timeout):
+            reply: Any = await self._redis.xrevrange(_KEYS.stream, count=1)
+        return stream_id(_text(reply[0][0])) if reply else (0, 0)
+
+    async def run(self) -> None:
+        """The reader loop; runs until cancelled. Redis errors are logged and retried with backoff."""
+        backoff = _MIN_BACKOFF
+        while True:
+            await self._wanted.wait()
+            try:
+                # Positioned at the stream's end *before* any subscriber's catch-up reads it.
+                if not self._positioned.is_set():
+                    self._position = await self._stream_end()
+                    for subscription in self._subscribers:
+                        if subscription._awaiting_start:
+                            subscription._last = self._position
+                            subscription._awaiting_start = False
+                    self._positioned.set()
+                while self._subscribers:
+                    await self._read_once()
+                    backoff = _MIN_BACKOFF
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a Redis outage must not end the reader: log, back off, go on
+                _log.warning("event stream read failed: %s", exc, extra={"retry_in_s": backoff})
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+                continue
+            # Nobody listens: the next subscriber repositions at the then end of the stream.
+            self._positioned.clear()
+
+    async def _read_once(self) -> None:
+        async with asyncio.timeout(self._block_ms / 1000 + self._timeout):
+            reply: Any = await self._redis.xread({_KEYS.stream: self.position}, count=self._batch, block=self._block_ms)
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                event = ExecutionEvent.from_fields(_text(entry_id), fields or {})
+                event_id = stream_id(event.cursor)
+                self._position = event_id
+                for subscription in list(self._subscribers):
+                    if not subscription._offer(event, event_id):
+                        self._subscribers.discard(subscription)
+                        self.dropped += 1
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -119,11 +119,10 @@ async def _supervise(children: list[Child], env: dict[str, str], stop: asyncio.E
     try:
         for child in children:
             processes[child.name] = await asyncio.create_subprocess_exec(
-                *child.argv,
+                *die_with_parent(signal.SIGTERM, child.argv),
                 env={**env, "SCHEDULER_INSTANCE": child.name, "SCHEDULER_METRICS_PORT": str(child.metrics_port)},
                 stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops roles in order
-                preexec_fn=die_with_parent(signal.SIGTERM),
             )
             log.info("role started", extra={"role_name": child.name, "child_pid": processes[child.name].pid})
         waits = {asyncio.create_task(process.wait(), name=f"wait-{name}"): name for name, process in processes.items()}

@@ -32,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import orjson
 from redis.asyncio import Redis
 
 from scheduler_grpc import events, metrics
@@ -506,6 +507,7 @@ class Worker:
             "id": self.id, "host": socket.gethostname(), "pid": os.getpid(), "slots": self.concurrency,
             "active": self.active, "queue": self.queue.name, "handlers": ",".join(self._registry.names()),
             "started_at": self._started_at.isoformat(), "last_beat_ms": now_ms,
+            "breakers": orjson.dumps({key: state.value for key, state in self.breakers.states().items()}),
         })  # fmt: skip
         pipe.pexpire(key, int(HEARTBEAT_TTL.total_seconds() * 1000))
         pipe.zadd(_WORKER_KEYS.index, {self.id: now_ms})

@@ -559,6 +559,21 @@ class ExecutionRepository:
             raise NotFound(f"execution {execution_id} not found")
         return execution_from_row(row)
 
+    async def get_by_request_id(self, job_id: str, request_id: str) -> Execution:
+        """The first attempt of the run a `trigger(..., request_id=...)` created (idempotent TriggerJob).
+
+        Raises:
+            NotFound: no run of this job was created with this request id.
+        """
+        row = await self._pool.fetchrow(
+            f"SELECT {_COLUMNS} FROM job_executions e WHERE e.job_id = $1 AND e.request_id = $2",
+            uuid.UUID(job_id),
+            request_id,
+        )
+        if row is None:
+            raise NotFound(f"no run of job {job_id} was created by request {request_id!r}")
+        return execution_from_row(row)
+
     async def list_page(
         self,
         *,

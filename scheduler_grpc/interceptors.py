@@ -1,0 +1,337 @@
+"""Server interceptors: what every call goes through, in this order (outermost first).
+
+1. `ObserveInterceptor`: one structured log line per call (method, code, duration, principal,
+   peer) and the metrics hooks.
+2. `ErrorInterceptor`: the ONE place exceptions become status codes (`status_for`); unexpected
+   ones are logged with their traceback and answered INTERNAL with a generic message. Unary calls
+   are bounded by a per-call deadline here, so no servicer await can hang a call for ever.
+3. `AuthInterceptor`: authenticates the bearer token and checks the caller's role against
+   `auth.METHOD_ROLES` (deny by default); servicers read the caller with `auth.current_principal()`.
+
+grpc.aio interceptors can only choose a handler, not see its request; each of these therefore
+returns the handler with its behaviour wrapped. Behaviours come in two shapes: coroutine functions
+(unary responses, and streams written with `context.write`, like Health/Watch) and async generator
+functions (our streams, reflection); each is wrapped in its own shape, which grpc.aio requires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Final
+
+import grpc
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from scheduler_grpc import auth
+from scheduler_grpc.auth import Authenticator, PermissionDenied, ResourceExhausted, Unauthenticated
+from scheduler_grpc.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    Fenced,
+    InvalidArgument,
+    LeaseLost,
+    NotFound,
+    Unavailable,
+)
+from scheduler_grpc.events import FanoutClosed, SubscriberTooSlow
+from scheduler_grpc.metrics import Metrics
+
+log = logging.getLogger("scheduler_grpc.rpc")
+
+Context = grpc.aio.ServicerContext[Any, Any]
+Invoke = Callable[[], Awaitable[Any]]
+Iterate = Callable[[], AsyncIterator[Any]]
+
+UNAVAILABLE_MESSAGE: Final = "a backing server (Redis or PostgreSQL) is unavailable right now; retry"
+INTERNAL_MESSAGE: Final = "internal error; the server logged the details"
+_QUIET_METHODS: Final = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
+
+# Domain errors -> status codes. The first matching class wins (subclasses before their bases).
+_STATUS: Final[tuple[tuple[type[BaseException], grpc.StatusCode], ...]] = (
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (Aborted, grpc.StatusCode.ABORTED),
+    (Fenced, grpc.StatusCode.ABORTED),
+    (LeaseLost, grpc.StatusCode.ABORTED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (SubscriberTooSlow, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (FanoutClosed, grpc.StatusCode.UNAVAILABLE),
+)
+# Messages of these are safe and useful to send as they are (they name a field or a cursor).
+_SEND_MESSAGE: Final = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+# SQLSTATE classes of a PostgreSQL that is unreachable, restarting or out of connections.
+_PG_UNAVAILABLE_CLASSES: Final = frozenset({"08", "53", "57"})
+_PG_CONNECTION_ERRORS: Final = frozenset({"InterfaceError", "ConnectionDoesNotExistError", "PoolConnectionError"})
+
+
+def _backend_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` means Redis or PostgreSQL could not be reached or did not answer in time."""
+    if isinstance(exc, Unavailable | RedisConnectionError | RedisTimeoutError | ConnectionError | TimeoutError):
+        return True
+    if isinstance(exc, OSError):
+        return True
+    # asyncpg is imported by db/ only; recognise its connection failures by their SQLSTATE / class.
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate[:2] in _PG_UNAVAILABLE_CLASSES:
+        return True
+    return type(exc).__module__.startswith("asyncpg") and any(
+        cls.__name__ in _PG_CONNECTION_ERRORS for cls in type(exc).__mro__
+    )
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status code and message a call that raised `exc` ends with (the one mapping)."""
+    for kind, code in _STATUS:
+        if isinstance(exc, kind):
+            return code, str(exc) if code in _SEND_MESSAGE else str(exc) or UNAVAILABLE_MESSAGE
+    if _backend_unavailable(exc):
+        return grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_MESSAGE
+    return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+
+
+@dataclass
+class CallInfo:
+    """One call as the interceptors see it."""
+
+    method: str
+    context: Context
+    response_streaming: bool
+    principal: str = ""
+
+
+_CALL: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("scheduler_call", default=None)
+
+
+class _WrappingInterceptor(grpc.aio.ServerInterceptor):
+    """Returns the continuation's handler with its behaviour wrapped by `around` / `around_stream`."""
+
+    async def around(self, call: CallInfo, invoke: Invoke) -> Any:
+        """Run a coroutine behaviour (`invoke()`); return its result."""
+        return await invoke()
+
+    async def around_stream(self, call: CallInfo, iterate: Iterate) -> AsyncIterator[Any]:
+        """Run an async generator behaviour (`iterate()`); yield its items."""
+        async for item in iterate():
+            yield item
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None  # unknown method: grpc answers UNIMPLEMENTED
+        return self._wrap(handler, handler_call_details.method)
+
+    def _call(self, method: str, context: Context, streaming: bool) -> CallInfo:
+        call = _CALL.get()
+        if call is None or call.context is not context:
+            call = CallInfo(method, context, streaming)
+            _CALL.set(call)
+        return call
+
+    def _wrap(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        behaviour: Any
+        kind: Callable[..., grpc.RpcMethodHandler[Any, Any]]
+        if handler.unary_unary is not None:
+            behaviour, kind = handler.unary_unary, grpc.unary_unary_rpc_method_handler
+        elif handler.unary_stream is not None:
+            behaviour, kind = handler.unary_stream, grpc.unary_stream_rpc_method_handler
+        elif handler.stream_unary is not None:
+            behaviour, kind = handler.stream_unary, grpc.stream_unary_rpc_method_handler
+        else:
+            behaviour, kind = handler.stream_stream, grpc.stream_stream_rpc_method_handler
+        streaming = handler.response_streaming
+        wrapped: Any
+        if inspect.isasyncgenfunction(behaviour):
+
+            async def wrapped_stream(request: Any, context: Context) -> AsyncIterator[Any]:
+                call = self._call(method, context, streaming)
+                async for item in self.around_stream(call, lambda: behaviour(request, context)):
+                    yield item
+
+            wrapped = wrapped_stream
+        else:
+
+            async def wrapped_unary(request: Any, context: Context) -> Any:
+                call = self._call(method, context, streaming)
+                return await self.around(call, lambda: behaviour(request, context))
+
+            wrapped = wrapped_unary
+        return kind(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class ObserveInterceptor(_WrappingInterceptor):
+    """Logs one line per call and records its metrics.
+
+    Args:
+        metrics: Where calls are recorded.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    async def around(self, call: CallInfo, invoke: Invoke) -> Any:
+        began = time.perf_counter()
+        self._metrics.rpc_started(call.method)
+        code = "UNKNOWN"
+        try:
+            result = await invoke()
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except BaseException:
+            code = _code_name(call.context, default="UNKNOWN")
+            raise
+        else:
+            code = _code_name(call.context, default="OK")
+        finally:
+            self._finish(call, code, began)
+        return result
+
+    async def around_stream(self, call: CallInfo, iterate: Iterate) -> AsyncIterator[Any]:
+        began = time.perf_counter()
+        self._metrics.rpc_started(call.method)
+        code = "UNKNOWN"
+        try:
+            async for item in iterate():
+                yield item
+            code = _code_name(call.context, default="OK")
+        except (asyncio.CancelledError, GeneratorExit):
+            code = "CANCELLED"  # the client went away (or the server is stopping)
+            raise
+        except BaseException:
+            code = _code_name(call.context, default="UNKNOWN")
+            raise
+        finally:
+            self._finish(call, code, began)
+
+    def _finish(self, call: CallInfo, code: str, began: float) -> None:
+        seconds = time.perf_counter() - began
+        self._metrics.rpc_finished(call.method, code, seconds)
+        level = logging.DEBUG if call.method in _QUIET_METHODS and code == "OK" else logging.INFO
+        if code in {"INTERNAL", "UNKNOWN", "DATA_LOSS"}:
+            level = logging.WARNING
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "rpc",
+                extra={
+                    "method": call.method,
+                    "code": code,
+                    "duration_ms": round(seconds * 1000, 3),
+                    "principal": call.principal or "-",
+                    "peer": call.context.peer(),
+                },
+            )
+
+
+def _code_name(context: Context, default: str) -> str:
+    code = context.code()
+    if code is None:  # grpc.aio returns None until a code was set or the call aborted
+        return default
+    return code.name if isinstance(code, grpc.StatusCode) else str(code)
+
+
+class ErrorInterceptor(_WrappingInterceptor):
+    """Maps exceptions to status codes (see `status_for`) and bounds unary calls.
+
+    Args:
+        call_timeout: Longest a unary call may take on the server (streams are not bounded).
+    """
+
+    def __init__(self, call_timeout: timedelta) -> None:
+        self._call_timeout = call_timeout.total_seconds()
+
+    async def around(self, call: CallInfo, invoke: Invoke) -> Any:
+        try:
+            if call.response_streaming:  # e.g. Health/Watch: lives as long as the client wants
+                return await invoke()
+            async with asyncio.timeout(self._call_timeout):
+                return await invoke()
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            await self._abort(call, exc)
+
+    async def around_stream(self, call: CallInfo, iterate: Iterate) -> AsyncIterator[Any]:
+        try:
+            async for item in iterate():
+                yield item
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            await self._abort(call, exc)
+
+    @staticmethod
+    async def _abort(call: CallInfo, exc: Exception) -> None:
+        code, message = status_for(exc)
+        if code is grpc.StatusCode.INTERNAL:
+            log.error("unexpected error", exc_info=exc, extra={"method": call.method, "principal": call.principal})
+        await call.context.abort(code, message)
+
+
+class AuthInterceptor(_WrappingInterceptor):
+    """Authenticates the caller and checks its role for the method (deny by default).
+
+    Args:
+        authenticator: Checks bearer tokens.
+    """
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self._auth = authenticator
+
+    async def _authorize(self, call: CallInfo) -> auth.Principal | None:
+        needed = auth.required_role(call.method)  # PermissionDenied for a method missing from the table
+        if needed is None:
+            return None
+        metadata = call.context.invocation_metadata() or ()
+        token = auth.parse_bearer({key: value for key, value in metadata})
+        principal = await self._auth.authenticate(token)
+        call.principal = principal.name
+        principal.require(needed, call.method)
+        return principal
+
+    async def around(self, call: CallInfo, invoke: Invoke) -> Any:
+        principal = await self._authorize(call)
+        token = auth.set_current_principal(principal)
+        try:
+            return await invoke()
+        finally:
+            auth.reset_current_principal(token)
+
+    async def around_stream(self, call: CallInfo, iterate: Iterate) -> AsyncIterator[Any]:
+        # Not reset afterwards: a stream's generator may be closed from another context, where the
+        # reset token is invalid; the call's task (and so this context) ends with the call anyway.
+        auth.set_current_principal(await self._authorize(call))
+        async for item in iterate():
+            yield item

@@ -1,0 +1,315 @@
+"""`scheduler-grpc server`: the gRPC control plane.
+
+One process serves the five `scheduler.v1` services, `grpc.health.v1.Health` and server reflection,
+on grpc.aio (on uvloop under the CLI). Everything is created inside the running loop. Around it:
+
+* health: a background task pings Redis and PostgreSQL about every second (each ping bounded);
+  while either does not answer, every service reports NOT_SERVING, and SERVING again once both do;
+* one reader of the execution event stream shared by every WatchExecutions call (`EventFanout`);
+* interceptors: request log and metrics, error mapping, authentication and the role table;
+* limits: `SCHEDULER_MAX_CONCURRENT_RPCS` concurrent calls (beyond: RESOURCE_EXHAUSTED), message
+  sizes, keepalive; optional TLS and mutual TLS;
+* shutdown (SIGTERM): watch streams end with UNAVAILABLE and their resume cursor, health turns
+  NOT_SERVING, then `server.stop(grace)` lets in-flight calls finish within SCHEDULER_SHUTDOWN_GRACE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Final
+
+import grpc
+from argon2 import PasswordHasher
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from redis.asyncio import Redis
+
+from scheduler_grpc import metrics
+from scheduler_grpc.auth import DEV_ADMIN_PASSWORD, Authenticator, admin_password
+from scheduler_grpc.config import Settings
+from scheduler_grpc.connections import connect
+from scheduler_grpc.control import Control
+from scheduler_grpc.db.api_keys import ApiKeyRepository
+from scheduler_grpc.db.leadership import LeadershipRepository
+from scheduler_grpc.db.pool import Pool
+from scheduler_grpc.db.users import UserRepository
+from scheduler_grpc.errors import ConfigError
+from scheduler_grpc.events import EventFanout
+from scheduler_grpc.handlers import HandlerSettings, default_registry
+from scheduler_grpc.interceptors import AuthInterceptor, ErrorInterceptor, ObserveInterceptor
+from scheduler_grpc.services import Api, add_services
+
+log = logging.getLogger(__name__)
+
+DEFAULT_METRICS_PORT: Final = 9090
+DEV_HOST: Final = "127.0.0.1"
+HEALTH_INTERVAL: Final = timedelta(seconds=1)
+# A ping slower than this counts as down: long enough not to flap under load, short enough that a
+# load balancer hears of an outage within a few seconds.
+HEALTH_TIMEOUT: Final = timedelta(seconds=2)
+CALL_TIMEOUT: Final = timedelta(seconds=30)
+MAX_RECEIVE_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+MAX_SEND_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+SERVER_OPTIONS: Final[Sequence[tuple[str, int]]] = (
+    ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_SEND_MESSAGE_BYTES),
+    # Ping idle connections so dead peers (and the streams they held) are noticed and freed.
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # Clients may ping every 10 s (e.g. to keep a WatchExecutions stream alive through proxies).
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 2),
+    # Refuse to share a port with another process: a second server must fail, not split traffic.
+    ("grpc.so_reuseport", 0),
+)
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """A started server (what `serve` yields).
+
+    Attributes:
+        address: `host:port` it listens on.
+        port: The bound port (useful with SCHEDULER_GRPC_PORT=0).
+        api: The servicers' dependencies (tests reach the fan-out and the authenticator through it).
+        health: The health servicer.
+    """
+
+    address: str
+    port: int
+    api: Api
+    health: HealthServicer
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _listen_host(settings: Settings) -> str:
+    if settings.grpc_host:
+        return settings.grpc_host
+    if settings.production:
+        raise ConfigError("SCHEDULER_GRPC_HOST must be set in production (e.g. 0.0.0.0)")
+    return DEV_HOST
+
+
+def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    try:
+        chain = settings.tls_cert.read_bytes()
+        key = settings.tls_key.read_bytes()
+        client_ca = settings.tls_client_ca.read_bytes() if settings.tls_client_ca else None
+    except OSError as exc:
+        raise ConfigError(f"SCHEDULER_TLS_CERT/KEY/CLIENT_CA cannot be read: {exc.strerror}") from None
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+class HealthMonitor:
+    """Flips every service between SERVING and NOT_SERVING as Redis and PostgreSQL come and go.
+
+    Args:
+        health: The health servicer to update.
+        services: The service names to report on ("" is the whole server and is always included).
+        redis: Pinged with PING.
+        pool: Pinged with `SELECT 1`.
+        metrics: Records which backend answered.
+    """
+
+    def __init__(
+        self, health: HealthServicer, services: Sequence[str], redis: Redis, pool: Pool, metrics_: metrics.Metrics
+    ) -> None:
+        self._health = health
+        self._services = ["", *services]
+        self._redis = redis
+        self._pool = pool
+        self._metrics = metrics_
+        self.serving: bool | None = None
+
+    async def _redis_up(self) -> bool:
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT.total_seconds()):
+                await self._redis.ping()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return False
+        return True
+
+    async def _postgres_up(self) -> bool:
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT.total_seconds()):
+                await self._pool.fetchval("SELECT 1")
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return False
+        return True
+
+    async def check(self) -> bool:
+        """Ping both once and publish the result; returns whether the server is serving."""
+        redis_up, postgres_up = await asyncio.gather(self._redis_up(), self._postgres_up())
+        self._metrics.backend_up("redis", redis_up)
+        self._metrics.backend_up("postgres", postgres_up)
+        serving = redis_up and postgres_up
+        if serving != self.serving:
+            status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+            for service in self._services:
+                await self._health.set(service, status)
+            if self.serving is not None or not serving:
+                level = logging.INFO if serving else logging.WARNING
+                log.log(level, "health: %s", "SERVING" if serving else "NOT_SERVING",
+                        extra={"redis_up": redis_up, "postgres_up": postgres_up})  # fmt: skip
+            self.serving = serving
+        return serving
+
+    async def run(self) -> None:
+        """Check every HEALTH_INTERVAL until cancelled."""
+        while True:
+            await self.check()
+            await asyncio.sleep(HEALTH_INTERVAL.total_seconds())
+
+
+def preflight(settings: Settings) -> tuple[str, str]:
+    """The listen host and the admin password, or ConfigError before anything is opened.
+
+    Raises:
+        ConfigError: no SCHEDULER_GRPC_HOST in production, or an admin password unfit for where
+            the server listens.
+    """
+    host = _listen_host(settings)
+    return host, admin_password(settings.admin_password, production=settings.production, loopback=_is_loopback(host))
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    settings: Settings,
+    redis: Redis,
+    pool: Pool,
+    *,
+    hasher: PasswordHasher | None = None,
+    metrics_: metrics.Metrics | None = None,
+) -> AsyncIterator[RunningServer]:
+    """Build, start and (on exit) gracefully stop the gRPC server on open connections.
+
+    Args:
+        settings: Process settings (host, port, TLS, admin, limits, grace).
+        redis: An open Redis client.
+        pool: An open, migrated PostgreSQL pool.
+        hasher: The argon2id hasher (tests pass cheap parameters).
+        metrics_: Where calls are recorded (default: the process's Prometheus registry).
+
+    Raises:
+        ConfigError: a setting that cannot work (host in production, admin password, TLS files, port).
+    """
+    host, password = preflight(settings)
+    if password == DEV_ADMIN_PASSWORD and not settings.admin_password:
+        log.warning(
+            "SCHEDULER_ADMIN_PASSWORD is unset: admin %r has the dev password %r (loopback only; never in production)",
+            settings.admin_username,
+            DEV_ADMIN_PASSWORD,
+        )
+    credentials = _credentials(settings)
+    if credentials is None and not _is_loopback(host):
+        log.warning("the gRPC server listens beyond loopback without TLS (set SCHEDULER_TLS_CERT/KEY)")
+    recorder = metrics_ or metrics.Metrics()
+    timeout = settings.connect_timeout
+    registry = default_registry(HandlerSettings.from_settings(settings))
+    try:
+        authenticator = Authenticator(
+            redis,
+            UserRepository(pool, timeout=timeout),
+            ApiKeyRepository(pool, timeout=timeout),
+            session_ttl=settings.session_ttl,
+            timeout=timeout,
+            hasher=hasher,
+        )
+        await authenticator.ensure_admin(settings.admin_username, password)
+        fanout = EventFanout(redis, buffer=settings.watch_buffer, timeout=timeout)
+        api = Api(
+            control=Control(redis, pool, registry),
+            auth=authenticator,
+            fanout=fanout,
+            redis=redis,
+            leadership=LeadershipRepository(pool, timeout=timeout),
+            handlers=registry,
+            metrics=recorder,
+            timeout=timeout,
+        )
+        server = grpc.aio.server(
+            interceptors=[ObserveInterceptor(recorder), ErrorInterceptor(CALL_TIMEOUT), AuthInterceptor(authenticator)],
+            options=SERVER_OPTIONS,
+            maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+        )
+        services = add_services(server, api)
+        health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        reflection.enable_server_reflection(
+            [*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+        )
+        monitor = HealthMonitor(health, services, redis, pool, recorder)
+        await monitor.check()  # the first answer is a real one, not the library's default SERVING
+        bind = (
+            f"[{host}]:{settings.grpc_port}"
+            if ":" in host and not host.startswith("[")
+            else f"{host}:{settings.grpc_port}"
+        )
+        try:
+            port = server.add_secure_port(bind, credentials) if credentials else server.add_insecure_port(bind)
+        except RuntimeError as exc:
+            raise ConfigError(f"SCHEDULER_GRPC_HOST/PORT: cannot listen on {bind}: {exc}") from None
+        if port == 0:
+            raise ConfigError(f"SCHEDULER_GRPC_HOST/PORT: cannot listen on {bind} (in use?)")
+        await server.start()
+        address = f"{bind.rsplit(':', 1)[0]}:{port}"
+        log.info("gRPC server listening", extra={"address": address, "tls": credentials is not None,
+                                                  "mutual_tls": settings.tls_client_ca is not None})  # fmt: skip
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(monitor.run(), name="health-monitor"),
+                    group.create_task(fanout.run(), name="event-fanout"),
+                ]
+                try:
+                    yield RunningServer(address=address, port=port, api=api, health=health)
+                finally:
+                    # Streams first: they would otherwise hold the grace period open to its end.
+                    fanout.close()
+                    await health.enter_graceful_shutdown()
+                    await server.stop(settings.shutdown_grace.total_seconds())
+                    for task in tasks:
+                        task.cancel()
+        finally:
+            await server.stop(None)  # no-op after a graceful stop; immediate after a failed start
+    finally:
+        await registry.aclose()
+
+
+async def run_server(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    """`scheduler-grpc server`: serve the gRPC API (and /metrics) until SIGTERM/SIGINT."""
+    preflight(settings)  # a bad setting is one line at once, before connecting anywhere
+    port = settings.metrics_port if settings.metrics_port is not None else DEFAULT_METRICS_PORT
+    async with (
+        connect(settings) as conns,
+        metrics.serve(settings.metrics_host, port),
+        serve(settings, conns.redis, conns.pool) as running,
+    ):
+        await stop.wait()
+        log.info("stopping the gRPC server", extra={"address": running.address})
+    return 0

@@ -1,0 +1,83 @@
+"""The gRPC servicers: one thin module per `scheduler.v1` service.
+
+Servicers translate messages to domain calls and back (`convert`) and raise domain errors; the
+interceptors (`scheduler_grpc.interceptors`) authenticate, authorise, map errors to status codes,
+log and measure every call in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import grpc
+from redis.asyncio import Redis
+from scheduler_client.v1 import (
+    auth_pb2_grpc,
+    cluster_pb2_grpc,
+    executions_pb2_grpc,
+    jobs_pb2_grpc,
+    queue_pb2_grpc,
+)
+
+from scheduler_grpc.auth import Authenticator
+from scheduler_grpc.control import Control
+from scheduler_grpc.db.leadership import LeadershipRepository
+from scheduler_grpc.events import EventFanout
+from scheduler_grpc.handlers import HandlerRegistry
+from scheduler_grpc.metrics import Metrics
+
+
+@dataclass(frozen=True)
+class Api:
+    """What the servicers work with (built once per server process).
+
+    Attributes:
+        control: Jobs and runs.
+        auth: Sessions, API keys, passwords.
+        fanout: The execution event stream, shared by every WatchExecutions call.
+        redis: For the worker registry and the leader lock.
+        leadership: Leader terms in PostgreSQL.
+        handlers: The handler registry (validation, descriptions).
+        metrics: Where calls are recorded.
+        timeout: Bound on each Redis call a servicer makes itself.
+    """
+
+    control: Control
+    auth: Authenticator
+    fanout: EventFanout
+    redis: Redis
+    leadership: LeadershipRepository
+    handlers: HandlerRegistry
+    metrics: Metrics
+    timeout: timedelta
+
+
+def add_services(server: grpc.aio.Server, api: Api) -> list[str]:
+    """Register every `scheduler.v1` servicer on `server`; returns their full service names."""
+    from scheduler_grpc.services.auth import AuthService
+    from scheduler_grpc.services.cluster import ClusterService
+    from scheduler_grpc.services.executions import ExecutionService
+    from scheduler_grpc.services.jobs import JobService
+    from scheduler_grpc.services.queue import QueueService
+
+    # The generated registration functions carry no annotations (grpcio-tools emits none).
+    auth_pb2_grpc.add_AuthServiceServicer_to_server(AuthService(api), server)  # type: ignore[no-untyped-call]
+    jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(api), server)  # type: ignore[no-untyped-call]
+    executions_pb2_grpc.add_ExecutionServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        ExecutionService(api), server
+    )
+    queue_pb2_grpc.add_QueueServiceServicer_to_server(QueueService(api), server)  # type: ignore[no-untyped-call]
+    cluster_pb2_grpc.add_ClusterServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        ClusterService(api), server
+    )
+    return list(SERVICE_NAMES)
+
+
+SERVICE_NAMES = (
+    "scheduler.v1.AuthService",
+    "scheduler.v1.JobService",
+    "scheduler.v1.ExecutionService",
+    "scheduler.v1.QueueService",
+    "scheduler.v1.ClusterService",
+)

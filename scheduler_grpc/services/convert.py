@@ -1,0 +1,485 @@
+"""Messages <-> domain: every translation between `scheduler.v1` messages and domain objects.
+
+Domain validation names domain fields (`cron`, `retry_policy.max_retries`); `job_fields` re-raises
+those errors with the request's field path (`job.schedule.cron`), so the client is told exactly
+which field of its message is wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+from google.protobuf.json_format import MessageToDict, ParseDict
+from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
+
+from scheduler_grpc.auth import Role
+from scheduler_grpc.db.api_keys import ApiKeyRecord
+from scheduler_grpc.errors import InvalidArgument
+from scheduler_grpc.events import EventType, ExecutionEvent
+from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
+from scheduler_grpc.jobs import (
+    ConcurrencyPolicy,
+    Job,
+    JobSpec,
+    JobStatus,
+    MisfirePolicy,
+    RetryPolicy,
+    ScheduleKind,
+)
+from scheduler_grpc.queue import DeadItem
+from scheduler_grpc.schedule import DstEffect, FireTime, FoldPolicy, GapPolicy
+
+E = TypeVar("E")
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+_DEFAULT_RETRY = RetryPolicy()
+_DEFAULT_TIMEOUT = timedelta(minutes=5)
+
+# Domain field -> field path in a request carrying a `job` (CreateJob, UpdateJob).
+_JOB_FIELDS = {
+    "name": "job.name",
+    "handler": "job.handler",
+    "payload": "job.payload",
+    "queue": "job.queue",
+    "priority": "job.priority",
+    "schedule_kind": "job.schedule",
+    "cron": "job.schedule.cron",
+    "time_zone": "job.schedule.time_zone",
+    "run_at": "job.schedule.run_time",
+    "dst_gap_policy": "job.schedule.dst_gap_policy",
+    "dst_fold_policy": "job.schedule.dst_fold_policy",
+    "timeout": "job.timeout",
+    "misfire_policy": "job.misfire_policy",
+    "concurrency_policy": "job.concurrency_policy",
+    "status": "job.state",
+    "id": "job.id",
+}
+# Domain field -> field path in PreviewScheduleRequest.
+SCHEDULE_FIELDS = {
+    "cron": "schedule.cron",
+    "time_zone": "schedule.time_zone",
+    "dst_gap_policy": "schedule.dst_gap_policy",
+    "dst_fold_policy": "schedule.dst_fold_policy",
+}
+
+
+def _remap(field: str, mapping: Mapping[str, str]) -> str:
+    if field in mapping:
+        return mapping[field]
+    head, dot, rest = field.partition(".")
+    if dot and head == "payload":
+        return f"job.payload.{rest}"
+    if dot and head == "retry_policy":
+        return f"job.{field}"
+    return field
+
+
+@contextlib.contextmanager
+def renamed_fields(mapping: Mapping[str, str]) -> Iterator[None]:
+    """Re-raise `InvalidArgument` with its domain field renamed to the request's field path."""
+    try:
+        yield
+    except InvalidArgument as exc:
+        field = _remap(exc.field, mapping)
+        if field == exc.field:
+            raise
+        raise InvalidArgument(field, exc.message) from None
+
+
+def job_fields() -> contextlib.AbstractContextManager[None]:
+    """`renamed_fields` for requests that carry a `job`."""
+    return renamed_fields(_JOB_FIELDS)
+
+
+# -- scalars ----------------------------------------------------------------------------------------
+
+
+def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    """An aware datetime as a Timestamp (None stays None, so the field stays unset)."""
+    if value is None:
+        return None
+    message = timestamp_pb2.Timestamp()
+    message.FromDatetime(value.astimezone(UTC))
+    return message
+
+
+def from_timestamp(message: timestamp_pb2.Timestamp) -> datetime:
+    return message.ToDatetime(tzinfo=UTC)
+
+
+def duration(value: timedelta) -> duration_pb2.Duration:
+    message = duration_pb2.Duration()
+    message.FromTimedelta(value)
+    return message
+
+
+def page_size(value: int, field: str = "page_size") -> int:
+    """A request's page size: 0 means the default; 1..1000 otherwise.
+
+    Raises:
+        InvalidArgument: negative or above the maximum.
+    """
+    if not 0 <= value <= MAX_PAGE_SIZE:
+        raise InvalidArgument(field, f"must be between 0 and {MAX_PAGE_SIZE}")
+    return value or DEFAULT_PAGE_SIZE
+
+
+def resource_id(value: str, field: str = "id") -> str:
+    """A resource id from a request: required, a UUID.
+
+    Raises:
+        InvalidArgument: empty or not a UUID, naming `field`.
+    """
+    if not value:
+        raise InvalidArgument(field, "required")
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise InvalidArgument(field, f"{value[:64]!r} is not a valid id") from None
+
+
+def _json_numbers(value: Any) -> Any:
+    # Struct keeps every number as a double; JSON does not tell 3 from 3.0, handlers often want 3.
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _json_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_numbers(item) for item in value]
+    return value
+
+
+def struct_to_dict(message: struct_pb2.Struct) -> dict[str, Any]:
+    result: dict[str, Any] = _json_numbers(MessageToDict(message))
+    return result
+
+
+def dict_to_struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
+    message = struct_pb2.Struct()
+    message.update(value)
+    return message
+
+
+def json_value(value: Any) -> struct_pb2.Value:
+    message = struct_pb2.Value()
+    ParseDict(value, message)
+    return message
+
+
+# -- enums: explicit maps, so a new enum value on either side is a visible gap, not a silent mismatch --
+
+_GAP = {GapPolicy.SHIFT: jobs_pb2.DST_GAP_POLICY_SHIFT, GapPolicy.SKIP: jobs_pb2.DST_GAP_POLICY_SKIP}
+_FOLD = {FoldPolicy.FIRST: jobs_pb2.DST_FOLD_POLICY_FIRST, FoldPolicy.BOTH: jobs_pb2.DST_FOLD_POLICY_BOTH}
+_MISFIRE = {
+    MisfirePolicy.RUN_ONCE: jobs_pb2.MISFIRE_POLICY_RUN_ONCE,
+    MisfirePolicy.SKIP: jobs_pb2.MISFIRE_POLICY_SKIP,
+    MisfirePolicy.RUN_ALL: jobs_pb2.MISFIRE_POLICY_RUN_ALL,
+}
+_CONCURRENCY = {
+    ConcurrencyPolicy.ALLOW: jobs_pb2.CONCURRENCY_POLICY_ALLOW,
+    ConcurrencyPolicy.FORBID: jobs_pb2.CONCURRENCY_POLICY_FORBID,
+    ConcurrencyPolicy.REPLACE: jobs_pb2.CONCURRENCY_POLICY_REPLACE,
+}
+_JOB_STATE = {JobStatus.ACTIVE: jobs_pb2.JOB_STATE_ACTIVE, JobStatus.PAUSED: jobs_pb2.JOB_STATE_PAUSED}
+_DST_EFFECT = {
+    DstEffect.NONE: jobs_pb2.DST_EFFECT_NONE,
+    DstEffect.SHIFTED: jobs_pb2.DST_EFFECT_SHIFTED,
+    DstEffect.REPEATED: jobs_pb2.DST_EFFECT_REPEATED,
+}
+_EXECUTION_STATE = {
+    ExecutionStatus.QUEUED: executions_pb2.EXECUTION_STATE_QUEUED,
+    ExecutionStatus.RUNNING: executions_pb2.EXECUTION_STATE_RUNNING,
+    ExecutionStatus.SUCCEEDED: executions_pb2.EXECUTION_STATE_SUCCEEDED,
+    ExecutionStatus.FAILED: executions_pb2.EXECUTION_STATE_FAILED,
+    ExecutionStatus.TIMED_OUT: executions_pb2.EXECUTION_STATE_TIMED_OUT,
+    ExecutionStatus.CANCELLED: executions_pb2.EXECUTION_STATE_CANCELLED,
+    ExecutionStatus.DEAD: executions_pb2.EXECUTION_STATE_DEAD,
+    ExecutionStatus.ABANDONED: executions_pb2.EXECUTION_STATE_ABANDONED,
+    ExecutionStatus.SKIPPED: executions_pb2.EXECUTION_STATE_SKIPPED,
+    ExecutionStatus.MISSED: executions_pb2.EXECUTION_STATE_MISSED,
+}
+_TRIGGER = {
+    Trigger.SCHEDULE: executions_pb2.TRIGGER_SCHEDULE,
+    Trigger.MANUAL: executions_pb2.TRIGGER_MANUAL,
+    Trigger.RETRY: executions_pb2.TRIGGER_RETRY,
+    Trigger.BACKFILL: executions_pb2.TRIGGER_BACKFILL,
+    Trigger.DLQ_REQUEUE: executions_pb2.TRIGGER_DLQ_REQUEUE,
+}
+_EVENT_TYPE = {
+    EventType.CREATED: executions_pb2.EVENT_TYPE_CREATED,
+    EventType.STARTED: executions_pb2.EVENT_TYPE_STARTED,
+    EventType.SUCCEEDED: executions_pb2.EVENT_TYPE_SUCCEEDED,
+    EventType.FAILED: executions_pb2.EVENT_TYPE_FAILED,
+    EventType.TIMED_OUT: executions_pb2.EVENT_TYPE_TIMED_OUT,
+    EventType.RETRYING: executions_pb2.EVENT_TYPE_RETRYING,
+    EventType.DEAD: executions_pb2.EVENT_TYPE_DEAD,
+    EventType.CANCELLED: executions_pb2.EVENT_TYPE_CANCELLED,
+    EventType.ABANDONED: executions_pb2.EVENT_TYPE_ABANDONED,
+    EventType.SKIPPED: executions_pb2.EVENT_TYPE_SKIPPED,
+    EventType.MISSED: executions_pb2.EVENT_TYPE_MISSED,
+}
+_ROLE = {Role.VIEWER: auth_pb2.ROLE_VIEWER, Role.OPERATOR: auth_pb2.ROLE_OPERATOR, Role.ADMIN: auth_pb2.ROLE_ADMIN}
+_UNSET = 0  # every proto enum's UNSPECIFIED value
+
+
+def _from_proto(mapping: Mapping[E, int], value: int, field: str, default: E | None = None) -> E | None:
+    """The domain member for a proto enum number; `default` for UNSPECIFIED.
+
+    Raises:
+        InvalidArgument: a number the map does not know, naming `field`.
+    """
+    if value == _UNSET:
+        return default
+    for member, number in mapping.items():
+        if number == value:
+            return member
+    raise InvalidArgument(field, f"unknown value {value}")
+
+
+def _required(value: E | None) -> E:
+    assert value is not None  # a default was given
+    return value
+
+
+# -- jobs -------------------------------------------------------------------------------------------
+
+
+def job_to_proto(job: Job) -> jobs_pb2.Job:
+    """A stored job as a message (etag from its version)."""
+    schedule = jobs_pb2.Schedule(
+        cron=job.cron or "",
+        time_zone=job.time_zone,
+        run_time=timestamp(job.run_at),
+        dst_gap_policy=_GAP[job.dst_gap_policy],
+        dst_fold_policy=_FOLD[job.dst_fold_policy],
+    )
+    return jobs_pb2.Job(
+        id=job.id,
+        name=job.name,
+        handler=job.handler,
+        payload=dict_to_struct(job.payload),
+        schedule=schedule,
+        queue=job.queue,
+        priority=job.priority,
+        retry_policy=jobs_pb2.RetryPolicy(
+            max_retries=job.retry.max_retries,
+            initial_backoff=duration(job.retry.initial_backoff),
+            max_backoff=duration(job.retry.max_backoff),
+            jitter=job.retry.jitter,
+        ),
+        timeout=duration(job.timeout),
+        misfire_policy=_MISFIRE[job.misfire_policy],
+        concurrency_policy=_CONCURRENCY[job.concurrency_policy],
+        state=_JOB_STATE[job.status],
+        next_run_time=timestamp(job.next_run_time),
+        etag=job.etag,
+        create_time=timestamp(job.created_at),
+        update_time=timestamp(job.updated_at),
+    )
+
+
+def job_spec(message: jobs_pb2.Job, status: JobStatus = JobStatus.ACTIVE) -> JobSpec:
+    """The writable fields of a Job message as a spec (validated later by `validate_job`).
+
+    Unset fields take their documented defaults. A `retry_policy` that is present is taken as
+    written (max_retries 0 means no retries); an absent one means the default policy.
+
+    Raises:
+        InvalidArgument: structural errors the domain cannot see (both cron and run_time, unknown
+            enum numbers), named by field path.
+    """
+    schedule = message.schedule
+    has_run_time = message.HasField("schedule") and schedule.HasField("run_time")
+    if schedule.cron and has_run_time:
+        raise InvalidArgument("job.schedule", "set cron or run_time, not both")
+    kind = ScheduleKind.CRON if schedule.cron else ScheduleKind.ONCE if has_run_time else ScheduleKind.MANUAL
+    gap, fold = schedule_policies(schedule, "job.schedule")
+    misfire = _required(_from_proto(_MISFIRE, message.misfire_policy, "job.misfire_policy", MisfirePolicy.RUN_ONCE))
+    concurrency = _required(
+        _from_proto(_CONCURRENCY, message.concurrency_policy, "job.concurrency_policy", ConcurrencyPolicy.ALLOW)
+    )
+    retry = _DEFAULT_RETRY
+    if message.HasField("retry_policy"):
+        policy = message.retry_policy
+        retry = RetryPolicy(
+            max_retries=policy.max_retries,
+            initial_backoff=(
+                policy.initial_backoff.ToTimedelta()
+                if policy.HasField("initial_backoff")
+                else _DEFAULT_RETRY.initial_backoff
+            ),
+            max_backoff=(
+                policy.max_backoff.ToTimedelta() if policy.HasField("max_backoff") else _DEFAULT_RETRY.max_backoff
+            ),
+            jitter=policy.jitter,
+        )
+    return JobSpec(
+        name=message.name,
+        handler=message.handler,
+        payload=struct_to_dict(message.payload),
+        schedule_kind=kind,
+        cron=schedule.cron or None,
+        time_zone=schedule.time_zone or "UTC",
+        run_at=from_timestamp(schedule.run_time) if has_run_time else None,
+        dst_gap_policy=gap,
+        dst_fold_policy=fold,
+        queue=message.queue or "default",
+        priority=message.priority,
+        retry=retry,
+        timeout=message.timeout.ToTimedelta() if message.HasField("timeout") else _DEFAULT_TIMEOUT,
+        misfire_policy=misfire,
+        concurrency_policy=concurrency,
+        status=status,
+    )
+
+
+def job_state(value: int, field: str = "state") -> JobStatus | None:
+    """A JobState filter: None when unspecified."""
+    return _from_proto(_JOB_STATE, value, field)
+
+
+def fire_time(fire: FireTime) -> jobs_pb2.FireTime:
+    return jobs_pb2.FireTime(
+        fire_time=timestamp(fire.instant), local_time=fire.local_slot.isoformat(), dst_effect=_DST_EFFECT[fire.dst]
+    )
+
+
+def schedule_policies(message: jobs_pb2.Schedule, path: str = "schedule") -> tuple[GapPolicy, FoldPolicy]:
+    """The DST policies of a Schedule message at field path `path` (defaults when unset)."""
+    gap = _from_proto(_GAP, message.dst_gap_policy, f"{path}.dst_gap_policy", GapPolicy.SHIFT)
+    fold = _from_proto(_FOLD, message.dst_fold_policy, f"{path}.dst_fold_policy", FoldPolicy.FIRST)
+    return _required(gap), _required(fold)
+
+
+# -- executions and events --------------------------------------------------------------------------
+
+
+def execution_to_proto(execution: Execution) -> executions_pb2.Execution:
+    message = executions_pb2.Execution(
+        id=execution.id,
+        run_id=execution.run_id,
+        job_id=execution.job_id,
+        schedule_time=timestamp(execution.scheduled_for),
+        attempt=execution.attempt,
+        state=_EXECUTION_STATE[execution.status],
+        trigger=_TRIGGER[execution.trigger],
+        due_time=timestamp(execution.due_at),
+        priority=execution.priority,
+        worker_id=execution.worker_id or "",
+        create_time=timestamp(execution.created_at),
+        start_time=timestamp(execution.started_at),
+        end_time=timestamp(execution.finished_at),
+        error=execution.error or "",
+    )
+    if execution.result is not None:
+        message.result.CopyFrom(json_value(execution.result))
+    return message
+
+
+def execution_states(values: Sequence[int], field: str = "states") -> list[ExecutionStatus]:
+    statuses = []
+    for index, value in enumerate(values):
+        status = _from_proto(_EXECUTION_STATE, value, f"{field}[{index}]")
+        if status is None:
+            raise InvalidArgument(f"{field}[{index}]", "EXECUTION_STATE_UNSPECIFIED is not a state")
+        statuses.append(status)
+    return statuses
+
+
+def event_types(values: Sequence[int], field: str = "types") -> frozenset[EventType]:
+    types = set()
+    for index, value in enumerate(values):
+        event_type = _from_proto(_EVENT_TYPE, value, f"{field}[{index}]")
+        if event_type is None:
+            raise InvalidArgument(f"{field}[{index}]", "EVENT_TYPE_UNSPECIFIED is not an event type")
+        types.add(event_type)
+    return frozenset(types)
+
+
+@functools.lru_cache(maxsize=4096)
+def event_response(event: ExecutionEvent) -> executions_pb2.WatchExecutionsResponse:
+    """The stream message of an event; cached because every subscriber of a burst sends the same ones.
+
+    The result is shared: callers must not modify it.
+    """
+    return executions_pb2.WatchExecutionsResponse(
+        event=executions_pb2.ExecutionEvent(
+            cursor=event.cursor,
+            type=_EVENT_TYPE[event.type],
+            execution_id=event.execution_id,
+            run_id=event.run_id,
+            job_id=event.job_id,
+            attempt=event.attempt,
+            handler=event.handler,
+            worker_id=event.worker_id,
+            error=event.error,
+            event_time=timestamp(event.time),
+        )
+    )
+
+
+# -- auth, queues, cluster --------------------------------------------------------------------------
+
+
+def role_to_proto(role: Role) -> auth_pb2.Role:
+    return _ROLE[role]
+
+
+def role_from_proto(value: int, field: str = "role") -> Role:
+    role = _from_proto(_ROLE, value, field)
+    if role is None:
+        raise InvalidArgument(field, "required: ROLE_VIEWER, ROLE_OPERATOR or ROLE_ADMIN")
+    return role
+
+
+def api_key_to_proto(record: ApiKeyRecord) -> auth_pb2.ApiKey:
+    return auth_pb2.ApiKey(
+        id=record.id,
+        display_name=record.name,
+        key_prefix=record.key_prefix,
+        role=role_to_proto(Role(record.role)),
+        create_time=timestamp(record.created_at),
+        expire_time=timestamp(record.expires_at),
+        revoke_time=timestamp(record.revoked_at),
+        last_use_time=timestamp(record.last_used_at),
+    )
+
+
+def dead_letter(item: DeadItem) -> queue_pb2.DeadLetter:
+    # The queue item's data is the run's handler name (see dispatch.queue_item).
+    return queue_pb2.DeadLetter(
+        run_id=item.id,
+        reason=item.reason,
+        dead_time=timestamp(item.parked_at),
+        priority=item.priority,
+        handler=item.data.decode(errors="replace"),
+    )
+
+
+_BREAKER_STATES = {
+    "closed": cluster_pb2.BREAKER_STATE_CLOSED,
+    "open": cluster_pb2.BREAKER_STATE_OPEN,
+    "half_open": cluster_pb2.BREAKER_STATE_HALF_OPEN,
+}
+
+
+def breaker_state(value: str) -> cluster_pb2.BreakerState:
+    return _BREAKER_STATES.get(value, cluster_pb2.BREAKER_STATE_UNSPECIFIED)
+
+
+def list_value(values: Sequence[Any]) -> struct_pb2.ListValue:
+    message = struct_pb2.ListValue()
+    message.extend(values)
+    return message
+
+
+def now() -> datetime:
+    """The current time, UTC (one place, so tests can reason about "now")."""
+    return datetime.now(UTC)

@@ -1,0 +1,77 @@
+"""ExecutionService: execution history, cancellation and the live event stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import grpc
+from scheduler_client.v1 import executions_pb2, executions_pb2_grpc
+
+from scheduler_grpc.errors import InvalidArgument
+from scheduler_grpc.events import EventFilter, SubscriberTooSlow
+from scheduler_grpc.services import Api, convert
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+CURSOR_METADATA: Final = "x-scheduler-cursor"
+"""Initial metadata of WatchExecutions: where the stream starts (resume from it if no event came)."""
+MAX_JOB_FILTERS: Final = 1000
+
+
+class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
+    """Reads, cancels and streams executions (the rights are in `auth.METHOD_ROLES`)."""
+
+    def __init__(self, api: Api) -> None:
+        self._control = api.control
+        self._fanout = api.fanout
+        self._metrics = api.metrics
+
+    async def GetExecution(
+        self, request: executions_pb2.GetExecutionRequest, context: Context
+    ) -> executions_pb2.GetExecutionResponse:
+        execution = await self._control.executions.get(convert.resource_id(request.id))
+        return executions_pb2.GetExecutionResponse(execution=convert.execution_to_proto(execution))
+
+    async def ListExecutions(
+        self, request: executions_pb2.ListExecutionsRequest, context: Context
+    ) -> executions_pb2.ListExecutionsResponse:
+        page = await self._control.executions.list_page(
+            job_id=convert.resource_id(request.job_id, "job_id") if request.job_id else None,
+            statuses=convert.execution_states(request.states),
+            page_size=convert.page_size(request.page_size),
+            page_token=request.page_token,
+        )
+        return executions_pb2.ListExecutionsResponse(
+            executions=[convert.execution_to_proto(e) for e in page.executions], next_page_token=page.next_page_token
+        )
+
+    async def CancelExecution(
+        self, request: executions_pb2.CancelExecutionRequest, context: Context
+    ) -> executions_pb2.CancelExecutionResponse:
+        execution = await self._control.cancel_execution(convert.resource_id(request.id))
+        return executions_pb2.CancelExecutionResponse(execution=convert.execution_to_proto(execution))
+
+    async def WatchExecutions(
+        self, request: executions_pb2.WatchExecutionsRequest, context: Context
+    ) -> AsyncIterator[executions_pb2.WatchExecutionsResponse]:
+        if len(request.job_ids) > MAX_JOB_FILTERS:
+            raise InvalidArgument("job_ids", f"at most {MAX_JOB_FILTERS} jobs")
+        event_filter = EventFilter(
+            job_ids=frozenset(convert.resource_id(job_id, f"job_ids[{i}]") for i, job_id in enumerate(request.job_ids)),
+            types=convert.event_types(request.types),
+            handler=request.handler,
+        )
+        try:
+            async with self._fanout.subscribe(event_filter, request.cursor or None) as subscription:
+                self._metrics.watchers(self._fanout.subscriber_count)
+                # Headers go out once the subscription is live: a client that waits for them knows
+                # every later event will reach it, and where to resume if none comes.
+                await context.send_initial_metadata(((CURSOR_METADATA, subscription.cursor),))
+                async for event in subscription:
+                    yield convert.event_response(event)
+        except SubscriberTooSlow:
+            self._metrics.watcher_too_slow()
+            raise
+        finally:
+            self._metrics.watchers(self._fanout.subscriber_count)

@@ -1,0 +1,234 @@
+"""ExecutionService: history, cancellation and the WatchExecutions stream (resume, fan-out, slow clients)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+import grpc
+import pytest
+from redis.asyncio import Redis
+from scheduler_client.v1 import executions_pb2, executions_pb2_grpc, jobs_pb2
+
+from scheduler_grpc import events
+from scheduler_grpc.events import EventType, ExecutionEvent
+from scheduler_grpc.services.executions import CURSOR_METADATA
+from tests.engine_helpers import eventually
+from tests.test_api_support import Harness, Metadata, api, echo_job, running_api  # noqa: F401 - `api` is a fixture
+
+WatchCall = grpc.aio.UnaryStreamCall[executions_pb2.WatchExecutionsRequest, executions_pb2.WatchExecutionsResponse]
+
+
+def burst(
+    first: int, count: int, job_id: str = "", handler: str = "test.echo", error: str = ""
+) -> list[ExecutionEvent]:
+    """Events numbered by their `attempt` field, so a test can check order and completeness."""
+    job_id = job_id or str(uuid.UUID(int=1))
+    return [
+        ExecutionEvent(EventType.SUCCEEDED, str(uuid.uuid4()), str(uuid.uuid4()), job_id, n, handler=handler,
+                       error=error)
+        for n in range(first, first + count)
+    ]  # fmt: skip
+
+
+async def watch(harness: Harness, metadata: Metadata, **fields: object) -> tuple[WatchCall, str]:
+    """Open a stream and wait until it is live (its headers carry the start cursor)."""
+    request = executions_pb2.WatchExecutionsRequest(**fields)  # type: ignore[arg-type]
+    call = harness.executions.WatchExecutions(request, metadata=metadata)
+    headers = await call.initial_metadata()
+    return call, dict(headers)[CURSOR_METADATA]
+
+
+async def take(call: WatchCall, count: int) -> list[executions_pb2.ExecutionEvent]:
+    received = []
+    async with asyncio.timeout(20):
+        while len(received) < count:
+            received.append((await call.read()).event)  # type: ignore[union-attr]
+    return received
+
+
+async def drain(call: WatchCall, into: list[executions_pb2.ExecutionEvent]) -> None:
+    """Read a stream until it ends (or raises), appending its events to `into`."""
+    async with asyncio.timeout(20):
+        async for response in call:
+            into.append(response.event)  # type: ignore[union-attr]
+
+
+async def test_get_list_and_cancel(api: Harness) -> None:  # noqa: F811
+    job = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job()), metadata=api.admin)).job
+    runs = [
+        (await api.jobs.TriggerJob(jobs_pb2.TriggerJobRequest(id=job.id), metadata=api.operator)).execution
+        for _ in range(3)
+    ]
+    got = await api.executions.GetExecution(executions_pb2.GetExecutionRequest(id=runs[0].id), metadata=api.viewer)
+    assert got.execution == runs[0]
+    cancelled = await api.executions.CancelExecution(
+        executions_pb2.CancelExecutionRequest(id=runs[1].id), metadata=api.operator
+    )
+    assert cancelled.execution.state == executions_pb2.EXECUTION_STATE_CANCELLED
+    listed = await api.executions.ListExecutions(
+        executions_pb2.ListExecutionsRequest(job_id=job.id, page_size=2), metadata=api.viewer
+    )
+    assert [e.id for e in listed.executions] == [runs[2].id, runs[1].id]
+    assert listed.next_page_token
+    rest = await api.executions.ListExecutions(
+        executions_pb2.ListExecutionsRequest(job_id=job.id, page_token=listed.next_page_token), metadata=api.viewer
+    )
+    assert [e.id for e in rest.executions] == [runs[0].id]
+    assert not rest.next_page_token
+    queued = await api.executions.ListExecutions(
+        executions_pb2.ListExecutionsRequest(states=[executions_pb2.EXECUTION_STATE_QUEUED]), metadata=api.viewer
+    )
+    assert {e.id for e in queued.executions} == {runs[0].id, runs[2].id}
+    with pytest.raises(grpc.aio.AioRpcError) as caught:  # a finished run cannot be cancelled again
+        await api.executions.CancelExecution(
+            executions_pb2.CancelExecutionRequest(id=runs[1].id), metadata=api.operator
+        )
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    for request, field in [
+        (executions_pb2.ListExecutionsRequest(job_id="nope"), "job_id"),
+        (executions_pb2.ListExecutionsRequest(states=[executions_pb2.EXECUTION_STATE_UNSPECIFIED]), "states[0]"),
+        (executions_pb2.ListExecutionsRequest(page_size=-1), "page_size"),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await api.executions.ListExecutions(request, metadata=api.viewer)
+        assert (caught.value.code(), (caught.value.details() or "").split(":")[0]) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            field,
+        )
+
+
+async def test_a_resumed_stream_gets_exactly_the_missed_events(api: Harness, redis: Redis) -> None:  # noqa: F811
+    call, _ = await watch(api, api.viewer)
+    await events.publish(redis, burst(1, 5))
+    seen = await take(call, 5)
+    assert [e.attempt for e in seen] == [1, 2, 3, 4, 5]
+    call.cancel()  # disconnect
+    await events.publish(redis, burst(6, 7))
+    resumed, start = await watch(api, api.viewer, cursor=seen[-1].cursor)
+    assert start == seen[-1].cursor
+    await events.publish(redis, burst(13, 3))  # live events right after the catch-up: no gap, no repeat
+    assert [e.attempt for e in await take(resumed, 10)] == list(range(6, 16))
+    resumed.cancel()
+
+
+async def test_resuming_while_events_keep_coming_loses_and_repeats_nothing(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+) -> None:
+    await events.publish(redis, burst(1, 50))
+    cursor = (await events.read_after(redis))[19].cursor  # after event 20
+
+    async def publish() -> None:
+        for first in range(51, 301, 10):
+            await events.publish(redis, burst(first, 10))
+            await asyncio.sleep(0)
+
+    publisher = asyncio.create_task(publish())
+    call, _ = await watch(api, api.viewer, cursor=cursor)
+    received = await take(call, 280)
+    await publisher
+    call.cancel()
+    assert [e.attempt for e in received] == list(range(21, 301))
+
+
+async def test_filters_by_job_type_and_handler(api: Harness, redis: Redis) -> None:  # noqa: F811
+    job_a, job_b = str(uuid.uuid4()), str(uuid.uuid4())
+    call, _ = await watch(
+        api, api.viewer, job_ids=[job_a], types=[executions_pb2.EVENT_TYPE_FAILED], handler="test.fail"
+    )
+    wanted = ExecutionEvent(EventType.FAILED, str(uuid.uuid4()), "r", job_a, 7, handler="test.fail", error="boom")
+    await events.publish(redis, [
+        ExecutionEvent(EventType.FAILED, "x", "r", job_b, 1, handler="test.fail"),
+        ExecutionEvent(EventType.SUCCEEDED, "x", "r", job_a, 2, handler="test.fail"),
+        ExecutionEvent(EventType.FAILED, "x", "r", job_a, 3, handler="test.echo"),
+        wanted,
+    ])  # fmt: skip
+    (event,) = await take(call, 1)
+    assert (event.execution_id, event.attempt, event.error, event.type) == (
+        wanted.execution_id, 7, "boom", executions_pb2.EVENT_TYPE_FAILED,
+    )  # fmt: skip
+    call.cancel()
+    for fields, field in [({"job_ids": ["nope"]}, "job_ids[0]"), ({"cursor": "abc"}, "cursor"),
+                          ({"types": [0]}, "types[0]")]:  # fmt: skip
+        bad = api.executions.WatchExecutions(executions_pb2.WatchExecutionsRequest(**fields), metadata=api.viewer)  # type: ignore[arg-type]
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await bad.read()
+        assert (caught.value.code(), (caught.value.details() or "").split(":")[0]) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            field,
+        )
+
+
+async def test_1000_subscribers_share_one_reader_and_each_gets_every_event(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+) -> None:
+    channels = [grpc.aio.insecure_channel(api.server.address) for _ in range(10)]
+    try:
+        stubs = [executions_pb2_grpc.ExecutionServiceStub(channel) for channel in channels]
+        calls = [
+            stubs[i % len(stubs)].WatchExecutions(executions_pb2.WatchExecutionsRequest(), metadata=api.viewer)
+            for i in range(1000)
+        ]
+        await asyncio.gather(*(call.initial_metadata() for call in calls))
+        assert api.server.api.fanout.subscriber_count == 1000
+        await events.publish(redis, burst(1, 10))
+        results = await asyncio.gather(*(take(call, 10) for call in calls))
+        assert all([e.attempt for e in received] == list(range(1, 11)) for received in results)
+        for call in calls:
+            call.cancel()
+
+        async def all_gone() -> bool:
+            return api.server.api.fanout.subscriber_count == 0
+
+        await eventually(all_gone, within=10)
+    finally:
+        await asyncio.gather(*(channel.close() for channel in channels))
+
+
+async def test_a_cancelled_client_is_unsubscribed_at_once(api: Harness) -> None:  # noqa: F811
+    call, _ = await watch(api, api.viewer)
+    assert api.server.api.fanout.subscriber_count == 1
+    call.cancel()
+
+    async def gone() -> bool:
+        return api.server.api.fanout.subscriber_count == 0
+
+    await eventually(gone, within=5, interval=0.01)
+
+
+async def test_a_slow_subscriber_is_ended_with_its_resume_cursor(
+    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool
+) -> None:
+    async with running_api(redis_url, database_url, pool, SCHEDULER_WATCH_BUFFER="200") as harness:
+        # A connection that does not grow its flow-control window, so the transport fills quickly.
+        slow_channel = grpc.aio.insecure_channel(harness.server.address, options=[("grpc.http2.bdp_probe", 0)])
+        slow_harness = Harness(harness.server, slow_channel)
+        slow, _ = await watch(slow_harness, harness.viewer)
+        fast, _ = await watch(harness, harness.viewer)
+        # Far more than the transport and the 200-event buffer hold while the slow client reads
+        # nothing; the fast one reads each chunk before the next is published.
+        fast_got = []
+        for first in range(1, 3001, 100):
+            await events.publish(redis, burst(first, 100, error="x" * 400))
+            fast_got += await take(fast, 100)
+        assert [e.attempt for e in fast_got] == list(range(1, 3001))  # the slow one held nobody back
+        assert harness.server.api.fanout.subscriber_count == 1  # the slow one was dropped
+        got: list[executions_pb2.ExecutionEvent] = []
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await drain(slow, got)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = caught.value.details() or ""
+        assert details.startswith("too slow; resume from cursor ")
+        cursor = details.rsplit(" ", 1)[1]
+        assert got
+        assert cursor == got[-1].cursor
+        assert len(got) < 3000
+        resumed, _ = await watch(harness, harness.viewer, cursor=cursor)
+        rest = await take(resumed, 3000 - len(got))
+        assert [e.attempt for e in got + rest] == list(range(1, 3001))
+        resumed.cancel()
+        fast.cancel()
+        await slow_channel.close()

