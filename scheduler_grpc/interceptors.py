@@ -121,6 +121,9 @@ class CallInfo:
     context: Context
     response_streaming: bool
     principal: str = ""
+    # Read when the call starts: asking a cancelled stream's context for its peer crashed the
+    # process (SIGSEGV in grpc.aio), so nothing touches the context once the call is over.
+    peer: str = ""
 
 
 _CALL: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("scheduler_call", default=None)
@@ -151,7 +154,7 @@ class _WrappingInterceptor(grpc.aio.ServerInterceptor):
     def _call(self, method: str, context: Context, streaming: bool) -> CallInfo:
         call = _CALL.get()
         if call is None or call.context is not context:
-            call = CallInfo(method, context, streaming)
+            call = CallInfo(method, context, streaming, peer=context.peer())
             _CALL.set(call)
         return call
 
@@ -250,7 +253,7 @@ class ObserveInterceptor(_WrappingInterceptor):
                     "code": code,
                     "duration_ms": round(seconds * 1000, 3),
                     "principal": call.principal or "-",
-                    "peer": call.context.peer(),
+                    "peer": call.peer,
                 },
             )
 

@@ -1,0 +1,69 @@
+"""Shared pieces of the API tests: a server process (with scheduler and workers) and waiting for it.
+
+`start_api(roles, redis)` starts `scheduler-grpc scheduler`, `worker` and `server` processes on the
+test servers (through the `roles` fixture) and returns once the server answers a Login as the dev
+admin and the worker beats.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from scheduler_client import SchedulerClient
+from scheduler_client.errors import DeadlineExceeded, Unavailable
+
+from tests.engine_helpers import Role, Roles, eventually, wait_until_ready
+
+ADMIN = "admin"
+ADMIN_PASSWORD = "admin123"  # the dev default: SCHEDULER_ADMIN_PASSWORD is unset in the tests
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Api:
+    target: str
+    server: Role
+
+
+def start_server(roles: Roles, port: int | None = None, **env: str) -> Api:
+    port = port or free_port()
+    server = roles.start("server", SCHEDULER_GRPC_PORT=str(port), **env)
+    return Api(f"127.0.0.1:{port}", server)
+
+
+async def wait_for_server(api: Api, *, within: float = 30.0) -> None:
+    """Until the server accepts a Login of the dev admin (so it listens and its admin exists)."""
+
+    async def answers() -> bool:
+        if api.server.process.poll() is not None:
+            tail = "\n".join(api.server.log_lines()[-20:])
+            raise AssertionError(f"the server exited with {api.server.process.returncode}:\n{tail}")
+        try:
+            async with SchedulerClient.connect(api.target, timeout=2.0) as client:
+                await client.login(ADMIN, ADMIN_PASSWORD)
+        except (Unavailable, DeadlineExceeded):
+            return False  # not listening yet
+        return True
+
+    await eventually(answers, within=within, interval=0.1)
+
+
+async def start_api(roles: Roles, redis: Redis, *, workers: int = 1, scheduler: bool = True) -> Api:
+    """Scheduler, workers and a server on a free port; returns when all are ready."""
+    if scheduler:
+        roles.start("scheduler")
+    for _ in range(workers):
+        roles.start("worker")
+    api = start_server(roles)
+    await wait_for_server(api)
+    await wait_until_ready(redis, workers=workers, leader=scheduler)
+    return api
