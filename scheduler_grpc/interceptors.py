@@ -21,6 +21,7 @@ import contextvars
 import inspect
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,6 +44,7 @@ from scheduler_grpc.errors import (
     Unavailable,
 )
 from scheduler_grpc.events import FanoutClosed, SubscriberTooSlow
+from scheduler_grpc.logs import TRACE
 from scheduler_grpc.metrics import Metrics
 
 log = logging.getLogger("scheduler_grpc.rpc")
@@ -124,6 +126,8 @@ class CallInfo:
     # Read when the call starts: asking a cancelled stream's context for its peer crashed the
     # process (SIGSEGV in grpc.aio), so nothing touches the context once the call is over.
     peer: str = ""
+    # The caller's W3C `traceparent` trace id or `x-request-id`, else a fresh id; in every log line.
+    trace: str = ""
 
 
 _CALL: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("scheduler_call", default=None)
@@ -154,8 +158,9 @@ class _WrappingInterceptor(grpc.aio.ServerInterceptor):
     def _call(self, method: str, context: Context, streaming: bool) -> CallInfo:
         call = _CALL.get()
         if call is None or call.context is not context:
-            call = CallInfo(method, context, streaming, peer=context.peer())
+            call = CallInfo(method, context, streaming, peer=context.peer(), trace=_trace_id(context))
             _CALL.set(call)
+            TRACE.set(call.trace)
         return call
 
     def _wrap(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
@@ -256,6 +261,18 @@ class ObserveInterceptor(_WrappingInterceptor):
                     "peer": call.peer,
                 },
             )
+
+
+def _trace_id(context: Context) -> str:
+    for key, value in context.invocation_metadata() or ():
+        text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+        if key == "traceparent":  # version-traceid-spanid-flags
+            parts = text.split("-")
+            if len(parts) == 4 and len(parts[1]) == 32:
+                return parts[1]
+        elif key == "x-request-id" and 0 < len(text) <= 128:
+            return text
+    return uuid.uuid4().hex
 
 
 def _code_name(context: Context, default: str) -> str:

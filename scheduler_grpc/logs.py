@@ -6,6 +6,7 @@ Modules log through the standard `logging` module and pass context as `extra={..
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
 from datetime import UTC, datetime
@@ -13,12 +14,31 @@ from typing import Any
 
 import orjson
 
+# The trace id of the gRPC call being served, set by the interceptors; every log line written while
+# serving it carries it, so one call's lines can be found together.
+TRACE: contextvars.ContextVar[str | None] = contextvars.ContextVar("scheduler_trace", default=None)
+
 # Attributes every LogRecord has; anything else on a record came from `extra=` and is context.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
 def _context(record: logging.LogRecord) -> dict[str, Any]:
     return {key: value for key, value in vars(record).items() if key not in _STANDARD and not key.startswith("_")}
+
+
+_make_record = logging.getLogRecordFactory()
+
+
+def _record_with_trace(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    # Stamp the trace when the record is made (in the call's context), not when it is formatted.
+    record = _make_record(*args, **kwargs)
+    trace = TRACE.get()
+    if trace is not None and not hasattr(record, "trace"):
+        record.trace = trace
+    return record
+
+
+logging.setLogRecordFactory(_record_with_trace)
 
 
 class JsonFormatter(logging.Formatter):

@@ -1,0 +1,74 @@
+"""The server's metrics move with its calls, and its log lines carry each call's trace id."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import grpc
+import pytest
+from scheduler_client.v1 import auth_pb2, executions_pb2, jobs_pb2
+
+from scheduler_grpc import metrics
+from scheduler_grpc.logs import JsonFormatter
+from tests.engine_helpers import eventually
+from tests.test_api_support import Harness, api  # noqa: F401 - the fixture
+
+
+def sample(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_server_metrics_move_with_calls(api: Harness) -> None:  # noqa: F811
+    ok = {"service": "scheduler.v1.JobService", "method": "ListJobs", "code": "OK"}
+    before = {
+        "ok": sample("scheduler_grpc_requests_total", **ok),
+        "denied": sample(
+            "scheduler_grpc_requests_total",
+            service="scheduler.v1.JobService",
+            method="ListJobs",
+            code="UNAUTHENTICATED",
+        ),
+        "latency": sample(
+            "scheduler_grpc_request_duration_seconds_count", service="scheduler.v1.JobService", method="ListJobs"
+        ),
+        "logins": sample("scheduler_login_failures_total"),
+        "created": sample("scheduler_jobs_created_total"),
+    }
+    await api.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=api.viewer)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await api.jobs.ListJobs(jobs_pb2.ListJobsRequest())
+    with pytest.raises(grpc.aio.AioRpcError):
+        await api.auth.Login(auth_pb2.LoginRequest(username="admin", password="wrong"))
+    job = jobs_pb2.Job(name="observed", handler="test.echo")
+    await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=job), metadata=api.admin)
+    assert sample("scheduler_grpc_requests_total", **ok) == before["ok"] + 1
+    assert sample("scheduler_grpc_requests_total", service="scheduler.v1.JobService", method="ListJobs",
+                  code="UNAUTHENTICATED") == before["denied"] + 1  # fmt: skip
+    assert sample("scheduler_grpc_request_duration_seconds_count", service="scheduler.v1.JobService",
+                  method="ListJobs") == before["latency"] + 2  # fmt: skip
+    assert sample("scheduler_login_failures_total") == before["logins"] + 1
+    assert sample("scheduler_jobs_created_total") == before["created"] + 1
+
+    stream = api.executions.WatchExecutions(executions_pb2.WatchExecutionsRequest(), metadata=api.viewer)
+    await stream.initial_metadata()  # the subscription is live once headers arrive
+    assert sample("scheduler_stream_subscribers") >= 1
+    stream.cancel()
+
+    async def unsubscribed() -> bool:
+        return sample("scheduler_stream_subscribers") == 0
+
+    await eventually(unsubscribed, within=5)
+
+
+async def test_call_log_lines_carry_the_trace_id(api: Harness, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    caplog.set_level(logging.INFO, logger="scheduler_grpc")
+    trace = "0af7651916cd43dd8448eb211c80319c"
+    traceparent = (("traceparent", f"00-{trace}-b7ad6b7169203331-01"),)
+    await api.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=(*api.viewer, *traceparent))
+    formatter = JsonFormatter("server")
+    lines = [json.loads(formatter.format(record)) for record in caplog.records if record.getMessage() == "rpc"]
+    listed = [line for line in lines if line.get("method", "").endswith("/ListJobs")]
+    assert listed
+    assert listed[-1]["trace"] == trace
+    assert {"time", "level", "role", "pid", "message", "code", "duration_ms"} <= listed[-1].keys()
