@@ -79,7 +79,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str, log_
     redis = redis_client(redis_url)
     await redis.flushdb()
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LEADER_TTL": TTL,
-           "SCHEDULER_LOG_LEVEL": "WARNING"}  # fmt: skip
+           "SCHEDULER_LOG_LEVEL": "WARNING", "SCHEDULER_METRICS_PORT": "0"}  # fmt: skip
     processes = {name: start(role, env, log_dir, name) for name, role in
                  (("scheduler-a", "scheduler"), ("scheduler-b", "scheduler"), ("worker", "worker"))}  # fmt: skip
     registry = default_registry(HandlerSettings())
@@ -138,4 +138,6 @@ if __name__ == "__main__":
             throwaway=True,
         ) as urls,
     ):
-        uvloop.run(main(arguments, urls.redis_url, urls.database_url, Path(tmp)))
+        logs = Path(os.environ.get("BENCH_LOG_DIR") or tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        uvloop.run(main(arguments, urls.redis_url, urls.database_url, logs))
