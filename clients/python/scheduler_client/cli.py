@@ -301,13 +301,24 @@ async def cmd_jobs_list(ctx: Context) -> int:
     return 0
 
 
-async def cmd_jobs_get(ctx: Context) -> int:
-    job = await ctx.client.get_job(await ctx.job_id(ctx.args.job))
+def _show_job(ctx: Context, job: Any) -> int:
     if ctx.json:
         show.print_json(show.message_dict(job))
     else:
         show.print_fields(show.job_fields(job))
     return 0
+
+
+def _job_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The job flags `jobs create` and `jobs update` share, as client keyword arguments."""
+    names = ("payload", "cron", "time_zone", "run_at", "queue", "priority", "max_retries", "initial_backoff",
+             "max_backoff", "jitter", "timeout", "misfire_policy", "concurrency_policy")  # fmt: skip
+    return {name: getattr(args, name) for name in names}
+
+
+async def cmd_jobs_get(ctx: Context) -> int:
+    job = await ctx.client.get_job(await ctx.job_id(ctx.args.job))
+    return _show_job(ctx, job)
 
 
 async def cmd_jobs_create(ctx: Context) -> int:
@@ -315,26 +326,10 @@ async def cmd_jobs_create(ctx: Context) -> int:
     job = await ctx.client.create_job(
         args.name,
         args.handler,
-        payload=args.payload,
-        cron=args.cron,
-        time_zone=args.time_zone,
-        run_at=args.run_at,
-        queue=args.queue,
-        priority=args.priority,
-        max_retries=args.max_retries,
-        initial_backoff=args.initial_backoff,
-        max_backoff=args.max_backoff,
-        jitter=args.jitter,
-        timeout=args.timeout,
-        misfire_policy=args.misfire_policy,
-        concurrency_policy=args.concurrency_policy,
+        **_job_settings(args),
         request_id=args.request_id,
     )
-    if ctx.json:
-        show.print_json(show.message_dict(job))
-    else:
-        show.print_fields(show.job_fields(job))
-    return 0
+    return _show_job(ctx, job)
 
 
 async def cmd_jobs_update(ctx: Context) -> int:
@@ -344,25 +339,9 @@ async def cmd_jobs_update(ctx: Context) -> int:
         etag=args.etag,
         name=args.name,
         handler=args.handler,
-        payload=args.payload,
-        cron=args.cron,
-        time_zone=args.time_zone,
-        run_at=args.run_at,
-        queue=args.queue,
-        priority=args.priority,
-        max_retries=args.max_retries,
-        initial_backoff=args.initial_backoff,
-        max_backoff=args.max_backoff,
-        jitter=args.jitter,
-        timeout=args.timeout,
-        misfire_policy=args.misfire_policy,
-        concurrency_policy=args.concurrency_policy,
+        **_job_settings(args),
     )
-    if ctx.json:
-        show.print_json(show.message_dict(job))
-    else:
-        show.print_fields(show.job_fields(job))
-    return 0
+    return _show_job(ctx, job)
 
 
 async def _job_action(ctx: Context, action: str) -> int:
