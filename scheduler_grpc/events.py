@@ -20,8 +20,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import ResponseError
 
-from scheduler_grpc.errors import InvalidArgument, SchedulerError, Unavailable
+from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, SchedulerError, Unavailable
 from scheduler_grpc.keys import EventKeys
 
 STREAM_MAX_LENGTH = 100_000
@@ -134,6 +135,17 @@ class SubscriberTooSlow(SchedulerError):
         self.cursor = cursor
 
 
+class CursorExpired(FailedPrecondition):
+    """The events after a cursor were trimmed from the stream: resuming would silently skip some."""
+
+    def __init__(self, cursor: str, first: str) -> None:
+        super().__init__(
+            f"cursor: events after {cursor} are no longer kept (the stream now starts at {first}); "
+            "read the history with ListExecutions, then watch without a cursor"
+        )
+        self.cursor = cursor
+
+
 class FanoutClosed(SchedulerError):
     """The fan-out stopped (the server is shutting down); resume from `cursor` elsewhere or later."""
 
@@ -241,6 +253,7 @@ class Subscription:
         # Registered with the fan-out before this runs, so every event after the reader's position
         # reaches the buffer; this reads everything after `cursor` up to the stream's end now, which
         # is at or past that position: together, no gap. Pages keep each read bounded.
+        await self._fanout._check_retained(cursor)
         after = cursor
         while True:
             page = await self._fanout._read_after(after)
@@ -353,6 +366,27 @@ class EventFanout:
             # redis-py types stream replies loosely; the shape is [(id, {field: value}), ...].
             reply: Any = await self._redis.xrange(_KEYS.stream, min=f"({cursor}", count=CATCH_UP_PAGE)
         return [ExecutionEvent.from_fields(_text(entry_id), fields or {}) for entry_id, fields in reply or []]
+
+    async def _check_retained(self, cursor: str) -> None:
+        """Raise CursorExpired if events after `cursor` may have been trimmed away.
+
+        Trimming removes the oldest entries. The events right after `cursor` are all still there if
+        nothing was ever trimmed, if the cursor's own entry is still there, or if the cursor is at
+        or past the stream's first entry; otherwise some may be gone, and silence would be a lie.
+        """
+        async with asyncio.timeout(self._timeout):
+            try:
+                info: Any = await self._redis.xinfo_stream(_KEYS.stream)
+            except ResponseError:  # no stream yet: nothing was ever trimmed
+                return
+            if int(info.get("entries-added", 0)) <= int(info.get("length", 0)):
+                return
+            first = info.get("first-entry")
+            if not first or stream_id(cursor) >= stream_id(_text(first[0])):
+                return
+            if await self._redis.xrange(_KEYS.stream, min=cursor, max=cursor, count=1):
+                return
+        raise CursorExpired(cursor, _text(first[0]))
 
     async def _stream_end(self) -> tuple[int, int]:
         async with asyncio.timeout(self._timeout):

@@ -13,6 +13,7 @@ from scheduler_client.v1 import executions_pb2, executions_pb2_grpc, jobs_pb2
 
 from scheduler_grpc import events
 from scheduler_grpc.events import EventType, ExecutionEvent
+from scheduler_grpc.keys import EventKeys
 from scheduler_grpc.services.executions import CURSOR_METADATA
 from tests.engine_helpers import eventually
 from tests.test_api_support import Harness, Metadata, api, echo_job, running_api  # noqa: F401 - `api` is a fixture
@@ -232,3 +233,21 @@ async def test_a_slow_subscriber_is_ended_with_its_resume_cursor(
         resumed.cancel()
         fast.cancel()
         await slow_channel.close()
+
+
+async def test_a_cursor_older_than_the_retention_is_refused_not_silently_skipped(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+) -> None:
+    await events.publish(redis, burst(1, 10))
+    published = await events.read_after(redis)
+    old, kept = published[2].cursor, published[6].cursor  # after events 3 and 7
+    await redis.xtrim(EventKeys().stream, maxlen=5, approximate=False)  # events 1-5 are gone
+    call = api.executions.WatchExecutions(executions_pb2.WatchExecutionsRequest(cursor=old), metadata=api.viewer)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await take(call, 1)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "cursor" in (caught.value.details() or "")
+    resumed, _ = await watch(api, api.viewer, cursor=kept)
+    assert [e.attempt for e in await take(resumed, 3)] == [8, 9, 10]
+    resumed.cancel()
