@@ -1,0 +1,105 @@
+"""End-to-end throughput with full history: one worker process drains N queued no-op runs.
+
+    .venv/bin/python bench/throughput_bench.py [--runs 20000] [--concurrency 200]
+
+Starts embedded Valkey and PostgreSQL (or uses REDIS_URL / DATABASE_URL), queues `--runs` runs of a
+`test.echo` job (one statement and one enqueue script per 1,000), then starts one worker process
+and measures the time until every run is recorded `succeeded` in PostgreSQL. Prints executions/s
+and the worker's CPU time per execution (ARCHITECTURE.md's goal: >= 6,500/s from one worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scheduler_grpc.connections import redis_client  # noqa: E402
+from scheduler_grpc.control import Control  # noqa: E402
+from scheduler_grpc.db.migrate import migrate  # noqa: E402
+from scheduler_grpc.db.pool import create_pool  # noqa: E402
+from scheduler_grpc.dispatch import enqueue_runs  # noqa: E402
+from scheduler_grpc.embedded import embedded_servers  # noqa: E402
+from scheduler_grpc.executions import Trigger  # noqa: E402
+from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
+from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
+
+BATCH = 1000
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> None:
+    pool = await create_pool(database_url, size=4, connect_timeout=timedelta(seconds=5))
+    await migrate(pool)
+    await pool.execute("TRUNCATE job_executions, jobs CASCADE")
+    redis = redis_client(redis_url)
+    await redis.flushdb()
+    registry = default_registry(HandlerSettings())
+    control = Control(redis, pool, registry)
+    job = await control.create_job(JobSpec(name="noop", handler="test.echo", retry=RetryPolicy(max_retries=0)))
+    base = datetime(2020, 1, 1, tzinfo=UTC)
+    queued_at = time.perf_counter()
+    for start in range(0, args.runs, BATCH):
+        slots = [base + timedelta(microseconds=i) for i in range(start, min(start + BATCH, args.runs))]
+        runs = await control.executions.trigger(job.id, Trigger.BACKFILL, slots)
+        await enqueue_runs(control.queues, runs)
+    print(f"queued {args.runs} runs in {time.perf_counter() - queued_at:.1f}s")
+    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
+           "SCHEDULER_METRICS_PORT": "0"}  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "scheduler_grpc", "worker", "--concurrency", str(args.concurrency)],
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        began = None
+        cpu_before = 0.0
+        while True:
+            done = await pool.fetchval("SELECT count(*) FROM job_executions WHERE status = 'succeeded'")
+            if began is None and done > 0:
+                began, first_done, cpu_before = time.perf_counter(), done, cpu_seconds(worker.pid)
+            if done >= args.runs:
+                break
+            if worker.poll() is not None:
+                raise SystemExit("the worker died")
+            await asyncio.sleep(0.05)
+        assert began is not None
+        elapsed = time.perf_counter() - began
+        drained = args.runs - first_done
+        cpu = cpu_seconds(worker.pid) - cpu_before
+        print(f"one worker (concurrency {args.concurrency}): {drained / elapsed:,.0f} executions/s "
+              f"with full history; worker CPU {cpu / drained * 1e6:,.0f} µs per execution")  # fmt: skip
+    finally:
+        worker.terminate()
+        worker.wait()
+        await registry.aclose()
+        await redis.aclose()
+        await pool.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=20000)
+    parser.add_argument("--concurrency", type=int, default=200)
+    arguments = parser.parse_args()
+    with embedded_servers(
+        ROOT / ".data",
+        redis_url=os.environ.get("REDIS_URL"),
+        database_url=os.environ.get("DATABASE_URL"),
+        throwaway=True,
+    ) as urls:
+        uvloop.run(main(arguments, urls.redis_url, urls.database_url))
