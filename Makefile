@@ -30,6 +30,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py
+	$(BIN)/python bench/scheduling_bench.py
+	$(BIN)/python bench/throughput_bench.py
 
 readme: $(STAMP)
 	$(BIN)/python scripts/readme_tables.py

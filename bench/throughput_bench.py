@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -60,10 +59,8 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
     print(f"queued {args.runs} runs in {time.perf_counter() - queued_at:.1f}s")
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
            "SCHEDULER_METRICS_PORT": "0"}  # fmt: skip
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "scheduler_grpc", "worker", "--concurrency", str(args.concurrency)],
-        env=env,
-        cwd=ROOT,
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "scheduler_grpc", "worker", "--concurrency", str(args.concurrency), env=env, cwd=ROOT
     )
     try:
         began = None
@@ -74,7 +71,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
                 began, first_done, cpu_before = time.perf_counter(), done, cpu_seconds(worker.pid)
             if done >= args.runs:
                 break
-            if worker.poll() is not None:
+            if worker.returncode is not None:
                 raise SystemExit("the worker died")
             await asyncio.sleep(0.05)
         assert began is not None
@@ -85,7 +82,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
               f"with full history; worker CPU {cpu / drained * 1e6:,.0f} µs per execution")  # fmt: skip
     finally:
         worker.terminate()
-        worker.wait()
+        await worker.wait()
         await registry.aclose()
         await redis.aclose()
         await pool.close()
