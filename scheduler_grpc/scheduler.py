@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -159,8 +159,8 @@ class LeaderLoops:
     def _on_jobs_changed(self, *args: object) -> None:
         self._jobs_changed.set()
 
-    async def _every(self, interval: timedelta, step: object, term: Term) -> None:
-        assert callable(step)
+    async def _every(self, interval: timedelta, step: Callable[[Term], Awaitable[None]], term: Term) -> None:
+        """Run `step` every `interval` while the term is valid; a failed step is logged, not fatal."""
         while True:
             if term.is_valid():
                 try:
@@ -169,7 +169,7 @@ class LeaderLoops:
                     raise
                 except Exception as exc:
                     metrics.store_error(exc)
-                    log.exception("leader loop step failed", extra={"step": getattr(step, "__name__", "?")})
+                    log.exception("leader loop step failed", extra={"step": step.__name__})
             await asyncio.sleep(interval.total_seconds())
 
     # -- scan ------------------------------------------------------------------------------------
