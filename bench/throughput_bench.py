@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -59,9 +60,11 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
     print(f"queued {args.runs} runs in {time.perf_counter() - queued_at:.1f}s")
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
            "SCHEDULER_METRICS_PORT": "0"}  # fmt: skip
+    profile = ["-m", "cProfile", "-o", args.profile] if args.profile else []
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scheduler_grpc", "worker", "--concurrency", str(args.concurrency), env=env, cwd=ROOT
-    )
+        sys.executable, *profile, "-m", "scheduler_grpc", "worker", "--concurrency", str(args.concurrency),
+        env=env, cwd=ROOT,
+    )  # fmt: skip
     try:
         began = None
         cpu_before = 0.0
@@ -81,7 +84,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
         print(f"one worker (concurrency {args.concurrency}): {drained / elapsed:,.0f} executions/s "
               f"with full history; worker CPU {cpu / drained * 1e6:,.0f} µs per execution")  # fmt: skip
     finally:
-        worker.terminate()
+        worker.send_signal(signal.SIGINT)  # a clean exit, so cProfile writes its file
         await worker.wait()
         await registry.aclose()
         await redis.aclose()
@@ -92,6 +95,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--profile", metavar="FILE", help="run the worker under cProfile, writing FILE")
     arguments = parser.parse_args()
     with embedded_servers(
         ROOT / ".data",

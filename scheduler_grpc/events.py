@@ -16,10 +16,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import orjson
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
+from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, SchedulerError, Unavailable
@@ -63,49 +65,49 @@ class ExecutionEvent:
     time: datetime | None = None
     cursor: str = ""  # the stream id, set when read back
 
-    def fields(self) -> dict[str, str]:
-        return {
-            "type": self.type.value,
-            "execution_id": self.execution_id,
-            "run_id": self.run_id,
-            "job_id": self.job_id,
-            "attempt": str(self.attempt),
-            "handler": self.handler,
-            "worker_id": self.worker_id,
-            "error": self.error[:500],
-            "time": (self.time or datetime.now(UTC)).isoformat(),
-        }
+    def encode(self) -> bytes:
+        """The event as one stream field: compact JSON, in a fixed field order."""
+        return orjson.dumps([
+            self.type.value, self.execution_id, self.run_id, self.job_id, self.attempt, self.handler,
+            self.worker_id, self.error[:500], (self.time or datetime.now(UTC)).isoformat(),
+        ])  # fmt: skip
 
     @classmethod
     def from_fields(cls, cursor: str, fields: Mapping[Any, Any]) -> ExecutionEvent:
-        text = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                for k, v in fields.items()}  # fmt: skip
+        """Decode a stream entry written by `publish`."""
+        encoded = fields.get(b"e") or fields.get("e")
+        if encoded is None:
+            raise ValueError(f"stream entry {cursor} is not an execution event")
+        kind, execution_id, run_id, job_id, attempt, handler, worker_id, error, time = orjson.loads(encoded)
         return cls(
-            type=EventType(text["type"]),
-            execution_id=text["execution_id"],
-            run_id=text["run_id"],
-            job_id=text["job_id"],
-            attempt=int(text["attempt"]),
-            handler=text.get("handler", ""),
-            worker_id=text.get("worker_id", ""),
-            error=text.get("error", ""),
-            time=datetime.fromisoformat(text["time"]),
+            type=EventType(kind),
+            execution_id=execution_id,
+            run_id=run_id,
+            job_id=job_id,
+            attempt=int(attempt),
+            handler=handler,
+            worker_id=worker_id,
+            error=error,
+            time=datetime.fromisoformat(time),
             cursor=cursor,
         )
 
 
-def add_events(pipe: Pipeline, events: Iterable[ExecutionEvent]) -> None:
-    """Queue XADDs on a pipeline (so they travel with the queue change they describe)."""
-    for event in events:
-        pipe.xadd(_KEYS.stream, event.fields(), maxlen=STREAM_MAX_LENGTH, approximate=True)  # type: ignore[arg-type]
+_ADD_SOURCE = (Path(__file__).resolve().parent / "lua" / "events_add.lua").read_text(encoding="utf-8")
+_add_script: AsyncScript | None = None
 
 
-async def publish(redis: Redis, events: Iterable[ExecutionEvent]) -> None:
-    """Append events in one round trip (bounded: the client has no socket timeout)."""
-    pipe = redis.pipeline(transaction=False)
-    add_events(pipe, events)
+async def publish(redis: Redis, events: Iterable[ExecutionEvent]) -> list[str]:
+    """Append events in one script call (bounded: the client has no socket timeout); returns their ids."""
+    global _add_script
+    encoded = [event.encode() for event in events]
+    if not encoded:
+        return []
+    if _add_script is None:
+        _add_script = redis.register_script(_ADD_SOURCE)  # EVALSHA, loaded on NOSCRIPT; any client
     async with asyncio.timeout(5.0):
-        await pipe.execute()
+        ids = await _add_script(keys=[_KEYS.stream], args=[STREAM_MAX_LENGTH, *encoded], client=redis)
+    return [_text(entry_id) for entry_id in ids]
 
 
 async def read_after(redis: Redis, cursor: str = "0-0", count: int = 1000) -> list[ExecutionEvent]:
