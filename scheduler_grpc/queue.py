@@ -531,11 +531,26 @@ class Queue:
             InvalidArgument: `more_time` is under a millisecond.
             Unavailable: Redis did not answer in time.
         """
-        more_ms = _to_ms(more_time, "more_time", minimum=1)
-        deadline = int(await self._run(self._extend, (item_id, token, more_ms)))
-        if deadline < 0:
+        [deadline] = await self.extend_many([(item_id, token)], more_time)
+        if deadline is None:
             raise LeaseLost(f"queue {self.name!r}: the lease on item {item_id!r} was lost")
-        return _from_ms(deadline)
+        return deadline
+
+    async def extend_many(
+        self, leases: Iterable[Lease | tuple[str, str]], more_time: timedelta
+    ) -> list[datetime | None]:
+        """`extend` many leases in one script call.
+
+        Returns:
+            One entry per lease, in order: its new deadline (UTC), or None if the lease was lost
+            (that lease is unchanged; the caller must stop working on its item).
+        """
+        more_ms = _to_ms(more_time, "more_time", minimum=1)
+        args = _lease_args(leases)
+        if not args:
+            return []
+        reply = await self._run(self._extend, [more_ms, *args])
+        return [None if int(deadline) < 0 else _from_ms(int(deadline)) for deadline in reply]
 
     # -- maintenance (the leader's loops) -------------------------------------------------------
 

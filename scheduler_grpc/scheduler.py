@@ -237,11 +237,8 @@ class LeaderLoops:
 
     async def _sleep_until_next_due(self) -> None:
         cap = self._loop.scan_interval.total_seconds()
-        next_due = await self._jobs.next_due_time()
-        wait = cap
-        if next_due is not None:
-            db_now = await self._pool.fetchval("SELECT now()")
-            wait = min(cap, max(0.0, (next_due - db_now).total_seconds()))
+        until_due = await self._jobs.time_until_next_due()
+        wait = cap if until_due is None else min(cap, max(0.0, until_due.total_seconds()))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
                 await self._jobs_changed.wait()

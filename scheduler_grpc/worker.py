@@ -40,7 +40,7 @@ from scheduler_grpc.breakers import BreakerOpen, BreakerPolicy, Breakers, Breake
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Claim, Completed, ExecutionRepository, Outcome
-from scheduler_grpc.errors import LeaseLost, SchedulerError
+from scheduler_grpc.errors import SchedulerError
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.handlers import (
@@ -431,14 +431,15 @@ class Worker:
         interval = self._visibility.total_seconds() / 3
         while True:
             await asyncio.sleep(interval)
-            lost: list[_Running] = []
-            for running in list(self._running.values()):
-                try:
-                    await self.queue.extend(running.lease.id, running.lease.token, self._visibility)
-                except LeaseLost:
-                    lost.append(running)
-                except SchedulerError as exc:
-                    log.warning("could not extend a lease: %s", exc, extra={"worker_id": self.id})
+            running = list(self._running.values())
+            if not running:
+                continue
+            try:
+                deadlines = await self.queue.extend_many([r.lease for r in running], self._visibility)
+            except SchedulerError as exc:
+                log.warning("could not extend leases: %s", exc, extra={"worker_id": self.id})
+                continue
+            lost = [r for r, deadline in zip(running, deadlines, strict=True) if deadline is None]
             if lost:
                 try:
                     await self._give_up(lost)

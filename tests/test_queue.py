@@ -723,3 +723,17 @@ def test_script_header_and_keys(path: Path) -> None:
         assert f"local PRIORITY_MAX = {PRIORITY_MAX}\n" in source
         assert f"local SEQ_SPAN = {SEQ_SPAN}\n" in source
         assert not queue_module._INCLUDE.search(source)
+
+
+async def test_extend_many_keeps_the_live_leases_and_reports_the_lost_ones(redis: aioredis.Redis) -> None:
+    queue = Queue(redis)
+    await queue.enqueue_many([NewItem("a"), NewItem("b")])
+    leases = await queue.dequeue("w", timedelta(seconds=5), 2)
+    assert {lease.id for lease in leases} == {"a", "b"}
+    before = await redis.zscore(queue.keys.processing, leases[1].id)
+    stale = (leases[1].id, "not-the-token")
+    deadlines = await queue.extend_many([leases[0], stale], timedelta(seconds=60))
+    assert deadlines[0] is not None
+    assert deadlines[0] > leases[0].deadline
+    assert deadlines[1] is None
+    assert await redis.zscore(queue.keys.processing, leases[1].id) == before

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -135,10 +135,11 @@ class JobRepository:
             return [], await self._pool.fetchval("SELECT now()")
         return [job_from_row(row) for row in rows], rows[0]["db_now"]
 
-    async def next_due_time(self) -> datetime | None:
-        """The earliest next_run_time of any active job (one index probe)."""
-        value: datetime | None = await self._pool.fetchval(
-            "SELECT min(next_run_time) FROM jobs WHERE status = 'active' AND next_run_time IS NOT NULL"
+    async def time_until_next_due(self) -> timedelta | None:
+        """How long until the earliest active job is due, by the database clock (one index probe);
+        None when no job has a next run."""
+        value: timedelta | None = await self._pool.fetchval(
+            "SELECT min(next_run_time) - now() FROM jobs WHERE status = 'active' AND next_run_time IS NOT NULL"
         )
         return value
 
