@@ -136,6 +136,24 @@ class Cluster:
             await client.aclose()
 
 
+async def stint_of(cluster: Cluster, elector: LeaderElector) -> Stint:
+    """Wait until `elector` leads and its lead() has started, and return that stint.
+
+    is_leader turns true when the term is won, a moment before the task running lead() is scheduled.
+    """
+
+    def started() -> Stint | None:
+        term = elector.term
+        if not elector.is_leader or term is None:
+            return None
+        return next((s for s in cluster.recorder.stints if s.token == term.token), None)
+
+    await eventually(lambda: started() is not None, TTL_S + 2, f"{elector.holder} leads")
+    stint = started()
+    assert stint is not None
+    return stint
+
+
 @pytest.fixture
 async def cluster(redis: aioredis.Redis, redis_url: str, pool: asyncpg.Pool) -> AsyncIterator[Cluster]:
     cluster = Cluster(redis_url, pool)
@@ -305,10 +323,9 @@ async def test_leader_steps_down_within_a_renewal_interval_when_its_lock_is_lost
 ) -> None:
     elector = cluster.add("solo")
     cluster.start(elector)
-    await eventually(lambda: elector.is_leader, TTL_S + 2, "leadership")
+    stint = await stint_of(cluster, elector)
     term = elector.term
     assert term is not None
-    stint = cluster.recorder.stints[-1]
     assert stint.token == term.token
     assert elector.since == term.acquired_at
     lost_at = time.monotonic()
@@ -331,8 +348,7 @@ async def test_leader_steps_down_within_a_renewal_interval_when_its_lock_is_lost
 async def test_leader_steps_down_when_renewal_gets_no_answer(cluster: Cluster, redis: aioredis.Redis) -> None:
     elector = cluster.add("solo")
     cluster.start(elector)
-    await eventually(lambda: elector.is_leader, TTL_S + 2, "leadership")
-    stint = cluster.recorder.stints[-1]
+    stint = await stint_of(cluster, elector)
     # Writes (and so the renewal script) hang server-side: the renewal times out.
     paused_at = time.monotonic()
     await redis.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
@@ -413,9 +429,8 @@ async def test_takeover_after_leader_loses_redis_within_ttl_plus_1s(
         client = aioredis.Redis.from_url(redis_url, username="doomed", password="secret")
         doomed = cluster.add("doomed", client=client)
         cluster.start(doomed)
-        await eventually(lambda: doomed.is_leader, TTL_S + 2, "the doomed elector leads")
+        stint = await stint_of(cluster, doomed)
         cluster.start(cluster.add("survivor"))
-        stint = cluster.recorder.stints[-1]
         cut_at = time.monotonic()
         await redis.execute_command("ACL", "DELUSER", "doomed")
         await eventually(lambda: cluster.recorder.after(stint.token) is not None, TTL_S + 2, "takeover")
