@@ -22,6 +22,7 @@ import enum
 import hashlib
 import logging
 import secrets
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -230,9 +231,13 @@ def hash_token(token: str) -> bytes:
 
 
 def peer_address(peer: str) -> str:
-    """The address part of a gRPC peer string (`ipv4:1.2.3.4:5678` -> `1.2.3.4`), for rate limits."""
+    """The address part of a gRPC peer string (`ipv4:1.2.3.4:5678` -> `1.2.3.4`), for rate limits.
+
+    gRPC percent-encodes an IPv6 peer's brackets (`ipv6:%5B::1%5D:5678`); both spellings give `::1`.
+    """
     kind, _, rest = peer.partition(":")
     if kind in {"ipv4", "ipv6"}:
+        rest = urllib.parse.unquote(rest)
         address = rest.rsplit(":", 1)[0] if ":" in rest else rest
         return address.strip("[]") or "unknown"
     return kind or "unknown"

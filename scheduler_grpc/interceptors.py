@@ -287,10 +287,12 @@ class ErrorInterceptor(_WrappingInterceptor):
 
     Args:
         call_timeout: Longest a unary call may take on the server (streams are not bounded).
+        metrics: Where a call that failed for want of Redis or PostgreSQL is counted.
     """
 
-    def __init__(self, call_timeout: timedelta) -> None:
+    def __init__(self, call_timeout: timedelta, metrics: Metrics) -> None:
         self._call_timeout = call_timeout.total_seconds()
+        self._metrics = metrics
 
     async def around(self, call: CallInfo, invoke: Invoke) -> Any:
         try:
@@ -312,10 +314,11 @@ class ErrorInterceptor(_WrappingInterceptor):
         except Exception as exc:
             await self._abort(call, exc)
 
-    @staticmethod
-    async def _abort(call: CallInfo, exc: Exception) -> None:
+    async def _abort(self, call: CallInfo, exc: Exception) -> None:
         code, message = status_for(exc)
-        if code is grpc.StatusCode.INTERNAL:
+        if code is grpc.StatusCode.UNAVAILABLE:
+            self._metrics.store_error(exc)
+        elif code is grpc.StatusCode.INTERNAL:
             log.error("unexpected error", exc_info=exc, extra={"method": call.method, "principal": call.principal})
         await call.context.abort(code, message)
 

@@ -47,6 +47,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
+from scheduler_grpc import metrics
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.errors import Unavailable
 from scheduler_grpc.keys import LeaderKeys
@@ -330,6 +331,7 @@ class LeaderElector:
                 wait = await self._until_lock_expires()
                 _raise_if_cancelled()
             except (*_REDIS_ERRORS, Unavailable, _TermRefused) as exc:
+                metrics.store_error(exc)
                 log.warning(
                     "leader campaign attempt failed; retrying",
                     extra={"scope": self._scope, "holder": self._holder, "error": repr(exc)},
@@ -520,8 +522,10 @@ class LeaderElector:
                 async with asyncio.timeout(budget):
                     renewed = await self._renew_lock(keys=[self._keys.lock], args=[term.lease_id, self._ttl_ms])
             except TimeoutError:
+                metrics.STORE_ERRORS.labels("redis").inc()
                 return self._ended(term, f"renewal got no answer within {budget * 1000:.0f}ms")
             except (RedisError, OSError) as exc:
+                metrics.STORE_ERRORS.labels("redis").inc()
                 return self._ended(term, f"renewal failed: {exc!r}")
             _raise_if_cancelled()
             if renewed != 1:

@@ -138,13 +138,41 @@ for _store in ("redis", "postgres"):
 BREAKER_VALUES = {"closed": 0, "open": 1, "half_open": 2}
 
 
+_STORE_LIBRARIES: Final = (("redis", "redis"), ("asyncpg", "postgres"))
+
+
+def store_of(exc: BaseException) -> str | None:
+    """Which store `exc` came from: "redis", "postgres", or None for an error of neither.
+
+    The raising library tells them apart. A builtin error (a refused connection, or the
+    TimeoutError of an `asyncio.timeout` around a call) names no library, so the innermost library
+    frame of its traceback does, and then the errors it was raised from or while handling.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        module = type(current).__module__
+        for prefix, store in _STORE_LIBRARIES:
+            if module.startswith(prefix):
+                return store
+        innermost: str | None = None
+        frame = current.__traceback__
+        while frame is not None:
+            name = str(frame.tb_frame.f_globals.get("__name__", ""))
+            innermost = next((store for prefix, store in _STORE_LIBRARIES if name.startswith(prefix)), innermost)
+            frame = frame.tb_next
+        if innermost is not None:
+            return innermost
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def store_error(exc: BaseException) -> None:
-    """Count an error from Redis or PostgreSQL (told apart by the raising library)."""
-    module = type(exc).__module__
-    if module.startswith("redis"):
-        STORE_ERRORS.labels("redis").inc()
-    elif module.startswith("asyncpg") or isinstance(exc, OSError):
-        STORE_ERRORS.labels("postgres").inc()
+    """Count `exc` if Redis or PostgreSQL raised it (see `store_of`); other errors are not counted."""
+    store = store_of(exc)
+    if store is not None:
+        STORE_ERRORS.labels(store).inc()
 
 
 def _split(full_method: str) -> tuple[str, str]:
@@ -179,6 +207,12 @@ class Metrics:
     def backend_up(self, backend: str, up: bool) -> None:
         """Whether `backend` (`redis`, `postgres`) answered its last health check."""
         BACKEND_UP.labels(backend).set(1 if up else 0)
+
+    def store_error(self, exc: BaseException, store: str | None = None) -> None:
+        """A call to `store` (`redis`, `postgres`; by default told from `exc`) failed."""
+        store = store or store_of(exc)
+        if store is not None:
+            STORE_ERRORS.labels(store).inc()
 
     def login_failed(self) -> None:
         """A login attempt failed."""

@@ -148,7 +148,8 @@ class HealthMonitor:
                 await self._redis.ping()
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
+            self._metrics.store_error(exc, "redis")
             return False
         return True
 
@@ -158,7 +159,8 @@ class HealthMonitor:
                 await self._pool.fetchval("SELECT 1")
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
+            self._metrics.store_error(exc, "postgres")
             return False
         return True
 
@@ -253,7 +255,11 @@ async def serve(
             timeout=timeout,
         )
         server = grpc.aio.server(
-            interceptors=[ObserveInterceptor(recorder), ErrorInterceptor(CALL_TIMEOUT), AuthInterceptor(authenticator)],
+            interceptors=[
+                ObserveInterceptor(recorder),
+                ErrorInterceptor(CALL_TIMEOUT, recorder),
+                AuthInterceptor(authenticator),
+            ],
             options=SERVER_OPTIONS,
             maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
         )

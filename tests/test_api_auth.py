@@ -17,7 +17,7 @@ from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2,
 from scheduler_grpc import auth
 from scheduler_grpc.auth import METHOD_ROLES, PUBLIC, Role
 from scheduler_grpc.errors import ConfigError
-from tests.test_api_support import Harness, Metadata, api, bearer  # noqa: F401 - `api` is a fixture
+from tests.test_api_support import ADMIN_PASSWORD, Harness, Metadata, api, bearer  # noqa: F401 - `api` is a fixture
 
 API_MODULES = (auth_pb2, jobs_pb2, executions_pb2, queue_pb2, cluster_pb2)
 
@@ -121,6 +121,21 @@ async def test_failed_logins_share_one_message_and_are_rate_limited(api: Harness
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await api.auth.Login(auth_pb2.LoginRequest(username="admin", password="admin123"))
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_login_failures_are_also_limited_per_peer_address(api: Harness) -> None:  # noqa: F811
+    authenticator = api.server.api.auth
+    # One address spraying usernames: no single username comes near its own limit.
+    for i in range(auth.MAX_FAILURES_PER_PEER):
+        with pytest.raises(auth.Unauthenticated):
+            await authenticator.login(f"user{i}", "guess", "ipv6:%5B2001:db8::7%5D:50000")
+    # The same address from another source port, in either spelling, is the same peer.
+    for peer in ("ipv6:%5B2001:db8::7%5D:50001", "ipv6:[2001:db8::7]:50002"):
+        with pytest.raises(auth.ResourceExhausted):
+            await authenticator.login("admin", ADMIN_PASSWORD, peer)
+    # Another address is not held back by it.
+    session = await authenticator.login("admin", ADMIN_PASSWORD, "ipv4:203.0.113.9:50000")
+    assert session.token.startswith(auth.SESSION_PREFIX)
 
 
 async def test_api_keys_are_shown_once_stored_hashed_and_revocable(api: Harness) -> None:  # noqa: F811

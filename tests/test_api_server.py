@@ -9,6 +9,7 @@ import signal
 import subprocess
 import uuid
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import grpc
@@ -17,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from scheduler_client.v1 import executions_pb2, jobs_pb2
+from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, executions_pb2, jobs_pb2, jobs_pb2_grpc
 
 from scheduler_grpc import metrics
 from scheduler_grpc.connections import redis_client
@@ -27,7 +28,7 @@ from scheduler_grpc.interceptors import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE, s
 from scheduler_grpc.server import serve
 from scheduler_grpc.services import SERVICE_NAMES
 from tests.engine_helpers import Roles, eventually, make_settings
-from tests.test_api_support import FAST_HASHER, Harness, api, running_api  # noqa: F401 - `api` is a fixture
+from tests.test_api_support import ADMIN_PASSWORD, FAST_HASHER, Harness, api, bearer, running_api  # noqa: F401 - `api` is a fixture
 from tests.test_cli import run_cli
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -102,10 +103,13 @@ async def test_health_follows_redis_going_away_and_coming_back(
             assert (await health.Check(health_pb2.HealthCheckRequest())).status == SERVING
             watch = health.Watch(health_pb2.HealthCheckRequest(service="scheduler.v1.JobService"))
             assert (await watch.read()).status == SERVING  # type: ignore[union-attr]
+            redis_errors = metrics.STORE_ERRORS.labels("redis")._value.get()
             await valkey.stop()
             async with asyncio.timeout(15):
                 assert (await watch.read()).status == NOT_SERVING  # type: ignore[union-attr]
             assert (await health.Check(health_pb2.HealthCheckRequest())).status == NOT_SERVING
+            assert metrics.STORE_ERRORS.labels("redis")._value.get() > redis_errors
+            assert metrics.BACKEND_UP.labels("redis")._value.get() == 0
             await valkey.start()
             async with asyncio.timeout(15):
                 assert (await watch.read()).status == SERVING  # type: ignore[union-attr]
@@ -194,6 +198,59 @@ async def test_server_command_serves_health_and_stops_on_sigterm(roles: Roles) -
     server.signal(signal.SIGTERM)
     assert await asyncio.to_thread(server.process.wait, 15) == 0
     assert any('"gRPC server listening"' in line for line in server.log_lines())
+
+
+async def test_a_graceful_stop_finishes_in_flight_calls_and_refuses_new_ones(
+    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = make_settings(redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_SHUTDOWN_GRACE="20s")
+    client = redis_client(redis_url)
+    server = serve(settings, client, pool, hasher=FAST_HASHER)
+    entered, release = asyncio.Event(), asyncio.Event()
+    stopping: asyncio.Task[bool | None] | None = None
+    try:
+        running = await server.__aenter__()
+        jobs = running.api.control.jobs
+        list_page = jobs.list_page
+
+        async def held_list_page(**kwargs: Any) -> Any:
+            entered.set()
+            await release.wait()
+            return await list_page(**kwargs)
+
+        monkeypatch.setattr(jobs, "list_page", held_list_page)
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            login = await auth_pb2_grpc.AuthServiceStub(channel).Login(
+                auth_pb2.LoginRequest(username="admin", password=ADMIN_PASSWORD)
+            )
+            stub, token = jobs_pb2_grpc.JobServiceStub(channel), bearer(login.token)
+
+            async def list_jobs() -> jobs_pb2.ListJobsResponse:
+                return await stub.ListJobs(jobs_pb2.ListJobsRequest(), metadata=token)
+
+            in_flight = asyncio.create_task(list_jobs())
+            async with asyncio.timeout(10):
+                await entered.wait()
+            stopping = asyncio.create_task(server.__aexit__(None, None, None))
+
+            async def refused() -> bool:
+                try:
+                    await stub.GetJob(jobs_pb2.GetJobRequest(id=str(uuid.uuid4())), metadata=token, timeout=2)
+                except grpc.aio.AioRpcError as exc:
+                    return exc.code() == grpc.StatusCode.UNAVAILABLE
+                return False
+
+            await eventually(refused, within=10, interval=0.05)
+            assert not in_flight.done()
+            release.set()
+            async with asyncio.timeout(10):
+                assert list((await in_flight).jobs) == []
+                await stopping
+    finally:
+        release.set()
+        if stopping is None:
+            await server.__aexit__(None, None, None)
+        await client.aclose()
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import asyncpg
@@ -13,7 +13,9 @@ import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_grpc import metrics
+from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
+from scheduler_grpc.embedded import free_port
 from scheduler_grpc.jobs import JobSpec, RetryPolicy, ScheduleKind
 from scheduler_grpc.queue import Queue
 from tests.conftest import ROOT
@@ -122,3 +124,40 @@ async def test_engine_metrics_move_when_their_events_happen(
     engine_metrics = {name for name in documented() if not name.startswith(server_only)}
     missing = {name for name in engine_metrics if not any(s.startswith(name.removesuffix("_total")) for s in scraped)}
     assert not missing, missing
+
+
+async def failure(call: Callable[[], Awaitable[object]], *, within: float = 0.2) -> BaseException:
+    """The error `call` fails with (a timeout past `within` seconds counts as one)."""
+    try:
+        async with asyncio.timeout(within):
+            await call()
+    except Exception as exc:
+        return exc
+    raise AssertionError("the call did not fail")
+
+
+async def test_store_errors_are_counted_by_the_store_that_failed(redis: aioredis.Redis, pool: asyncpg.Pool) -> None:
+    closed_port = free_port()
+    refused_redis = redis_client(f"redis://127.0.0.1:{closed_port}", connect_timeout=timedelta(seconds=1))
+    try:
+        redis_refused = await failure(refused_redis.ping, within=10)
+    finally:
+        await refused_redis.aclose()
+    # Builtin errors that name no library: a refused connection and our own timeouts.
+    postgres_refused = await failure(lambda: asyncpg.connect(host="127.0.0.1", port=closed_port), within=10)
+    redis_timeout = await failure(lambda: redis.blpop(["nothing-here"], timeout=0))
+    postgres_timeout = await failure(lambda: pool.fetchval("SELECT pg_sleep(5)"))
+    assert isinstance(postgres_refused, OSError)
+    assert isinstance(redis_timeout, TimeoutError)
+    assert isinstance(postgres_timeout, TimeoutError)
+    unrelated = [ValueError("bad input"), await failure(lambda: asyncio.sleep(5))]
+
+    def counted() -> dict[str, float]:
+        return {store: metrics.STORE_ERRORS.labels(store)._value.get() for store in ("redis", "postgres")}
+
+    before = counted()
+    for exc in (redis_refused, redis_timeout, postgres_refused, postgres_timeout, *unrelated):
+        metrics.store_error(exc)
+    after = counted()
+    assert (after["redis"] - before["redis"], after["postgres"] - before["postgres"]) == (2, 2)
+    assert [metrics.store_of(exc) for exc in unrelated] == [None, None]
