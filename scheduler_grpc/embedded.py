@@ -18,7 +18,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler_grpc.errors import ConfigError
+from scheduler_grpc.processes import die_with_parent
 
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
@@ -39,34 +39,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-# Runs in the child before the server: ask the kernel for `sig` when the parent dies, then become
-# the server. A tiny exec'd launcher instead of a preexec_fn: preexec_fn runs Python code between
-# fork and exec, which is unsafe once the parent has threads (gRPC's), and crashed there.
-_LAUNCHER = (
-    "import ctypes, os, sys\n"
-    "ctypes.CDLL(None).prctl(1, int(sys.argv[1]), 0, 0, 0)\n"
-    "if os.getppid() != int(sys.argv[2]):\n"
-    "    sys.exit(1)  # the parent died before the request took effect\n"
-    "os.execv(sys.argv[3], sys.argv[3:])\n"
-)
-
-
-def die_with_parent(sig: signal.Signals, argv: list[str]) -> list[str]:
-    """`argv` wrapped so that the kernel sends `sig` to the process when its parent dies.
-
-    util-linux's `setpriv --pdeathsig` where present (it also works after a switch to another user,
-    who may not be able to run our Python); otherwise a tiny Python launcher.
-
-    Args:
-        sig: The signal (SIGTERM for most servers, SIGINT for PostgreSQL's fast shutdown).
-        argv: The command; argv[0] must be a path.
-    """
-    setpriv = shutil.which("setpriv")
-    if setpriv:
-        return [setpriv, f"--pdeathsig={sig.name.removeprefix('SIG')}", "--", *argv]
-    return [sys.executable, "-c", _LAUNCHER, str(int(sig)), str(os.getpid()), *argv]
 
 
 def _port_open(port: int) -> bool:

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
-from scheduler_grpc.embedded import die_with_parent, embedded_servers
+from scheduler_grpc.embedded import embedded_servers
 from scheduler_grpc.errors import ConfigError
+from scheduler_grpc.processes import die_with_parent
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -34,6 +35,15 @@ def every_second(name: str, handler: str = "test.echo", **fields: object) -> Job
 
 def manual(name: str, handler: str, payload: dict[str, object] | None = None, **fields: object) -> JobSpec:
     return JobSpec(name=name, handler=handler, payload=payload or {}, **fields)  # type: ignore[arg-type]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting for its reaper is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 async def statuses(pool: asyncpg.Pool, job_id: str) -> list[tuple[int, str]]:
@@ -175,6 +185,34 @@ async def test_handler_past_its_timeout_is_timed_out_and_leaves_no_orphan(
         return child_gone()
 
     await eventually(gone, within=3)
+
+
+async def test_kill_9_of_a_worker_takes_its_shell_command_with_it(
+    roles: Roles, control: Control, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    worker = roles.start("worker", SCHEDULER_SHELL_ENABLED="true")
+    pid_file = tmp_path / "command.pid"
+    # A command that would outlive its worker: it ignores SIGTERM and SIGHUP and runs a minute.
+    program = (
+        "import os, signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    )
+    job = await control.create_job(manual("long", "shell.command", {"argv": [sys.executable, "-c", program]}))
+    await control.trigger_job(job.id)
+
+    async def command_pid() -> int | None:
+        text = await asyncio.to_thread(lambda: pid_file.read_text() if pid_file.exists() else "")
+        return int(text) if text else None
+
+    pid = await eventually(command_pid, within=15)
+    assert process_alive(pid)
+    worker.signal(signal.SIGKILL)
+
+    async def gone() -> bool:
+        return not process_alive(pid)
+
+    await eventually(gone, within=5)
 
 
 async def test_poison_job_gets_exactly_max_retries_plus_one_attempts_then_the_dlq(

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import time
 from collections.abc import Awaitable, Mapping
@@ -24,6 +25,7 @@ from scheduler_grpc.handlers.base import (
     get_str_map,
     payload_error,
 )
+from scheduler_grpc.processes import die_with_parent
 
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
@@ -44,7 +46,9 @@ class ShellHandler(Handler):
     The environment is scrubbed to `INHERITED_ENV` plus the job's `env`. On cancellation or
     timeout the whole group gets SIGTERM, then SIGKILL after `TERM_GRACE_SECONDS`; members left
     behind by a command that exited are killed the same way. Output is captured bounded (the last
-    4 KiB of stdout and stderr).
+    4 KiB of stdout and stderr). Should the worker die without clean-up (SIGKILL, the OOM killer),
+    the kernel kills the program it started (PR_SET_PDEATHSIG): a run the leader recovers and hands
+    to another worker is not left running twice. The program's own children escape that signal.
     """
 
     name: ClassVar[str] = "shell.command"
@@ -119,10 +123,15 @@ class ShellHandler(Handler):
             raise HandlerError(f"cwd {cwd!r} is not an existing directory on this worker")
         timeout: float | None = payload.get("timeout_seconds")
         env = scrubbed_env(payload.get("env", {}))
+        # Looked up here, not by the exec: the wrapper below would turn a missing program into an
+        # exit status instead of this clear error.
+        program = await asyncio.to_thread(_program, argv[0], cwd, env["PATH"])
+        if program is None:
+            raise HandlerError(f"cannot start {argv[0]!r}: no such program (PATH={env['PATH']})")
         started = time.perf_counter()
         # The spawn is shielded: a cancel landing while it completes must still find (and kill)
         # the process group it started.
-        spawn = asyncio.ensure_future(_spawn(argv, cwd, env))
+        spawn = asyncio.ensure_future(_spawn(die_with_parent(signal.SIGKILL, [program, *argv[1:]]), cwd, env))
         try:
             child = await asyncio.shield(spawn)
         except asyncio.CancelledError:
@@ -259,6 +268,14 @@ class _Child:
         for task in pending:
             task.cancel()
         await asyncio.gather(*self.readers, return_exceptions=True)
+
+
+def _program(name: str, cwd: str | None, path: str) -> str | None:
+    """The executable file `name` runs: found on `path`, or a path itself (relative to `cwd`)."""
+    if os.sep not in name:
+        return shutil.which(name, path=path)
+    candidate = os.path.join(cwd or os.getcwd(), name)  # an absolute `name` stays as it is
+    return candidate if os.path.isfile(candidate) and os.access(candidate, os.X_OK) else None
 
 
 async def _spawn(argv: list[str], cwd: str | None, env: dict[str, str]) -> _Child:
