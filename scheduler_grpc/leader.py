@@ -521,11 +521,11 @@ class LeaderElector:
             try:
                 async with asyncio.timeout(budget):
                     renewed = await self._renew_lock(keys=[self._keys.lock], args=[term.lease_id, self._ttl_ms])
-            except TimeoutError:
-                metrics.STORE_ERRORS.labels("redis").inc()
+            except TimeoutError as exc:
+                metrics.store_error(exc, "redis")
                 return self._ended(term, f"renewal got no answer within {budget * 1000:.0f}ms")
             except (RedisError, OSError) as exc:
-                metrics.STORE_ERRORS.labels("redis").inc()
+                metrics.store_error(exc, "redis")
                 return self._ended(term, f"renewal failed: {exc!r}")
             _raise_if_cancelled()
             if renewed != 1:

@@ -168,9 +168,10 @@ def store_of(exc: BaseException) -> str | None:
     return None
 
 
-def store_error(exc: BaseException) -> None:
-    """Count `exc` if Redis or PostgreSQL raised it (see `store_of`); other errors are not counted."""
-    store = store_of(exc)
+def store_error(exc: BaseException, store: str | None = None) -> None:
+    """Count a failed call to `store` (`redis`, `postgres`), by default the one `exc` came from
+    (see `store_of`); an error of neither is not counted."""
+    store = store or store_of(exc)
     if store is not None:
         STORE_ERRORS.labels(store).inc()
 
@@ -210,9 +211,7 @@ class Metrics:
 
     def store_error(self, exc: BaseException, store: str | None = None) -> None:
         """A call to `store` (`redis`, `postgres`; by default told from `exc`) failed."""
-        store = store or store_of(exc)
-        if store is not None:
-            STORE_ERRORS.labels(store).inc()
+        store_error(exc, store)
 
     def login_failed(self) -> None:
         """A login attempt failed."""
