@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final
@@ -142,31 +142,23 @@ class HealthMonitor:
         self._metrics = metrics_
         self.serving: bool | None = None
 
-    async def _redis_up(self) -> bool:
+    async def _answers(self, store: str, ping: Callable[[], Awaitable[object]]) -> bool:
+        """Whether `ping` of `store` succeeds within HEALTH_TIMEOUT (a failure is a store error)."""
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT.total_seconds()):
-                await self._redis.ping()
+                await ping()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._metrics.store_error(exc, "redis")
-            return False
-        return True
-
-    async def _postgres_up(self) -> bool:
-        try:
-            async with asyncio.timeout(HEALTH_TIMEOUT.total_seconds()):
-                await self._pool.fetchval("SELECT 1")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._metrics.store_error(exc, "postgres")
+            self._metrics.store_error(exc, store)
             return False
         return True
 
     async def check(self) -> bool:
         """Ping both once and publish the result; returns whether the server is serving."""
-        redis_up, postgres_up = await asyncio.gather(self._redis_up(), self._postgres_up())
+        redis_up, postgres_up = await asyncio.gather(
+            self._answers("redis", self._redis.ping), self._answers("postgres", lambda: self._pool.fetchval("SELECT 1"))
+        )
         self._metrics.backend_up("redis", redis_up)
         self._metrics.backend_up("postgres", postgres_up)
         serving = redis_up and postgres_up
