@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 import orjson
 from redis.asyncio import Redis
 
@@ -121,7 +120,8 @@ class Worker:
 
     Args:
         redis: Client for the queue, events and heartbeats.
-        pool: PostgreSQL pool (claims and completions).
+        executions: The execution history in PostgreSQL (claims, completions, cancel requests); the
+            worker needs nothing else from PostgreSQL, so a test can hand it a wrapped repository.
         registry: The handlers this worker can run.
         settings: Process settings (visibility timeout, grace, breakers, ...).
         worker_id: Unique id of this worker process (default host:pid:random).
@@ -130,7 +130,7 @@ class Worker:
     def __init__(
         self,
         redis: Redis,
-        pool: asyncpg.Pool,
+        executions: ExecutionRepository,
         registry: HandlerRegistry,
         settings: Settings,
         *,
@@ -144,7 +144,7 @@ class Worker:
         self._handler_settings = HandlerSettings.from_settings(settings)
         self.concurrency = concurrency or settings.worker_concurrency
         self._visibility = settings.visibility_timeout
-        self._executions = ExecutionRepository(pool)
+        self._executions = executions
         self.queue = Queue(redis, settings.queue, call_timeout=settings.connect_timeout)
         self.breakers = Breakers(
             BreakerPolicy(
@@ -537,7 +537,8 @@ async def run_worker(settings: Settings, args: argparse.Namespace, stop: asyncio
     async with connect(settings) as conns, metrics.serve(settings.metrics_host, port):
         registry = default_registry(HandlerSettings.from_settings(settings))
         try:
-            worker = Worker(conns.redis, conns.pool, registry, settings, concurrency=args.concurrency)
+            executions = ExecutionRepository(conns.pool)
+            worker = Worker(conns.redis, executions, registry, settings, concurrency=args.concurrency)
             metrics.WORKER_SLOTS.labels("total").set(worker.concurrency)
             metrics.WORKER_SLOTS.labels("busy").set(0)
             await worker.run(stop)
