@@ -1,5 +1,7 @@
 """Circuit breakers per handler and per webhook host (aiobreaker, with a rolling failure window).
 
+A process keeps at most `MAX_BREAKERS` of them (least recently used first out).
+
 aiobreaker counts *consecutive* failures. We want "open at >= 50 % failures over the last >= 5
 calls", so the breaker's state storage (its documented extension point) keeps a rolling window of
 outcomes and reports the trip condition through the counter aiobreaker checks. Half-open after the
@@ -12,7 +14,7 @@ open time as delay, without spending an attempt.
 from __future__ import annotations
 
 import enum
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -189,22 +191,37 @@ class Breaker:
         return result
 
 
+MAX_BREAKERS = 1000
+"""Breakers one process keeps (webhook breakers are per host, so their number is the user's)."""
+
+
 class Breakers:
-    """All breakers of one worker process, created on first use."""
+    """The breakers of one worker process, created on first use, at most `max_breakers` of them.
+
+    Beyond the bound the least recently used breaker is forgotten: a host not called for that long
+    starts again closed, which costs at most `min_calls` failing calls before it opens again.
+    """
 
     def __init__(
         self,
         policy: BreakerPolicy | None = None,
         on_change: Callable[[str, BreakerState, BreakerState], None] | None = None,
+        *,
+        max_breakers: int = MAX_BREAKERS,
     ) -> None:
         self.policy = policy or BreakerPolicy()
         self._on_change = on_change or (lambda key, old, new: None)
-        self._breakers: dict[str, Breaker] = {}
+        self._breakers: OrderedDict[str, Breaker] = OrderedDict()
+        self._max = max(1, max_breakers)
 
     def get(self, key: str) -> Breaker:
         breaker = self._breakers.get(key)
         if breaker is None:
             breaker = self._breakers[key] = Breaker(key, self.policy, self._on_change)
+            while len(self._breakers) > self._max:
+                self._breakers.popitem(last=False)
+        else:
+            self._breakers.move_to_end(key)
         return breaker
 
     def blocked_for(self, key: str) -> timedelta:

@@ -16,6 +16,7 @@ from scheduler_grpc import events
 from scheduler_grpc.db.executions import ExecutionRepository, Queued
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution
+from scheduler_grpc.handlers import breaker_key
 from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.queue import NewItem, Queue
 
@@ -40,10 +41,12 @@ class Queues:
 
 
 def queue_item(run: Queued, now: datetime) -> NewItem:
-    """The queue item of a run: its id, its priority, its handler (for breaker checks before a claim),
+    """The queue item of a run: its id, its priority, its breaker key as data (the handler's name, or
+    `http.webhook:<host>`: a worker leaves work of an open breaker in the queue without claiming it),
     and a delay if it is not due yet (a retry's backoff, a future one-shot)."""
     delay = run.due_at - now if run.due_at > now else None
-    return NewItem(run.run_id, run.priority, run.handler, delay if delay and delay > timedelta(0) else None)
+    key = run.breaker_key or breaker_key(run.handler, run.payload)
+    return NewItem(run.run_id, run.priority, key, delay if delay and delay > timedelta(0) else None)
 
 
 async def enqueue_runs(queues: Queues, runs: Sequence[Queued], now: datetime | None = None) -> int:

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
+from scheduler_grpc import resend
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, SchedulerError, Unavailable
 from scheduler_grpc.keys import EventKeys
 
@@ -93,7 +94,8 @@ class ExecutionEvent:
         )
 
 
-_ADD_SOURCE = (Path(__file__).resolve().parent / "lua" / "events_add.lua").read_text(encoding="utf-8")
+# Under the resend guard: a publish resent by the client's auto-retry must not append twice.
+_ADD_SOURCE = resend.guarded((Path(__file__).resolve().parent / "lua" / "events_add.lua").read_text(encoding="utf-8"))
 _add_script: AsyncScript | None = None
 
 
@@ -106,7 +108,11 @@ async def publish(redis: Redis, events: Iterable[ExecutionEvent]) -> list[str]:
     if _add_script is None:
         _add_script = redis.register_script(_ADD_SOURCE)  # EVALSHA, loaded on NOSCRIPT; any client
     async with asyncio.timeout(5.0):
-        ids = await _add_script(keys=[_KEYS.stream], args=[STREAM_MAX_LENGTH, *encoded], client=redis)
+        ids = await _add_script(
+            keys=[_KEYS.stream, _KEYS.request(resend.request_id())],
+            args=[STREAM_MAX_LENGTH, *encoded, resend.remember_ms()],
+            client=redis,
+        )
     return [_text(entry_id) for entry_id in ids]
 
 

@@ -2,7 +2,8 @@
 
 A *run* travels through the Redis queue as one item whose id is the run id (the id of its first
 attempt). Each attempt is its own row: a failure with retry budget left, or a worker lost mid-job,
-finishes the row and adds the next attempt; history is never rewritten.
+finishes the row and adds the next attempt; so does an attempt its worker hands back on a graceful
+shutdown (`interrupted`, which spends no retry budget): history is never rewritten.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class ExecutionStatus(enum.StrEnum):
     CANCELLED = "cancelled"
     DEAD = "dead"  # the run's last attempt: retry budget or stall limit spent; parked in the DLQ
     ABANDONED = "abandoned"  # its worker was lost (lease expired); the run goes on in a new attempt
+    INTERRUPTED = "interrupted"  # its worker stopped it (graceful shutdown); a new attempt, no budget spent
     SKIPPED = "skipped"  # not run: the concurrency policy forbade overlapping the previous run
     MISSED = "missed"  # not run: the misfire policy dropped a slot missed while no leader ran
 

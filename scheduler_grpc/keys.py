@@ -27,12 +27,16 @@ class QueueKeys:
         seq: STRING counter giving FIFO order within a priority.
         lease_seq: STRING counter giving lease tokens.
         marker: ZSET with one member; set when work becomes ready, blocking-popped by idle workers.
+        request(id): STRING, the remembered reply of one script call (see `resend`), short-lived.
     """
 
     name: str
 
     def _key(self, suffix: str) -> str:
         return f"{{q:{self.name}}}:{suffix}"
+
+    def request(self, request_id: str) -> str:
+        return self._key(f"request:{request_id}")
 
     @property
     def ready(self) -> str:
@@ -111,6 +115,10 @@ class EventKeys:
     @property
     def stream(self) -> str:
         return "{events}:executions"
+
+    def request(self, request_id: str) -> str:
+        """STRING, the remembered reply of one publish call (see `resend`), short-lived."""
+        return f"{{events}}:request:{request_id}"
 
 
 @dataclass(frozen=True)

@@ -63,11 +63,19 @@ DEAD_LETTERED = Counter(
     "scheduler_dead_lettered_total", "Runs parked in the dead-letter queue, by reason.", ["reason"], registry=REGISTRY
 )
 WORKER_SLOTS = Gauge("scheduler_worker_slots", "Worker slots, busy and total.", ["state"], registry=REGISTRY)
+# Labelled by handler, not by breaker: webhook breakers are per target host, and a host is not a
+# bounded label. A handler's state is the worst of its breakers (open > half-open > closed).
 BREAKER_STATE = Gauge(
-    "scheduler_breaker_state", "Circuit breaker state: 0 closed, 1 open, 2 half-open.", ["breaker"], registry=REGISTRY
+    "scheduler_breaker_state",
+    "Worst circuit breaker state of a handler (webhooks: over their hosts): 0 closed, 1 open, 2 half-open.",
+    ["handler"],
+    registry=REGISTRY,
 )
 BREAKER_TRANSITIONS = Counter(
-    "scheduler_breaker_transitions_total", "Circuit breaker state changes.", ["breaker", "to"], registry=REGISTRY
+    "scheduler_breaker_transitions_total",
+    "Circuit breaker state changes, by handler.",
+    ["handler", "to"],
+    registry=REGISTRY,
 )
 
 # -- leader loops (scheduler) -----------------------------------------------------------------------

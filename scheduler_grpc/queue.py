@@ -46,6 +46,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from scheduler_grpc import resend
 from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
 from scheduler_grpc.keys import QueueKeys
 
@@ -197,14 +198,21 @@ def _lua_source(name: str) -> str:
 
 
 class _Op:
-    """One Lua script with the keys it is always called with."""
+    """One Lua script with the keys it is always called with.
 
-    __slots__ = ("key_names", "keys", "name", "script")
+    `once`: the script is not idempotent, so it runs under the resend guard (see `resend`): each
+    call gets a request key, and a resend by the client's auto-retry returns the first reply.
+    """
 
-    def __init__(self, client: Redis, name: str, key_names: Sequence[str], keys: Sequence[str]) -> None:
+    __slots__ = ("key_names", "keys", "name", "once", "script")
+
+    def __init__(
+        self, client: Redis, name: str, key_names: Sequence[str], keys: Sequence[str], *, once: bool = False
+    ) -> None:
         self.name = name
         self.key_names = list(key_names)
-        source = _lua_source(name)
+        self.once = once
+        source = resend.guarded(_lua_source(name)) if once else _lua_source(name)
         # register_script calls EVALSHA and loads the source only on NOSCRIPT (first use, or after
         # SCRIPT FLUSH / a restart), so the script text crosses the wire once per server.
         self.script: AsyncScript = client.register_script(source)
@@ -261,21 +269,26 @@ class Queue:
         self.name = name
         self.keys = k = QueueKeys(name)
 
-        def op(script: str, key_names: str) -> _Op:
+        def op(script: str, key_names: str, *, once: bool = False) -> _Op:
             # Key names in the order of the script's KEYS (its header lists the same; a test checks).
-            return _Op(redis, script, key_names.split(), [getattr(k, key) for key in key_names.split()])
+            return _Op(redis, script, key_names.split(), [getattr(k, key) for key in key_names.split()], once=once)
 
         self._enqueue = op("enqueue", "ready delayed priority data seq marker")
-        self._dequeue = op("dequeue", "ready processing priority data deliveries lease owner lease_seq marker")
+        # once=True: not safe to run twice (see `resend`); the others are.
+        self._dequeue = op(
+            "dequeue", "ready processing priority data deliveries lease owner lease_seq marker", once=True
+        )
         self._ack = op("ack", "processing priority data deliveries lease owner")
         self._nack = op("nack", "processing ready delayed priority deliveries lease owner seq marker")
         self._extend = op("extend", "processing lease")
-        self._recover = op("recover", "processing ready dead priority deliveries lease owner dead_reason seq marker")
+        self._recover = op(
+            "recover", "processing ready dead priority deliveries lease owner dead_reason seq marker", once=True
+        )
         self._promote = op("promote", "delayed ready priority seq marker")
         self._dead_letter = op("dead_letter", "processing ready delayed dead lease owner dead_reason")
         self._list_dead = op("list_dead", "dead priority data deliveries dead_reason")
-        self._requeue_dead = op("requeue_dead", "dead ready priority deliveries dead_reason seq marker")
-        self._purge_dead = op("purge_dead", "dead priority data deliveries lease owner dead_reason")
+        self._requeue_dead = op("requeue_dead", "dead ready priority deliveries dead_reason seq marker", once=True)
+        self._purge_dead = op("purge_dead", "dead priority data deliveries lease owner dead_reason", once=True)
         self._remove = op("remove", "ready delayed priority data deliveries")
         self._states = op("states", "ready processing delayed dead")
         self._rearm = op("rearm", "ready marker")
@@ -283,7 +296,10 @@ class Queue:
     # -- plumbing -------------------------------------------------------------------------------
 
     async def _run(self, op: _Op, args: Sequence[Any]) -> Any:
-        """Run one script under the call timeout."""
+        """Run one script under the call timeout (a guarded one with a fresh request key)."""
+        if op.once:
+            keys = [*op.keys, self.keys.request(resend.request_id())]
+            return await self._bounded(op.script(keys=keys, args=[*args, resend.remember_ms()]))
         return await self._bounded(op.script(keys=op.keys, args=args))
 
     async def _bounded(self, call: Awaitable[Any]) -> Any:

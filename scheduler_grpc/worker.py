@@ -13,7 +13,17 @@ One pass of a run through a worker:
    (ack / nack with backoff / dead-letter) and events are published.
 
 On SIGTERM: stop taking work, let running jobs finish within the grace period, then cancel the rest
-and hand their runs straight back to the queue (not after the visibility timeout).
+and hand their runs straight back to the queue (not after the visibility timeout), each recorded
+`interrupted` with the next attempt `queued`.
+
+Faults. Every loop (fetch, complete, extend, heartbeat, cancel listener and poll) survives any store
+error (Redis or PostgreSQL unreachable, or answering an error such as READONLY, BUSY or OOM): it
+counts it, logs it once per `STORE_ERROR_LOG_EVERY` (not a traceback per iteration), backs off and
+retries. Only a bug ends the role (the exception propagates; `run_worker` logs its traceback and the
+process exits non-zero). Outcomes whose recording fails are kept, with their leases extended, and
+written again (bounded by `COMPLETION_RETRY_FOR`) so a PostgreSQL blip does not run a batch twice.
+A cancel request is persisted in PostgreSQL; pub/sub only makes it fast, a poll of the worker's
+running attempts (`CANCEL_POLL_INTERVAL`) makes it certain.
 """
 
 from __future__ import annotations
@@ -22,14 +32,15 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from redis.asyncio import Redis
@@ -39,7 +50,7 @@ from scheduler_grpc.breakers import BreakerOpen, BreakerPolicy, Breakers, Breake
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Claim, Completed, ExecutionRepository, Outcome
-from scheduler_grpc.errors import SchedulerError
+from scheduler_grpc.errors import SchedulerError, Unavailable
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.handlers import (
@@ -49,6 +60,7 @@ from scheduler_grpc.handlers import (
     HandlerSettings,
     PermanentHandlerError,
     default_registry,
+    handler_of_breaker_key,
 )
 from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.queue import Lease, Queue
@@ -60,6 +72,12 @@ HEARTBEAT_INTERVAL = timedelta(seconds=5)
 HEARTBEAT_TTL = timedelta(seconds=30)
 FETCH_WAIT = timedelta(seconds=2)
 COMPLETION_BATCH = 500
+STORE_ERROR_LOG_EVERY = 30.0  # seconds between two log lines about the same failing loop
+STORE_BACKOFF_MAX = 5.0  # seconds: the longest pause of a loop retrying a failing store
+COMPLETION_RETRY_FOR = timedelta(minutes=2)  # then the leases are let go: the runs run again elsewhere
+CANCEL_POLL_INTERVAL = timedelta(seconds=1)
+T = TypeVar("T")
+_BREAKER_SEVERITY = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 _WORKER_KEYS = WorkerKeys()
 _EVENT_OF = {
     ExecutionStatus.SUCCEEDED: EventType.SUCCEEDED,
@@ -113,6 +131,45 @@ class _Maintenance:
     async def trim_dead_letters(self, older_than: datetime) -> int:
         age = max(datetime.now(UTC) - older_than, timedelta(0))
         return len(await self._queue.purge_dead(None, older_than=age))
+
+
+def is_store_error(exc: BaseException) -> bool:
+    """Whether `exc` is a store failing (unreachable, timing out, or answering an error), which a
+    loop rides out, rather than a bug, which ends the role."""
+    return isinstance(exc, (Unavailable, OSError, TimeoutError)) or metrics.store_of(exc) is not None
+
+
+class _StoreTrouble:
+    """The store errors of one loop: each counted, logged at most once per `every` seconds (with how
+    many were not), and answered with an exponential backoff that resets on success."""
+
+    def __init__(self, what: str, worker_id: str, every: float = STORE_ERROR_LOG_EVERY) -> None:
+        self._what = what
+        self._worker_id = worker_id
+        self._every = every
+        self._last_log = -math.inf
+        self._unlogged = 0
+        self._delay = 0.0
+
+    def failed(self, exc: BaseException) -> float:
+        """Record a failure; returns how long to back off."""
+        metrics.store_error(exc)
+        now = time.monotonic()
+        if now - self._last_log >= self._every:
+            log.warning(
+                "%s failed, retrying with backoff: %r", self._what, exc,
+                extra={"worker_id": self._worker_id, "errors_not_logged": self._unlogged},
+            )  # fmt: skip
+            self._last_log, self._unlogged = now, 0
+        else:
+            self._unlogged += 1
+        self._delay = min(max(self._delay * 2, 0.1), STORE_BACKOFF_MAX)
+        return self._delay
+
+    def recovered(self) -> None:
+        if self._delay:
+            log.info("%s works again", self._what, extra={"worker_id": self._worker_id})
+        self._delay, self._last_log, self._unlogged = 0.0, -math.inf, 0
 
 
 class Worker:
@@ -178,13 +235,14 @@ class Worker:
             extender = group.create_task(self._extend_loop(), name="extend-leases")
             beater = group.create_task(self._heartbeat_loop(), name="heartbeat")
             canceller = group.create_task(self._cancel_listener(), name="cancel-listener")
+            poller = group.create_task(self._cancel_poll_loop(), name="cancel-poll")
             await stop.wait()
             log.info("worker stopping: no new work", extra={"worker_id": self.id, "active": self.active})
             fetcher.cancel()
             await asyncio.wait([fetcher])
             await self._drain(self._settings.shutdown_grace)
             await self._finished.join()
-            for task in (completer, extender, beater, canceller):
+            for task in (completer, extender, beater, canceller, poller):
                 task.cancel()
         await self._unregister()
         log.info("worker stopped", extra={"worker_id": self.id})
@@ -203,11 +261,19 @@ class Worker:
             await self._hand_back([r for r in unfinished if r.task is not None and r.task.cancelled()])
 
     async def _hand_back(self, runs: Sequence[_Running]) -> None:
-        """Interrupted attempts go back to `queued` and their items straight back to ready."""
+        """Interrupted attempts are recorded `interrupted`, their runs get a `queued` next attempt,
+        and their items go straight back to ready (not after the visibility timeout)."""
         if not runs:
             return
-        await self._executions.release([(r.claim.execution_id, r.lease.token) for r in runs])
-        await self.queue.nack_many([r.lease for r in runs], count_delivery=False)
+        try:
+            await self._executions.release([(r.claim.execution_id, r.lease.token) for r in runs])
+            await self.queue.nack_many([r.lease for r in runs], count_delivery=False)
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            # Not lost: the leases expire, the leader recovers the items, a claim restarts the runs.
+            metrics.store_error(exc)
+            log.warning("could not hand back unfinished runs: %r", exc, extra={"worker_id": self.id})
         for running in runs:
             self._running.pop(running.lease.id, None)
         log.warning("handed back unfinished runs", extra={"worker_id": self.id, "runs": len(runs)})
@@ -215,6 +281,7 @@ class Worker:
     # -- taking work -------------------------------------------------------------------------------
 
     async def _fetch_loop(self) -> None:
+        trouble = _StoreTrouble("taking work", self.id)
         while True:
             free = self.concurrency - len(self._running)
             if free <= 0:
@@ -225,12 +292,13 @@ class Worker:
                 leases = await self.queue.dequeue_blocking(self.id, self._visibility, free, FETCH_WAIT)
                 if leases:
                     await self._take(leases)
+                trouble.recovered()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # Redis or PostgreSQL unavailable: the leases expire, nothing is lost
-                metrics.store_error(exc)
-                log.warning("cannot take work: %r", exc, extra={"worker_id": self.id})
-                await asyncio.sleep(1)
+            except Exception as exc:  # Redis or PostgreSQL failing: the leases expire, nothing is lost
+                if not is_store_error(exc):
+                    raise
+                await asyncio.sleep(trouble.failed(exc))
 
     async def _take(self, leases: list[Lease]) -> None:
         deferred: dict[timedelta, list[Lease]] = {}
@@ -286,12 +354,23 @@ class Worker:
             breaker = self.breakers.get(handler.breaker_key(claim.payload))
             outcome = await breaker.call(lambda: self._attempt(claim, lease, handler), _failed)
         except BreakerOpen as exc:
-            # Not a failure and not an attempt: back to `queued`, back to the queue after the wait.
-            await self._executions.release([(claim.execution_id, lease.token)])
-            await self.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
-            self._running.pop(lease.id, None)
-            self._slot_free.set()
+            # Rare since the item carries its breaker key (checked before the claim): the breaker
+            # opened between that check and this call. Not a failure and no retry spent: recorded
+            # `interrupted`, the next attempt due (and the item back in the queue) after the wait.
             self.stats.breaker_deferred += 1
+            try:
+                await self._executions.release(
+                    [(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after
+                )
+                await self.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
+            except Exception as error:
+                if not is_store_error(error):
+                    raise
+                metrics.store_error(error)  # the lease expires; the leader recovers the item
+                log.warning("could not defer a run: %r", error, extra={"worker_id": self.id})
+            finally:
+                self._running.pop(lease.id, None)
+                self._slot_free.set()
             return
         except SchedulerError as exc:  # unknown handler (plugin removed): a permanent failure
             outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc))
@@ -344,8 +423,9 @@ class Worker:
             metrics.EXECUTION_DURATION.labels(claim.handler).observe(time.perf_counter() - began)
         if status is ExecutionStatus.SUCCEEDED:
             return Outcome(claim.execution_id, lease.token, status, result=result)
-        if claim.retry.allows_retry_after(claim.attempt):
-            backoff = claim.retry.backoff(claim.attempt)
+        # Interrupted attempts (a worker's graceful stop) spend no retry budget.
+        if claim.retry.allows_retry_after(claim.budget_attempt):
+            backoff = claim.retry.backoff(claim.budget_attempt)
             return Outcome(claim.execution_id, lease.token, status, error=error, retry_after=backoff)
         spent = f"{error} (retry budget of {claim.retry.max_retries} spent)"
         return Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=spent)
@@ -362,9 +442,11 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                # The leases expire and the leader recovers the runs; nothing is lost.
-                metrics.store_error(exc)
-                log.exception("could not record outcomes", extra={"worker_id": self.id, "count": len(batch)})
+                if not is_store_error(exc):
+                    raise
+                # Retried for COMPLETION_RETRY_FOR: let the leases go; the leader recovers the runs.
+                log.warning("could not record outcomes, giving up: %r", exc,
+                            extra={"worker_id": self.id, "count": len(batch)})  # fmt: skip
             finally:
                 for finished in batch:
                     self._running.pop(finished.lease.id, None)
@@ -372,9 +454,33 @@ class Worker:
                 metrics.WORKER_SLOTS.labels("busy").set(len(self._running))
                 self._slot_free.set()
 
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]], until: float) -> T:
+        """`call()` until it succeeds, backing off on store errors until the monotonic `until`.
+
+        The batch stays in `_running` meanwhile, so its leases keep being extended.
+        """
+        trouble = _StoreTrouble(what, self.id)
+        while True:
+            try:
+                result = await call()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not is_store_error(exc) or time.monotonic() >= until:
+                    raise
+                await asyncio.sleep(trouble.failed(exc))
+            else:
+                trouble.recovered()
+                return result
+
     async def _complete(self, batch: list[_Finished]) -> None:
-        completed = {c.execution_id: c for c in await self._executions.complete([f.outcome for f in batch])}
+        until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
+        outcomes = [f.outcome for f in batch]
+        recorded = await self._retrying("recording outcomes", lambda: self._executions.complete(outcomes), until)
+        completed = {c.execution_id: c for c in recorded}
         acks: list[Lease] = []
+        retries: list[_Finished] = []
+        deaths: list[_Finished] = []
         event_list: list[ExecutionEvent] = []
         for finished in batch:
             done: Completed | None = completed.get(finished.outcome.execution_id)
@@ -393,23 +499,34 @@ class Worker:
             metrics.EXECUTIONS.labels(outcome.status.value, finished.handler).inc()
             event_list.append(self._event(_EVENT_OF[outcome.status], claim, error=outcome.error or ""))
             if outcome.retry_after is not None:
-                # The delivery is given back: only stalls count towards the stall limit.
-                await self.queue.nack(lease.id, lease.token, outcome.retry_after, count_delivery=False)
+                retries.append(finished)
                 metrics.RETRIES.labels(finished.handler).inc()
-                retry_id = done.retry_execution_id or ""
-                event_list.append(
-                    self._event(EventType.RETRYING, claim, execution_id=retry_id, attempt=claim.attempt + 1)
-                )
+                if done.retry_execution_id is not None:
+                    event_list.append(
+                        self._event(EventType.RETRYING, claim, execution_id=done.retry_execution_id,
+                                    attempt=claim.attempt + 1)
+                    )  # fmt: skip
             elif outcome.status is ExecutionStatus.DEAD:
-                await self.queue.dead_letter(lease.id, lease.token, outcome.error or "dead")
+                deaths.append(finished)
                 reason = "retries_exhausted" if outcome.error and "retry budget" in outcome.error else "permanent"
                 metrics.DEAD_LETTERED.labels(reason).inc()
             else:
                 acks.append(lease)
-        if acks:
-            await self.queue.ack_many(acks)
+
+        async def tell_queue() -> None:
+            # Each step is safe to repeat: a lease already acted on answers "lost" and changes nothing.
+            for finished in retries:
+                # The delivery is given back: only stalls count towards the stall limit.
+                lease, delay = finished.lease, finished.outcome.retry_after
+                await self.queue.nack(lease.id, lease.token, delay or timedelta(0), count_delivery=False)
+            for finished in deaths:
+                await self.queue.dead_letter(finished.lease.id, finished.lease.token, finished.outcome.error or "dead")
+            if acks:
+                await self.queue.ack_many(acks)
+
+        await self._retrying("finishing queue items", tell_queue, until)
         if event_list:
-            await events.publish(self._redis, event_list)
+            await self._retrying("publishing events", lambda: events.publish(self._redis, event_list), until)
 
     def _event(
         self, kind: EventType, claim: Claim, *, execution_id: str = "", attempt: int = 0, error: str = ""
@@ -429,24 +546,26 @@ class Worker:
 
     async def _extend_loop(self) -> None:
         interval = self._visibility.total_seconds() / 3
+        trouble = _StoreTrouble("extending leases", self.id)
+        pause = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(pause)
+            pause = interval
             running = list(self._running.values())
             if not running:
                 continue
             try:
                 deadlines = await self.queue.extend_many([r.lease for r in running], self._visibility)
-            except SchedulerError as exc:
-                log.warning("could not extend leases: %s", exc, extra={"worker_id": self.id})
-                continue
-            lost = [r for r, deadline in zip(running, deadlines, strict=True) if deadline is None]
-            if lost:
-                try:
+                lost = [r for r, deadline in zip(running, deadlines, strict=True) if deadline is None]
+                if lost:
                     await self._give_up(lost)
-                except asyncio.CancelledError:
+                trouble.recovered()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # READONLY, BUSY, OOM, unreachable: try again soon, never die of it
+                if not is_store_error(exc):
                     raise
-                except Exception:
-                    log.exception("could not abandon lost attempts", extra={"worker_id": self.id})
+                pause = min(trouble.failed(exc), interval)
 
     async def _give_up(self, lost: list[_Running]) -> None:
         """Our leases are gone (recovered elsewhere, or Redis lost them): stop, and let the run go on
@@ -464,11 +583,17 @@ class Worker:
         log.warning("leases lost; attempts abandoned", extra={"worker_id": self.id, "runs": len(cancelled)})
 
     async def _cancel_listener(self) -> None:
-        """Cancel runs on request (CancelExecution, the `replace` concurrency policy)."""
+        """Cancel runs on request (CancelExecution, the `replace` concurrency policy): the fast path.
+
+        A message missed (sent before the task registered, or while reconnecting) is still honoured
+        by `_cancel_poll_loop`, which reads the persisted request.
+        """
+        trouble = _StoreTrouble("cancel channel", self.id)
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(_WORKER_KEYS.cancel)
+                trouble.recovered()
                 while True:
                     message = await pubsub.get_message(timeout=5.0)
                     if message is not None:
@@ -476,11 +601,39 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis restarting: subscribe again
-                log.warning("cancel channel lost: %r", exc, extra={"worker_id": self.id})
-                await asyncio.sleep(1)
+                if not is_store_error(exc):
+                    raise
+                await asyncio.sleep(trouble.failed(exc))
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _cancel_poll_loop(self) -> None:
+        """Every CANCEL_POLL_INTERVAL, one query: which of our running attempts have a cancel request."""
+        trouble = _StoreTrouble("polling cancel requests", self.id)
+        pause = CANCEL_POLL_INTERVAL.total_seconds()
+        while True:
+            await asyncio.sleep(pause)
+            pause = CANCEL_POLL_INTERVAL.total_seconds()
+            by_execution = {
+                r.claim.execution_id: run_id
+                for run_id, r in self._running.items()
+                if r.task is not None and not r.task.done() and run_id not in self._cancel_requested
+            }
+            if not by_execution:
+                continue
+            try:
+                requested = await self._executions.cancel_requested(list(by_execution))
+                trouble.recovered()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not is_store_error(exc):
+                    raise
+                pause = max(pause, trouble.failed(exc))
+                continue
+            for execution_id in requested:
+                self._cancel_on_request(by_execution[execution_id])
 
     def _cancel_on_request(self, data: bytes | str) -> None:
         run_id = data.decode() if isinstance(data, bytes) else str(data)
@@ -491,13 +644,17 @@ class Worker:
             running.task.cancel()
 
     async def _heartbeat_loop(self) -> None:
+        trouble = _StoreTrouble("heartbeat", self.id)
         while True:
             try:
                 await self._beat()
+                trouble.recovered()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("heartbeat failed: %s", exc, extra={"worker_id": self.id})
+                if not is_store_error(exc):
+                    raise
+                trouble.failed(exc)
             await asyncio.sleep(HEARTBEAT_INTERVAL.total_seconds())
 
     async def _beat(self) -> None:
@@ -521,8 +678,15 @@ class Worker:
             await self._redis.zrem(_WORKER_KEYS.index, self.id)
 
     def _breaker_changed(self, key: str, old: BreakerState, new: BreakerState) -> None:
-        metrics.BREAKER_STATE.labels(key).set(metrics.BREAKER_VALUES[new.value])
-        metrics.BREAKER_TRANSITIONS.labels(key, new.value).inc()
+        # Metrics by handler: a webhook host is not a bounded label. The handler shows its worst breaker.
+        handler = handler_of_breaker_key(key)
+        states = [new] + [
+            state for other, state in self.breakers.states().items()
+            if other != key and handler_of_breaker_key(other) == handler
+        ]  # fmt: skip
+        worst = max(states, key=_BREAKER_SEVERITY.__getitem__)
+        metrics.BREAKER_STATE.labels(handler).set(metrics.BREAKER_VALUES[worst.value])
+        metrics.BREAKER_TRANSITIONS.labels(handler, new.value).inc()
         level = logging.WARNING if new is BreakerState.OPEN else logging.INFO
         log.log(level, "circuit breaker %s: %s -> %s", key, old, new, extra={"breaker": key, "worker_id": self.id})
 
@@ -542,6 +706,10 @@ async def run_worker(settings: Settings, args: argparse.Namespace, stop: asyncio
             metrics.WORKER_SLOTS.labels("total").set(worker.concurrency)
             metrics.WORKER_SLOTS.labels("busy").set(0)
             await worker.run(stop)
+        except Exception:
+            # Store errors never get here (every loop rides them out): this is a bug.
+            log.exception("worker failed")
+            raise
         finally:
             await registry.aclose()
     return 0

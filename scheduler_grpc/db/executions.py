@@ -25,6 +25,26 @@ _COLUMNS = """e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.status, e.
 
 MAX_PAGE_SIZE = 1000
 LOST_WORKER_ERROR = "worker lost: its lease expired before the attempt finished"
+INTERRUPTED_ERROR = "interrupted: its worker stopped; the run goes on in a new attempt"
+CANCELLED_ERROR = "cancelled"
+
+# The job definition a run carries from the moment it is fired (migration 0002): the claim reads
+# these from the execution row, so editing a job never changes a run already fired.
+_SNAPSHOT = ("handler", "payload", "queue", "timeout", "max_retries", "initial_backoff", "max_backoff", "retry_jitter")
+
+
+def _snapshot(alias: str) -> str:
+    """`alias.handler, alias.payload, ...`: the snapshot columns of a row or of the jobs row."""
+    return ", ".join(f"{alias}.{column}" for column in _SNAPSHOT)
+
+
+def _snapshot_of_run(alias: str) -> str:
+    """The snapshot of an execution row `alias`, falling back to its job `j` for rows written before
+    the snapshot existed (columns named as in `_SNAPSHOT`)."""
+    return ", ".join(f"coalesce({alias}.{column}, j.{column}) AS {column}" for column in _SNAPSHOT)
+
+
+_SNAPSHOT_COLUMNS = ", ".join(_SNAPSHOT)
 
 
 def execution_from_row(row: asyncpg.Record) -> Execution:
@@ -78,6 +98,14 @@ class Queued:
     handler: str
     queue: str
     breaker_key: str = ""
+    payload: dict[str, Any] | None = None  # the run's snapshot, for its breaker key (dispatch.queue_item)
+
+
+def _queued(row: asyncpg.Record) -> Queued:
+    return Queued(
+        str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"], row["queue"],
+        payload=row["payload"],
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -97,6 +125,12 @@ class Claim:
     retry: RetryPolicy
     queue: str
     due_at: datetime | None = None
+    interrupted: int = 0  # earlier attempts of the run that were interrupted (they spend no retry budget)
+
+    @property
+    def budget_attempt(self) -> int:
+        """This attempt's number as the retry budget counts it: interrupted attempts excluded."""
+        return self.attempt - self.interrupted
 
 
 @dataclass(frozen=True)
@@ -160,7 +194,7 @@ class ExecutionRepository:
         """
         ids = [uuid.uuid4() for _ in slots]
         rows = await self._pool.fetch(
-            """
+            f"""
             WITH fence AS (
                 SELECT term FROM leader_state WHERE scope = $1 AND term = $2 FOR SHARE
             ), advanced AS (
@@ -168,9 +202,9 @@ class ExecutionRepository:
                 FROM unnest($3::uuid[], $4::timestamptz[], $5::timestamptz[]) AS a(job_id, old_next, new_next)
                 WHERE j.id = a.job_id AND j.next_run_time = a.old_next AND j.status = 'active'
                   AND EXISTS (SELECT 1 FROM fence)
-                RETURNING j.id, j.priority, j.concurrency_policy, j.handler, j.queue
+                RETURNING j.id, j.priority, j.concurrency_policy, {_snapshot("j")}
             ), planned AS (
-                SELECT p.*, a.priority, a.handler, a.queue,
+                SELECT p.*, a.priority, {_snapshot("a")},
                        CASE WHEN p.status = 'queued' AND a.concurrency_policy = 'forbid' AND EXISTS (
                                 SELECT 1 FROM job_executions o
                                 WHERE o.job_id = p.job_id AND o.status IN ('queued', 'running'))
@@ -180,15 +214,15 @@ class ExecutionRepository:
                 JOIN advanced a ON a.id = p.job_id
             ), inserted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                            priority, term, finished_at)
+                                            priority, term, finished_at, {_SNAPSHOT_COLUMNS})
                 SELECT id, id, job_id, scheduled_for, 1, final_status, 'schedule', due_at, priority, $2,
-                       CASE WHEN final_status = 'queued' THEN NULL ELSE now() END
+                       CASE WHEN final_status = 'queued' THEN NULL ELSE now() END, {_SNAPSHOT_COLUMNS}
                 FROM planned
                 ON CONFLICT DO NOTHING
                 RETURNING id, job_id, status, priority, due_at
             )
             SELECT (SELECT count(*) FROM fence) AS fenced_in, i.id, i.job_id, i.status, i.priority, i.due_at,
-                   p.handler, p.queue
+                   p.handler, p.queue, p.payload
             FROM (SELECT 1) AS one
             LEFT JOIN inserted i ON true
             LEFT JOIN planned p ON p.id = i.id
@@ -207,10 +241,11 @@ class ExecutionRepository:
         if not rows or rows[0]["fenced_in"] == 0:
             raise Fenced(f"leader term {term} is no longer current")
         return [
-            Queued(str(row["id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"], row["queue"])
+            Queued(str(row["id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"], row["queue"],
+                   payload=row["payload"])
             for row in rows
             if row["id"] is not None and row["status"] == ExecutionStatus.QUEUED
-        ]
+        ]  # fmt: skip
 
     async def trigger(
         self,
@@ -224,15 +259,15 @@ class ExecutionRepository:
         """Create runs outside the schedule (manual trigger, backfill), idempotent per slot / request_id."""
         ids = [uuid.uuid4() for _ in slots]
         rows = await self._pool.fetch(
-            """
-            WITH job AS (SELECT id, priority, handler, queue FROM jobs WHERE id = $1)
+            f"""
+            WITH job AS (SELECT id, priority, {_SNAPSHOT_COLUMNS} FROM jobs WHERE id = $1)
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                        priority, request_id)
-            SELECT s.id, s.id, job.id, s.slot, 1, 'queued', $2, coalesce($5, now()), job.priority, $4
+                                        priority, request_id, {_SNAPSHOT_COLUMNS})
+            SELECT s.id, s.id, job.id, s.slot, 1, 'queued', $2, coalesce($5, now()), job.priority, $4,
+                   {_snapshot("job")}
             FROM job, unnest($3::uuid[], $6::timestamptz[]) AS s(id, slot)
             ON CONFLICT DO NOTHING
-            RETURNING id, job_id, priority, due_at,
-                      (SELECT handler FROM job) AS handler, (SELECT queue FROM job) AS queue
+            RETURNING id AS run_id, job_id, priority, due_at, handler, queue, payload
             """,
             uuid.UUID(job_id),
             trigger.value,
@@ -241,10 +276,7 @@ class ExecutionRepository:
             due_at,
             list(slots),
         )
-        return [
-            Queued(str(row["id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"], row["queue"])
-            for row in rows
-        ]
+        return [_queued(row) for row in rows]
 
     async def claim(self, items: Sequence[tuple[str, str]], worker_id: str) -> list[Claim]:
         """Claim the current attempt of each run `(run_id, lease_token)` for `worker_id`.
@@ -256,17 +288,22 @@ class ExecutionRepository:
         * `running` under another token (its worker lost the lease) or `abandoned` -> that attempt
           is recorded `abandoned` and a new attempt starts `running` under this token;
         * `running` under this token -> returned again (a repeated claim is harmless);
-        * finished, or no row (job deleted) -> nothing: the caller acks the item away.
+        * finished, or no row (job deleted) -> nothing: the caller acks the item away;
+        * `running` under another token with a cancel requested -> recorded `cancelled`, nothing
+          restarts: the cancel request outlives the worker that was to honour it.
+
+        What to run comes from the run's own snapshot of its job (see migration 0002), not from the
+        job as it is now.
         """
         if not items:
             return []
         rows = await self._pool.fetch(
-            """
+            f"""
             WITH items AS (
                 SELECT * FROM unnest($1::uuid[], $2::text[]) AS i(run_id, token)
             ), latest AS (
                 SELECT x.id, x.run_id, x.job_id, x.scheduled_for, x.attempt, x.status, x.claim_token,
-                       x.priority, x.started_at, x.due_at, i.token
+                       x.priority, x.started_at, x.due_at, x.cancel_requested_at, i.token, {_snapshot("x")}
                 FROM items i CROSS JOIN LATERAL (
                     SELECT * FROM job_executions e WHERE e.run_id = i.run_id
                     ORDER BY e.attempt DESC LIMIT 1 FOR UPDATE
@@ -275,27 +312,34 @@ class ExecutionRepository:
                 UPDATE job_executions e SET status = 'running', claim_token = l.token, worker_id = $3,
                        started_at = now()
                 FROM latest l WHERE e.id = l.id AND l.status = 'queued'
-                RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at
+                RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at,
+                          {_snapshot("e")}
             ), abandoned AS (
-                UPDATE job_executions e SET status = 'abandoned', finished_at = now(), error = $4
+                UPDATE job_executions e
+                SET status = CASE WHEN l.cancel_requested_at IS NULL THEN 'abandoned' ELSE 'cancelled' END,
+                    finished_at = now(), error = CASE WHEN l.cancel_requested_at IS NULL THEN $4 ELSE $5 END
                 FROM latest l WHERE e.id = l.id AND l.status = 'running' AND l.claim_token <> l.token
                 RETURNING e.id
             ), restarted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
-                                            claim_token, worker_id, started_at)
+                                            claim_token, worker_id, started_at, {_SNAPSHOT_COLUMNS})
                 SELECT gen_random_uuid(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'running', 'retry',
-                       l.priority, l.token, $3, now()
+                       l.priority, l.token, $3, now(), {_snapshot("l")}
                 FROM latest l
-                WHERE l.status = 'abandoned' OR (l.status = 'running' AND l.claim_token <> l.token)
-                RETURNING id, run_id, job_id, scheduled_for, attempt, started_at, due_at
+                WHERE l.status = 'abandoned'
+                   OR (l.status = 'running' AND l.claim_token <> l.token AND l.cancel_requested_at IS NULL)
+                RETURNING id, run_id, job_id, scheduled_for, attempt, started_at, due_at, {_SNAPSHOT_COLUMNS}
             ), claimed AS (
                 SELECT * FROM started
                 UNION ALL SELECT * FROM restarted
-                UNION ALL SELECT l.id, l.run_id, l.job_id, l.scheduled_for, l.attempt, l.started_at, l.due_at
+                UNION ALL SELECT l.id, l.run_id, l.job_id, l.scheduled_for, l.attempt, l.started_at, l.due_at,
+                                 {_snapshot("l")}
                           FROM latest l WHERE l.status = 'running' AND l.claim_token = l.token
             )
-            SELECT c.id, c.run_id, c.job_id, c.scheduled_for, c.attempt, c.started_at, c.due_at, j.name, j.handler,
-                   j.payload, j.timeout, j.max_retries, j.initial_backoff, j.max_backoff, j.retry_jitter, j.queue,
+            SELECT c.id, c.run_id, c.job_id, c.scheduled_for, c.attempt, c.started_at, c.due_at, j.name,
+                   {_snapshot_of_run("c")},
+                   (SELECT count(*) FROM job_executions p
+                    WHERE p.run_id = c.run_id AND p.status = 'interrupted') AS interrupted,
                    (SELECT count(*) FROM abandoned) AS abandoned
             FROM claimed c JOIN jobs j ON j.id = c.job_id
             """,
@@ -303,6 +347,7 @@ class ExecutionRepository:
             [token for _, token in items],
             worker_id,
             LOST_WORKER_ERROR,
+            CANCELLED_ERROR,
         )
         return [
             Claim(
@@ -319,6 +364,7 @@ class ExecutionRepository:
                 retry=RetryPolicy(row["max_retries"], row["initial_backoff"], row["max_backoff"], row["retry_jitter"]),
                 queue=row["queue"],
                 due_at=row["due_at"],
+                interrupted=row["interrupted"],
             )
             for row in rows
         ]
@@ -332,7 +378,7 @@ class ExecutionRepository:
         if not outcomes:
             return []
         rows = await self._pool.fetch(
-            """
+            f"""
             WITH r AS (
                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::interval[])
                     AS r(id, token, status, error, result, retry_after)
@@ -340,13 +386,15 @@ class ExecutionRepository:
                 UPDATE job_executions e SET status = r.status, finished_at = now(), error = r.error,
                        result = r.result::jsonb
                 FROM r WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
-                RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, r.retry_after
+                RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, r.retry_after,
+                          e.cancel_requested_at, {_snapshot("e")}
             ), retried AS (
+                -- A run whose cancel was requested meanwhile is not retried: the cancel wins.
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                            priority)
+                                            priority, {_SNAPSHOT_COLUMNS})
                 SELECT gen_random_uuid(), d.run_id, d.job_id, d.scheduled_for, d.attempt + 1, 'queued', 'retry',
-                       now() + d.retry_after, d.priority
-                FROM done d WHERE d.retry_after IS NOT NULL
+                       now() + d.retry_after, d.priority, {_snapshot("d")}
+                FROM done d WHERE d.retry_after IS NOT NULL AND d.cancel_requested_at IS NULL
                 ON CONFLICT DO NOTHING
                 RETURNING id, run_id
             )
@@ -372,22 +420,67 @@ class ExecutionRepository:
             for row in rows
         ]
 
-    async def release(self, items: Sequence[tuple[str, str]]) -> int:
-        """Hand claimed, unstarted-or-interrupted attempts back: `running` -> `queued` under their token.
+    async def release(
+        self,
+        items: Sequence[tuple[str, str]],
+        *,
+        reason: str = INTERRUPTED_ERROR,
+        delay: timedelta = timedelta(0),
+    ) -> int:
+        """Hand claimed attempts `(execution_id, claim_token)` back without an outcome of their own.
 
-        Used on graceful shutdown so the run goes straight back to the queue without a new attempt.
+        Each still `running` under its token is recorded `interrupted` (history is never rewritten:
+        its worker, start and end stay on the row) and its run gets the next attempt, `queued`, due
+        after `delay`, with the same snapshot. An interruption is not the handler's failure: it
+        spends no retry budget (`Claim.budget_attempt`). A run whose cancel was requested is
+        recorded `cancelled` instead, with no next attempt.
+
+        Used on graceful shutdown (attempts the grace period did not let finish) and when a
+        claimed run's breaker turns out to be open.
+
+        Returns:
+            How many attempts were handed back.
         """
         if not items:
             return 0
-        result = await self._pool.execute(
-            """UPDATE job_executions e SET status = 'queued', claim_token = NULL, worker_id = NULL,
-                      started_at = NULL
-               FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
-               WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'""",
+        rows = await self._pool.fetch(
+            f"""
+            WITH gone AS (
+                UPDATE job_executions e
+                SET status = CASE WHEN e.cancel_requested_at IS NULL THEN 'interrupted' ELSE 'cancelled' END,
+                    finished_at = now(), error = CASE WHEN e.cancel_requested_at IS NULL THEN $3 ELSE $5 END
+                FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
+                WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
+                RETURNING e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, {_snapshot("e")}
+            ), next AS (
+                INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
+                                            priority, {_SNAPSHOT_COLUMNS})
+                SELECT gen_random_uuid(), g.run_id, g.job_id, g.scheduled_for, g.attempt + 1, 'queued', 'retry',
+                       now() + $4::interval, g.priority, {_snapshot("g")}
+                FROM gone g WHERE g.status = 'interrupted'
+                ON CONFLICT DO NOTHING
+                RETURNING id
+            )
+            SELECT (SELECT count(*) FROM gone) AS released
+            """,
             _ids([execution_id for execution_id, _ in items]),
             [token for _, token in items],
+            reason[:8000],
+            delay,
+            CANCELLED_ERROR,
         )
-        return int(result.split()[-1])
+        return int(rows[0]["released"])
+
+    async def cancel_requested(self, execution_ids: Sequence[str]) -> list[str]:
+        """Which of these attempts are still `running` with a cancel requested (the worker's poll)."""
+        if not execution_ids:
+            return []
+        rows = await self._pool.fetch(
+            """SELECT id FROM job_executions
+               WHERE id = ANY($1::uuid[]) AND cancel_requested_at IS NOT NULL AND status = 'running'""",
+            _ids(execution_ids),
+        )
+        return [str(row["id"]) for row in rows]
 
     async def abandon(self, items: Sequence[tuple[str, str]]) -> int:
         """A worker that lost its lease gives up attempts `(execution_id, claim_token)`.
@@ -399,22 +492,27 @@ class ExecutionRepository:
         if not items:
             return 0
         rows = await self._pool.fetch(
-            """
+            f"""
             WITH gone AS (
-                UPDATE job_executions e SET status = 'abandoned', finished_at = now(), error = $3
+                UPDATE job_executions e
+                SET status = CASE WHEN e.cancel_requested_at IS NULL THEN 'abandoned' ELSE 'cancelled' END,
+                    finished_at = now(), error = CASE WHEN e.cancel_requested_at IS NULL THEN $3 ELSE $4 END
                 FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
                 WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
-                RETURNING e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority
+                RETURNING e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, {_snapshot("e")}
             )
-            INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority)
-            SELECT gen_random_uuid(), run_id, job_id, scheduled_for, attempt + 1, 'queued', 'retry', priority
-            FROM gone
+            INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
+                                        {_SNAPSHOT_COLUMNS})
+            SELECT gen_random_uuid(), g.run_id, g.job_id, g.scheduled_for, g.attempt + 1, 'queued', 'retry',
+                   g.priority, {_snapshot("g")}
+            FROM gone g WHERE g.status = 'abandoned'
             ON CONFLICT DO NOTHING
             RETURNING id
             """,
             _ids([execution_id for execution_id, _ in items]),
             [token for _, token in items],
             LOST_WORKER_ERROR,
+            CANCELLED_ERROR,
         )
         return len(rows)
 
@@ -437,6 +535,11 @@ class ExecutionRepository:
             ), cancelled AS (
                 UPDATE job_executions e SET status = 'cancelled', finished_at = now(), error = 'cancelled'
                 FROM latest WHERE e.id = latest.id AND latest.status = 'queued'
+                RETURNING e.id
+            ), requested AS (
+                -- Persisted, so a worker that missed the pub/sub message still finds it (its poll, a claim).
+                UPDATE job_executions e SET cancel_requested_at = coalesce(e.cancel_requested_at, now())
+                FROM latest WHERE e.id = latest.id AND latest.status = 'running'
                 RETURNING e.id
             )
             SELECT {_COLUMNS}, (e.id IN (SELECT id FROM cancelled)) AS cancelled_now
@@ -489,26 +592,23 @@ class ExecutionRepository:
         if not run_ids:
             return []
         rows = await self._pool.fetch(
-            """
+            f"""
             WITH latest AS (
                 SELECT x.* FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL (
                     SELECT * FROM job_executions e WHERE e.run_id = r.run_id
                     ORDER BY attempt DESC LIMIT 1) x
                 WHERE x.status IN ('dead', 'failed', 'timed_out', 'abandoned', 'cancelled')
             )
-            INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority)
+            INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
+                                        {_SNAPSHOT_COLUMNS})
             SELECT gen_random_uuid(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'queued', 'dlq_requeue',
-                   l.priority
-            FROM latest l
-            RETURNING run_id, job_id, priority, due_at,
-                      (SELECT handler FROM jobs WHERE id = job_id), (SELECT queue FROM jobs WHERE id = job_id)
+                   l.priority, {_snapshot_of_run("l")}
+            FROM latest l JOIN jobs j ON j.id = l.job_id
+            RETURNING run_id, job_id, priority, due_at, handler, queue, payload
             """,
             _ids(run_ids),
         )
-        return [
-            Queued(str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row[4], row[5])
-            for row in rows
-        ]
+        return [_queued(row) for row in rows]
 
     async def open_runs(self, *, older_than: timedelta, after_run_id: str | None, limit: int) -> list[Queued]:
         """Runs whose latest attempt is `queued` (created more than `older_than` ago), by run id.
@@ -517,7 +617,8 @@ class ExecutionRepository:
         """
         rows = await self._pool.fetch(
             """
-            SELECT e.run_id, e.job_id, e.priority, e.due_at, j.handler, j.queue
+            SELECT e.run_id, e.job_id, e.priority, e.due_at, coalesce(e.handler, j.handler) AS handler,
+                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.status = 'queued' AND e.created_at < now() - $1::interval
               AND ($2::uuid IS NULL OR e.run_id > $2)
@@ -527,27 +628,22 @@ class ExecutionRepository:
             uuid.UUID(after_run_id) if after_run_id else None,
             limit,
         )
-        return [
-            Queued(str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"], row["queue"])
-            for row in rows
-        ]
+        return [_queued(row) for row in rows]
 
     async def stale_running_runs(self, *, grace: timedelta, limit: int) -> list[Queued]:
         """Runs `running` for longer than their job's timeout plus `grace`: their worker is gone."""
         rows = await self._pool.fetch(
             """
-            SELECT e.run_id, e.job_id, e.priority, e.due_at, j.handler, j.queue
+            SELECT e.run_id, e.job_id, e.priority, e.due_at, coalesce(e.handler, j.handler) AS handler,
+                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
-            WHERE e.status = 'running' AND e.started_at < now() - j.timeout - $1::interval
+            WHERE e.status = 'running' AND e.started_at < now() - coalesce(e.timeout, j.timeout) - $1::interval
             ORDER BY e.started_at LIMIT $2
             """,
             grace,
             limit,
         )
-        return [
-            Queued(str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"], row["queue"])
-            for row in rows
-        ]
+        return [_queued(row) for row in rows]
 
     async def get(self, execution_id: str) -> Execution:
         try:

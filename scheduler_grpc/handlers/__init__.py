@@ -6,7 +6,8 @@ Built-ins: `http.webhook`, `shell.command` (admins, off by default), `system.cle
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from scheduler_grpc.handlers.base import (
     ENTRY_POINT_GROUP,
@@ -26,7 +27,7 @@ from scheduler_grpc.handlers.base import (
 from scheduler_grpc.handlers.shell import ShellHandler
 from scheduler_grpc.handlers.system import CleanupHandler
 from scheduler_grpc.handlers.testing import CrashHandler, DelayHandler, EchoHandler, FailHandler, LogHandler
-from scheduler_grpc.handlers.webhook import WebhookHandler
+from scheduler_grpc.handlers.webhook import WebhookHandler, webhook_breaker_key
 
 BUILTIN_HANDLERS: tuple[type[Handler], ...] = (
     WebhookHandler,
@@ -65,6 +66,24 @@ def default_registry(
     return registry
 
 
+def breaker_key(handler: str, payload: Mapping[str, Any] | None) -> str:
+    """The circuit breaker a run of `handler` with `payload` counts against, without a registry.
+
+    A pure function (the queue item carries it from enqueue time, see `dispatch.queue_item`): the
+    handler's name, or `http.webhook:<host>` per webhook target. A plugin that keys its breakers
+    otherwise is checked by its name before the claim and by its own key when it runs.
+    """
+    if handler == WebhookHandler.name and payload is not None:
+        return webhook_breaker_key(payload)
+    return handler
+
+
+def handler_of_breaker_key(key: str) -> str:
+    """The handler name inside a breaker key (`http.webhook:host` -> `http.webhook`); handler names
+    have no ':'."""
+    return key.split(":", 1)[0]
+
+
 __all__ = [
     "BUILTIN_HANDLERS",
     "ENTRY_POINT_GROUP",
@@ -87,7 +106,9 @@ __all__ = [
     "PermanentHandlerError",
     "ShellHandler",
     "WebhookHandler",
+    "breaker_key",
     "builtin_handlers",
     "default_registry",
+    "handler_of_breaker_key",
     "load_plugins",
 ]

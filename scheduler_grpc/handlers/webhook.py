@@ -142,18 +142,8 @@ class WebhookHandler(Handler):
         return result
 
     def breaker_key(self, payload: Mapping[str, Any]) -> str:
-        """`http.webhook:<host>`: one breaker per target host."""
-        try:
-            host = URL(str(payload["url"])).raw_host
-        except (KeyError, ValueError, TypeError):
-            return self.name
-        if not host:
-            return self.name
-        try:
-            literal = parse_literal_host(host)
-        except ValueError:
-            literal = None
-        return f"{self.name}:{literal if literal is not None else host.lower()}"
+        """`http.webhook:<host>`: one breaker per target host (see `webhook_breaker_key`)."""
+        return webhook_breaker_key(payload)
 
     # -- execution ----------------------------------------------------------------------------
 
@@ -301,3 +291,23 @@ async def _read_prefix(stream: aiohttp.StreamReader, limit: int) -> bytes:
             break
         buffer += chunk
     return bytes(buffer)
+
+
+def webhook_breaker_key(payload: Mapping[str, Any]) -> str:
+    """`http.webhook:<host>` for a payload's target host (`http.webhook` without a usable URL).
+
+    A pure function of the payload, so the queue item can carry it from enqueue time and a worker
+    can leave an open host's work in the queue without claiming it.
+    """
+    name = WebhookHandler.name
+    try:
+        host = URL(str(payload["url"])).raw_host
+    except (KeyError, ValueError, TypeError):
+        return name
+    if not host:
+        return name
+    try:
+        literal = parse_literal_host(host)
+    except ValueError:
+        literal = None
+    return f"{name}:{literal if literal is not None else host.lower()}"

@@ -24,6 +24,7 @@ from scheduler_grpc.db.api_keys import ApiKeyRecord
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
+from scheduler_grpc.handlers import handler_of_breaker_key
 from scheduler_grpc.jobs import (
     ConcurrencyPolicy,
     Job,
@@ -202,6 +203,7 @@ _EXECUTION_STATE = {
     ExecutionStatus.CANCELLED: executions_pb2.EXECUTION_STATE_CANCELLED,
     ExecutionStatus.DEAD: executions_pb2.EXECUTION_STATE_DEAD,
     ExecutionStatus.ABANDONED: executions_pb2.EXECUTION_STATE_ABANDONED,
+    ExecutionStatus.INTERRUPTED: executions_pb2.EXECUTION_STATE_INTERRUPTED,
     ExecutionStatus.SKIPPED: executions_pb2.EXECUTION_STATE_SKIPPED,
     ExecutionStatus.MISSED: executions_pb2.EXECUTION_STATE_MISSED,
 }
@@ -453,13 +455,14 @@ def api_key_to_proto(record: ApiKeyRecord) -> auth_pb2.ApiKey:
 
 
 def dead_letter(item: DeadItem) -> queue_pb2.DeadLetter:
-    # The queue item's data is the run's handler name (see dispatch.queue_item).
+    # The queue item's data is the run's breaker key, which starts with its handler's name (see
+    # dispatch.queue_item).
     return queue_pb2.DeadLetter(
         run_id=item.id,
         reason=item.reason,
         dead_time=timestamp(item.parked_at),
         priority=item.priority,
-        handler=item.data.decode(errors="replace"),
+        handler=handler_of_breaker_key(item.data.decode(errors="replace")),
     )
 
 

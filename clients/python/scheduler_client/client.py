@@ -75,6 +75,7 @@ FINAL_STATES = frozenset(
         executions_pb2.EXECUTION_STATE_CANCELLED,
         executions_pb2.EXECUTION_STATE_DEAD,
         executions_pb2.EXECUTION_STATE_ABANDONED,
+        executions_pb2.EXECUTION_STATE_INTERRUPTED,
         executions_pb2.EXECUTION_STATE_SKIPPED,
         executions_pb2.EXECUTION_STATE_MISSED,
     }

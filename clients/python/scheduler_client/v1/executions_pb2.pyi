@@ -24,6 +24,7 @@ class ExecutionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXECUTION_STATE_ABANDONED: _ClassVar[ExecutionState]
     EXECUTION_STATE_SKIPPED: _ClassVar[ExecutionState]
     EXECUTION_STATE_MISSED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_INTERRUPTED: _ClassVar[ExecutionState]
 
 class Trigger(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -59,6 +60,7 @@ EXECUTION_STATE_DEAD: ExecutionState
 EXECUTION_STATE_ABANDONED: ExecutionState
 EXECUTION_STATE_SKIPPED: ExecutionState
 EXECUTION_STATE_MISSED: ExecutionState
+EXECUTION_STATE_INTERRUPTED: ExecutionState
 TRIGGER_UNSPECIFIED: Trigger
 TRIGGER_SCHEDULE: Trigger
 TRIGGER_MANUAL: Trigger

@@ -1,0 +1,307 @@
+"""The worker under store faults, in-process against the real servers (issue 8).
+
+Each test injects a real fault (Valkey refusing writes, a TCP proxy resetting PostgreSQL, a
+pub/sub connection killed) into an in-process `Worker` and checks that the run still ends exactly
+as it should: once, with its outcome recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import asyncpg
+import redis.asyncio as aioredis
+
+from scheduler_grpc import events, metrics
+from scheduler_grpc.connections import redis_client
+from scheduler_grpc.control import Control
+from scheduler_grpc.db.executions import Claim, ExecutionRepository
+from scheduler_grpc.db.pool import create_pool
+from scheduler_grpc.events import EventType
+from scheduler_grpc.handlers import (
+    ExecutionContext,
+    Handler,
+    HandlerError,
+    HandlerRegistry,
+    HandlerSettings,
+    JSONValue,
+    default_registry,
+)
+from scheduler_grpc.jobs import JobSpec, RetryPolicy
+from scheduler_grpc.queue import Queue
+from scheduler_grpc.worker import Worker
+from tests.engine_helpers import eventually, make_settings
+from tests.fault_proxy import FaultProxy
+
+_SETTINGS = HandlerSettings(
+    shell_enabled=False, dev_mode=True, webhook_allowlist=(ipaddress.ip_network("127.0.0.1/32"),)
+)
+
+
+class GateHandler(Handler):
+    """Blocks until the test opens the gate; counts its calls; then fails (`fail`) or succeeds."""
+
+    name: ClassVar[str] = "test.gate"
+    description: ClassVar[str] = "wait for the test"
+    extra_fields: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.started = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def run(self, ctx: ExecutionContext, payload: dict[str, Any]) -> JSONValue:
+        self.calls += 1
+        self.started.set()
+        if self.calls == 1 or not payload.get("only_first_waits"):
+            await self.gate.wait()
+        if payload.get("fail"):
+            raise HandlerError(f"failing attempt {ctx.attempt}")
+        return {"calls": self.calls}
+
+
+def registry_with(*handlers: Handler) -> HandlerRegistry:
+    registry = default_registry(_SETTINGS)
+    for handler in handlers:
+        registry.register(handler)
+    return registry
+
+
+@asynccontextmanager
+async def running_worker(
+    redis_url: str, database_url: str, executions: ExecutionRepository, registry: HandlerRegistry, **env: str
+) -> AsyncIterator[tuple[Worker, asyncio.Task[None]]]:
+    """An in-process worker on a production-like Redis client (auto-retry and all)."""
+    settings = make_settings(
+        redis_url, database_url, SCHEDULER_VISIBILITY_TIMEOUT="1s", SCHEDULER_SHUTDOWN_GRACE="1s", **env
+    )
+    client = redis_client(redis_url)
+    worker = Worker(client, executions, registry, settings, worker_id="in-process", concurrency=4)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield worker, task
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(15):
+                await task
+        if not task.done():
+            task.cancel()
+        await client.aclose()
+
+
+async def statuses(pool: asyncpg.Pool, run_id: str) -> list[str]:
+    rows = await pool.fetch("SELECT status FROM job_executions WHERE run_id = $1 ORDER BY attempt", run_id)
+    return [row["status"] for row in rows]
+
+
+def store_errors(store: str) -> float:
+    return metrics.REGISTRY.get_sample_value("scheduler_store_errors_total", {"store": store}) or 0.0
+
+
+async def test_a_redis_response_error_does_not_kill_the_worker(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    gate = GateHandler()
+    registry = registry_with(gate)
+    control = Control(redis, pool, registry)
+    job = await control.create_job(JobSpec(name="oom", handler="test.gate"))
+    async with running_worker(redis_url, database_url, ExecutionRepository(pool), registry) as (worker, task):
+        run = (await control.trigger_job(job.id))[0]
+        await eventually(lambda: _true(gate.started.is_set()))
+        before = store_errors("redis")
+        await redis.config_set("maxmemory", 1)  # every write is refused: OOM (a ResponseError)
+        try:
+            # Lease extensions (every 1/3 s) and heartbeats now fail with a ResponseError.
+            await eventually(lambda: _true(task.done() or store_errors("redis") >= before + 3))
+        finally:
+            await redis.config_set("maxmemory", 0)
+        assert not task.done(), "the worker died of a Redis error"
+        gate.gate.set()
+
+        async def done() -> list[str]:
+            return [s for s in await statuses(pool, run.run_id) if s == "succeeded"]
+
+        await eventually(done)
+        await eventually(lambda: _true(worker.stats.completed == 1))
+        assert gate.calls == 1
+        assert not task.done()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+class _CancelsRightAfterTheClaim(ExecutionRepository):
+    """Cancels each run the moment its claim commits, before the worker has registered its task:
+    the pub/sub message arrives while the worker cannot match it to a running task."""
+
+    def __init__(self, pool: asyncpg.Pool, control: Control) -> None:
+        super().__init__(pool)
+        self._control = control
+
+    async def claim(self, items: Sequence[tuple[str, str]], worker_id: str) -> list[Claim]:
+        claims = await super().claim(items, worker_id)
+        for claim in claims:
+            assert (await self._control.cancel_execution(claim.execution_id)).status == "running"
+        return claims
+
+
+async def test_a_cancel_the_pubsub_path_misses_is_still_honoured(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    gate = GateHandler()
+    registry = registry_with(gate)
+    control = Control(redis, pool, registry)
+    job = await control.create_job(JobSpec(name="cancel-me", handler="test.gate"))
+    executions = _CancelsRightAfterTheClaim(pool, control)
+    async with running_worker(redis_url, database_url, executions, registry) as (_, task):
+        run = (await control.trigger_job(job.id))[0]
+
+        async def cancelled() -> bool:
+            return (await statuses(pool, run.run_id))[-1] == "cancelled"
+
+        await eventually(cancelled, within=5)
+        assert await statuses(pool, run.run_id) == ["cancelled"]
+        assert not task.done()
+
+
+async def test_a_claim_does_not_restart_a_run_whose_cancel_was_requested(pool: asyncpg.Pool, control: Control) -> None:
+    job = await control.create_job(JobSpec(name="lost-and-cancelled", handler="test.echo"))
+    run = (await control.trigger_job(job.id))[0]
+    executions = ExecutionRepository(pool)
+    assert await executions.claim([(run.run_id, "token-a")], "worker-a")
+    cancelled, running = await executions.cancel_runs([run.run_id])
+    assert not cancelled
+    assert [e.run_id for e in running] == [run.run_id]
+    # worker-a is lost; its item is recovered and claimed elsewhere: the run must not start again.
+    assert await executions.claim([(run.run_id, "token-b")], "worker-b") == []
+    assert await statuses(pool, run.run_id) == ["cancelled"]
+
+
+async def test_an_open_webhook_host_breaker_defers_its_work_before_the_claim(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str, control: Control
+) -> None:
+    job = await control.create_job(
+        JobSpec(name="hook", handler="http.webhook", payload={"url": "http://127.0.0.1:9/down"})
+    )
+    registry = default_registry(_SETTINGS)
+    async with running_worker(redis_url, database_url, ExecutionRepository(pool), registry) as (worker, _):
+        breaker = worker.breakers.get(registry.get("http.webhook").breaker_key(job.payload))
+        for _ in range(worker.breakers.policy.min_calls):
+            await breaker.call(_returns_true, lambda result: result)
+        assert worker.breakers.blocked_for(breaker.key) > timedelta(0)
+        run = (await control.trigger_job(job.id))[0]
+
+        async def deferred() -> bool:
+            return worker.stats.breaker_deferred >= 1
+
+        await eventually(deferred)
+        kinds = [event.type for event in await events.read_after(redis) if event.run_id == run.run_id]
+        assert EventType.STARTED not in kinds
+        assert await statuses(pool, run.run_id) == ["queued"]  # never claimed: no attempt spent or recorded
+
+
+async def _returns_true() -> bool:
+    return True
+
+
+async def test_a_postgres_outage_during_completion_records_the_outcome_without_running_again(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    gate = GateHandler()
+    registry = registry_with(gate)
+    control = Control(redis, pool, registry)
+    job = await control.create_job(JobSpec(name="pg-blip", handler="test.gate"))
+    proxy, proxied_url = await FaultProxy.to_url(database_url)
+    worker_pool = await create_pool(proxied_url, size=4, connect_timeout=timedelta(seconds=2))
+    queue = Queue(redis)
+    try:
+        async with running_worker(redis_url, database_url, ExecutionRepository(worker_pool), registry) as (_, task):
+            run = (await control.trigger_job(job.id))[0]
+            await eventually(lambda: _true(gate.started.is_set()))
+            first_deadline = await redis.zscore(queue.keys.processing, run.run_id)
+            assert first_deadline is not None
+            proxy.refuse()
+            before = store_errors("postgres")
+            gate.gate.set()  # the handler finishes while PostgreSQL is unreachable
+
+            async def kept_or_lost() -> bool:
+                # What the leader would do meanwhile: requeue expired leases.
+                recovered = (await queue.recover_expired()).requeued
+                deadline = await redis.zscore(queue.keys.processing, run.run_id)
+                kept = deadline is not None and deadline > first_deadline + 2000  # extended twice since
+                return bool(recovered) or (kept and store_errors("postgres") > before)
+
+            await eventually(kept_or_lost)
+            proxy.heal()
+
+            async def succeeded() -> bool:
+                await queue.recover_expired()
+                return "succeeded" in await statuses(pool, run.run_id)
+
+            await eventually(succeeded)
+            assert gate.calls == 1
+            assert await statuses(pool, run.run_id) == ["succeeded"]
+            assert (await queue.states([run.run_id]))[run.run_id] is None  # acked
+            assert not task.done()
+    finally:
+        await worker_pool.close()
+        await proxy.close()
+
+
+async def test_a_graceful_hand_back_records_the_interrupted_attempt_without_spending_the_budget(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    gate = GateHandler()
+    registry = registry_with(gate)
+    control = Control(redis, pool, registry)
+    retry = RetryPolicy(max_retries=1, initial_backoff=timedelta(milliseconds=50), jitter=False)
+    job = await control.create_job(
+        JobSpec(name="interrupted", handler="test.gate", payload={"fail": True, "only_first_waits": True}, retry=retry)
+    )
+    executions = ExecutionRepository(pool)
+    async with running_worker(redis_url, database_url, executions, registry):
+        run = (await control.trigger_job(job.id))[0]
+        await eventually(lambda: _true(gate.started.is_set()))
+    # The worker stopped: its grace passed and the attempt was handed back.
+    history = await executions.history(job.id)
+    assert [e.status for e in history] == ["interrupted", "queued"]
+    assert history[0].worker_id == "in-process"
+    assert history[0].started_at is not None
+    assert history[0].finished_at is not None
+    queue = Queue(redis)
+    async with running_worker(redis_url, database_url, executions, registry):
+
+        async def dead() -> list[str]:
+            await queue.promote_due()
+            found = await statuses(pool, run.run_id)
+            return found if found[-1] == "dead" else []
+
+        # One retry after the first real failure: the interruption spent none of the budget.
+        assert await eventually(dead) == ["interrupted", "failed", "dead"]
+
+
+async def test_a_run_executes_the_definition_of_its_slot_not_a_later_edit(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str, control: Control
+) -> None:
+    spec = JobSpec(name="edited", handler="test.echo", payload={"version": 1}, timeout=timedelta(seconds=30))
+    job = await control.create_job(spec)
+    run = (await control.trigger_job(job.id))[0]
+    await control.update_job(job.id, JobSpec(name="edited", handler="test.log", payload={"message": "v2"}))
+    executions = ExecutionRepository(pool)
+    async with running_worker(redis_url, database_url, executions, default_registry(_SETTINGS)):
+
+        async def finished() -> Any:
+            execution = await executions.get(run.run_id)
+            return execution if execution.status == "succeeded" else None
+
+        execution = await eventually(finished)
+    assert execution.result == {"echo": {"version": 1}}
