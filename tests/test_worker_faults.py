@@ -19,6 +19,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from scheduler_grpc import events, metrics
+from scheduler_grpc.breakers import Breakers
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.executions import Claim, ExecutionRepository
@@ -305,3 +306,36 @@ async def test_a_run_executes_the_definition_of_its_slot_not_a_later_edit(
 
         execution = await eventually(finished)
     assert execution.result == {"echo": {"version": 1}}
+
+
+async def _fails() -> bool:
+    return True
+
+
+async def test_breakers_are_bounded_least_recently_used_first() -> None:
+    breakers = Breakers(max_breakers=3)
+    for host in ("a", "b", "c"):
+        breakers.get(f"http.webhook:{host}")
+    breakers.get("http.webhook:a")  # used again: b is now the least recently used
+    breakers.get("http.webhook:d")
+    assert set(breakers.states()) == {"http.webhook:a", "http.webhook:c", "http.webhook:d"}
+    for n in range(5000):
+        breakers.get(f"http.webhook:host-{n}")
+    assert len(breakers.states()) == 3
+
+
+async def test_breaker_metrics_are_labelled_by_handler_not_by_host(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    registry = default_registry(_SETTINGS)
+    settings = make_settings(redis_url, database_url)
+    worker = Worker(redis, ExecutionRepository(pool), registry, settings, worker_id="metrics")
+    open_host = worker.breakers.get("http.webhook:open.example")
+    worker.breakers.get("http.webhook:closed.example")
+    for _ in range(worker.breakers.policy.min_calls):
+        await open_host.call(_fails, lambda failed: failed)
+    sample = metrics.REGISTRY.get_sample_value
+    assert sample("scheduler_breaker_state", {"handler": "http.webhook"}) == metrics.BREAKER_VALUES["open"]
+    assert sample("scheduler_breaker_transitions_total", {"handler": "http.webhook", "to": "open"})
+    hosts = [s.labels for m in metrics.REGISTRY.collect() if m.name.startswith("scheduler_breaker") for s in m.samples]
+    assert not [labels for labels in hosts if any("example" in value for value in labels.values())]
