@@ -22,9 +22,10 @@ from scheduler_grpc import events, metrics
 from scheduler_grpc.breakers import Breakers
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
-from scheduler_grpc.db.executions import Claim, ExecutionRepository
+from scheduler_grpc.db.executions import Claim, ExecutionRepository, Outcome
 from scheduler_grpc.db.pool import create_pool
 from scheduler_grpc.events import EventType
+from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.handlers import (
     ExecutionContext,
     Handler,
@@ -339,3 +340,18 @@ async def test_breaker_metrics_are_labelled_by_handler_not_by_host(
     assert sample("scheduler_breaker_transitions_total", {"handler": "http.webhook", "to": "open"})
     hosts = [s.labels for m in metrics.REGISTRY.collect() if m.name.startswith("scheduler_breaker") for s in m.samples]
     assert not [labels for labels in hosts if any("example" in value for value in labels.values())]
+
+
+async def test_a_completion_sent_again_after_a_lost_reply_is_reported_not_lost(
+    pool: asyncpg.Pool, control: Control
+) -> None:
+    job = await control.create_job(JobSpec(name="twice", handler="test.echo"))
+    run = (await control.trigger_job(job.id))[0]
+    executions = ExecutionRepository(pool)
+    [claim] = await executions.claim([(run.run_id, "token")], "worker")
+    outcome = Outcome(claim.execution_id, "token", ExecutionStatus.FAILED, error="boom", retry_after=timedelta(0))
+    [first] = await executions.complete([outcome])
+    assert await executions.complete([outcome]) == [first]  # the retry of a write whose reply was lost
+    assert await statuses(pool, run.run_id) == ["failed", "queued"]
+    stale = Outcome(claim.execution_id, "other-token", ExecutionStatus.FAILED, error="boom")
+    assert await executions.complete([stale]) == []

@@ -374,6 +374,7 @@ class ExecutionRepository:
 
         An attempt whose worker lost its lease (someone else's claim abandoned it) changes nothing:
         it is simply absent from the result. Outcomes with `retry_after` add the next attempt, `queued`.
+        Safe to repeat: an outcome already recorded under the same token is reported again.
         """
         if not outcomes:
             return []
@@ -397,9 +398,18 @@ class ExecutionRepository:
                 FROM done d WHERE d.retry_after IS NOT NULL AND d.cancel_requested_at IS NULL
                 ON CONFLICT DO NOTHING
                 RETURNING id, run_id
+            ), again AS (
+                -- The same outcome sent again because the reply of a committed first try was lost
+                -- (the worker retries a failed write): report it again instead of "lease lost".
+                -- The statement's snapshot shows rows `done` updates as still running: no overlap.
+                SELECT e.id, e.run_id, e.job_id, e.attempt, e.status,
+                       (SELECT n.id FROM job_executions n
+                        WHERE n.run_id = e.run_id AND n.attempt = e.attempt + 1 AND n.trigger = 'retry') AS retry_id
+                FROM r JOIN job_executions e ON e.id = r.id AND e.claim_token = r.token AND e.status = r.status
             )
             SELECT d.id, d.run_id, d.job_id, d.attempt, d.status, t.id AS retry_id
             FROM done d LEFT JOIN retried t ON t.run_id = d.run_id
+            UNION ALL SELECT * FROM again
             """,
             _ids([outcome.execution_id for outcome in outcomes]),
             [outcome.claim_token for outcome in outcomes],
