@@ -47,6 +47,7 @@ class EventType(enum.StrEnum):
     DEAD = "dead"
     CANCELLED = "cancelled"
     ABANDONED = "abandoned"
+    INTERRUPTED = "interrupted"
     SKIPPED = "skipped"
     MISSED = "missed"
 

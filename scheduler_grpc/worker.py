@@ -268,6 +268,7 @@ class Worker:
         try:
             await self._executions.release([(r.claim.execution_id, r.lease.token) for r in runs])
             await self.queue.nack_many([r.lease for r in runs], count_delivery=False)
+            await events.publish(self._redis, [self._event(EventType.INTERRUPTED, r.claim) for r in runs])
         except Exception as exc:
             if not is_store_error(exc):
                 raise
@@ -363,6 +364,7 @@ class Worker:
                     [(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after
                 )
                 await self.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
+                await events.publish(self._redis, [self._event(EventType.INTERRUPTED, claim, error=str(exc))])
             except Exception as error:
                 if not is_store_error(error):
                     raise

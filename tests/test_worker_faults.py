@@ -279,6 +279,8 @@ async def test_a_graceful_hand_back_records_the_interrupted_attempt_without_spen
     assert history[0].worker_id == "in-process"
     assert history[0].started_at is not None
     assert history[0].finished_at is not None
+    kinds = [event.type for event in await events.read_after(redis) if event.run_id == run.run_id]
+    assert kinds == [EventType.CREATED, EventType.STARTED, EventType.INTERRUPTED]  # the STARTED is closed
     queue = Queue(redis)
     async with running_worker(redis_url, database_url, executions, registry):
 

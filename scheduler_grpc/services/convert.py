@@ -224,6 +224,7 @@ _EVENT_TYPE = {
     EventType.DEAD: executions_pb2.EVENT_TYPE_DEAD,
     EventType.CANCELLED: executions_pb2.EVENT_TYPE_CANCELLED,
     EventType.ABANDONED: executions_pb2.EVENT_TYPE_ABANDONED,
+    EventType.INTERRUPTED: executions_pb2.EVENT_TYPE_INTERRUPTED,
     EventType.SKIPPED: executions_pb2.EVENT_TYPE_SKIPPED,
     EventType.MISSED: executions_pb2.EVENT_TYPE_MISSED,
 }

@@ -49,6 +49,7 @@ class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_TYPE_ABANDONED: _ClassVar[EventType]
     EVENT_TYPE_SKIPPED: _ClassVar[EventType]
     EVENT_TYPE_MISSED: _ClassVar[EventType]
+    EVENT_TYPE_INTERRUPTED: _ClassVar[EventType]
 EXECUTION_STATE_UNSPECIFIED: ExecutionState
 EXECUTION_STATE_QUEUED: ExecutionState
 EXECUTION_STATE_RUNNING: ExecutionState
@@ -79,6 +80,7 @@ EVENT_TYPE_CANCELLED: EventType
 EVENT_TYPE_ABANDONED: EventType
 EVENT_TYPE_SKIPPED: EventType
 EVENT_TYPE_MISSED: EventType
+EVENT_TYPE_INTERRUPTED: EventType
 
 class Execution(_message.Message):
     __slots__ = ("id", "run_id", "job_id", "schedule_time", "attempt", "state", "trigger", "due_time", "priority", "worker_id", "create_time", "start_time", "end_time", "error", "result")
