@@ -12,7 +12,8 @@ import contextlib
 import ipaddress
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import asyncpg
@@ -22,7 +23,7 @@ from scheduler_grpc import events, metrics
 from scheduler_grpc.breakers import Breakers
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
-from scheduler_grpc.db.executions import Claim, ExecutionRepository, Outcome
+from scheduler_grpc.db.executions import Advance, Claim, ExecutionRepository, Outcome, PlannedSlot
 from scheduler_grpc.db.pool import create_pool
 from scheduler_grpc.events import EventType
 from scheduler_grpc.executions import ExecutionStatus
@@ -35,7 +36,7 @@ from scheduler_grpc.handlers import (
     JSONValue,
     default_registry,
 )
-from scheduler_grpc.jobs import JobSpec, RetryPolicy
+from scheduler_grpc.jobs import JobSpec, RetryPolicy, ScheduleKind
 from scheduler_grpc.queue import Queue
 from scheduler_grpc.worker import Worker
 from tests.engine_helpers import eventually, make_settings
@@ -357,3 +358,40 @@ async def test_a_completion_sent_again_after_a_lost_reply_is_reported_not_lost(
     assert await statuses(pool, run.run_id) == ["failed", "queued"]
     stale = Outcome(claim.execution_id, "other-token", ExecutionStatus.FAILED, error="boom")
     assert await executions.complete([stale]) == []
+
+
+async def test_a_fired_slot_and_its_retries_keep_the_definition_of_the_slot(
+    pool: asyncpg.Pool, control: Control
+) -> None:
+    slot = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+    old = JobSpec(
+        name="snap", handler="test.echo", payload={"v": 1}, schedule_kind=ScheduleKind.ONCE, run_at=slot,
+        timeout=timedelta(seconds=30), retry=RetryPolicy(max_retries=7, jitter=False),
+    )  # fmt: skip
+    job = await control.create_job(old)
+    await pool.execute("INSERT INTO leader_state (scope, term, holder) VALUES ('scheduler', 1, 'test')")
+    executions = ExecutionRepository(pool)
+    [fired] = await executions.fire(
+        1, [Advance(job.id, slot, None)], [PlannedSlot(job.id, slot, ExecutionStatus.QUEUED, slot)]
+    )
+    assert fired.payload == {"v": 1}
+    new = replace(old, handler="test.log", payload={"message": "v2"}, timeout=timedelta(seconds=5),
+                  retry=RetryPolicy(max_retries=0))  # fmt: skip
+    await control.update_job(job.id, new)
+    [claim] = await executions.claim([(fired.run_id, "t1")], "w")
+    assert (claim.handler, claim.payload, claim.timeout, claim.retry.max_retries) == (
+        "test.echo",
+        {"v": 1},
+        timedelta(seconds=30),
+        7,
+    )
+    # The retry of the slot carries the same definition.
+    outcome = Outcome(claim.execution_id, "t1", ExecutionStatus.FAILED, error="x", retry_after=timedelta(0))
+    await executions.complete([outcome])
+    [retry] = await executions.claim([(fired.run_id, "t2")], "w")
+    assert (retry.attempt, retry.handler, retry.payload, retry.timeout) == (
+        2,
+        "test.echo",
+        {"v": 1},
+        timedelta(seconds=30),
+    )
