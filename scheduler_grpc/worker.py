@@ -44,6 +44,15 @@ from typing import Any, TypeVar
 
 import orjson
 from redis.asyncio import Redis
+from redis.exceptions import (
+    ClusterDownError,
+    MasterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 
 from scheduler_grpc import events, metrics
 from scheduler_grpc.breakers import BreakerOpen, BreakerPolicy, Breakers, BreakerState
@@ -133,9 +142,24 @@ class _Maintenance:
         return len(await self._queue.purge_dead(None, older_than=age))
 
 
+# Redis answers meaning "cannot serve now" (full, a replica after failover, busy running a script,
+# loading, ...), not "this request is wrong": a loop rides them out.
+_REDIS_CANNOT_SERVE = (OutOfMemoryError, ReadOnlyError, NoScriptError, TryAgainError, ClusterDownError, MasterDownError)
+_REDIS_CANNOT_SERVE_PREFIXES = ("BUSY", "LOADING", "MISCONF", "NOREPLICAS", "UNBLOCKED", "READONLY", "OOM")
+# PostgreSQL SQLSTATE classes of a wrong request: syntax error or undefined object (42), data
+# exception (22), integrity violation (23). Everything else from PostgreSQL (connection failures,
+# shutdown, too many connections, read-only transaction after failover, ...) is the store failing.
+_POSTGRES_BUG_CLASSES = ("42", "22", "23")
+
+
 def is_store_error(exc: BaseException) -> bool:
-    """Whether `exc` is a store failing (unreachable, timing out, or answering an error), which a
-    loop rides out, rather than a bug, which ends the role."""
+    """Whether `exc` is a store failing (unreachable, timing out, or answering that it cannot serve
+    now), which a loop rides out, rather than a bug (a wrong request included), which ends the role."""
+    if isinstance(exc, ResponseError):
+        return isinstance(exc, _REDIS_CANNOT_SERVE) or str(exc).startswith(_REDIS_CANNOT_SERVE_PREFIXES)
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate[:2] in _POSTGRES_BUG_CLASSES:
+        return False
     return isinstance(exc, (Unavailable, OSError, TimeoutError)) or metrics.store_of(exc) is not None
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import asyncpg
+import pytest
 import redis.asyncio as aioredis
 
 from scheduler_grpc import events, metrics
@@ -38,7 +39,7 @@ from scheduler_grpc.handlers import (
 )
 from scheduler_grpc.jobs import JobSpec, RetryPolicy, ScheduleKind
 from scheduler_grpc.queue import Queue
-from scheduler_grpc.worker import Worker
+from scheduler_grpc.worker import Worker, is_store_error
 from tests.engine_helpers import eventually, make_settings
 from tests.fault_proxy import FaultProxy
 
@@ -395,3 +396,51 @@ async def test_a_fired_slot_and_its_retries_keep_the_definition_of_the_slot(
         {"v": 1},
         timedelta(seconds=30),
     )
+
+
+async def _raised(call: Awaitable[object]) -> BaseException:
+    try:
+        await call
+    except Exception as exc:  # the error a real server answered
+        return exc
+    raise AssertionError("expected the call to fail")
+
+
+async def test_store_errors_are_told_from_bugs_on_real_answers(redis: aioredis.Redis, pool: asyncpg.Pool) -> None:
+    await redis.config_set("maxmemory", 1)
+    try:
+        oom = await _raised(redis.set("k", "v"))
+    finally:
+        await redis.config_set("maxmemory", 0)
+    assert is_store_error(oom)
+    assert not is_store_error(await _raised(redis.execute_command("NOSUCHCOMMAND")))
+    assert not is_store_error(await _raised(redis.eval("return redis.call('INCR', KEYS[1], 'x')", 1, "k")))
+    assert not is_store_error(await _raised(pool.execute("SELECT no_such_column FROM jobs")))
+    assert not is_store_error(await _raised(pool.execute("SELECT 1 / 0")))
+    async with pool.acquire() as conn:
+        await conn.execute("SET default_transaction_read_only = on")  # what a demoted primary answers
+        read_only = await _raised(conn.execute("CREATE TEMP TABLE t (x int)"))
+        await conn.execute("RESET default_transaction_read_only")
+    assert is_store_error(read_only)
+    assert is_store_error(await _raised(asyncpg.connect("postgresql://127.0.0.1:1/none", timeout=2)))
+    assert not is_store_error(RuntimeError("a bug"))
+
+
+class _BuggyRepository(ExecutionRepository):
+    async def cancel_requested(self, execution_ids: Sequence[str]) -> list[str]:
+        raise RuntimeError("a bug in the cancel poll")
+
+
+async def test_a_bug_ends_the_worker(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    gate = GateHandler()
+    registry = registry_with(gate)
+    control = Control(redis, pool, registry)
+    job = await control.create_job(JobSpec(name="buggy", handler="test.gate"))
+    async with running_worker(redis_url, database_url, _BuggyRepository(pool), registry) as (_, task):
+        await control.trigger_job(job.id)
+        await eventually(lambda: _true(task.done()))
+        with pytest.raises(ExceptionGroup) as raised:
+            task.result()
+        assert raised.group_contains(RuntimeError, match="a bug in the cancel poll")
