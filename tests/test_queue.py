@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from scheduler_grpc import queue as queue_module
+from scheduler_grpc import resend
 from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
 from scheduler_grpc.queue import (
     PRIORITY_MAX,
@@ -523,8 +524,13 @@ async def test_purge_dead_forgets_items(redis: aioredis.Redis) -> None:
     for item_id in ids:
         assert await item_fields(redis, queue, item_id) == {}
     assert (await queue.stats()).dead == 0
-    # Nothing but the queue-wide counter and wake-up marker remains.
-    assert sorted(await redis.keys("*")) == [b"{q:default}:marker", b"{q:default}:seq"]
+    # Nothing but the queue-wide counter and wake-up marker remains, and the replies remembered for
+    # a resend (see scheduler_grpc.resend), each about to expire.
+    keys = sorted(await redis.keys("*"))
+    remembered = [key for key in keys if key.startswith(b"{q:default}:request:")]
+    for key in remembered:
+        assert 0 < await redis.pttl(key) <= resend.remember_ms()
+    assert [key for key in keys if key not in remembered] == [b"{q:default}:marker", b"{q:default}:seq"]
 
 
 # -- remove, states, stats ---------------------------------------------------------------------------------
