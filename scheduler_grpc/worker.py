@@ -21,7 +21,8 @@ error (Redis or PostgreSQL unreachable, or answering an error such as READONLY, 
 counts it, logs it once per `STORE_ERROR_LOG_EVERY` (not a traceback per iteration), backs off and
 retries. Only a bug ends the role (the exception propagates; `run_worker` logs its traceback and the
 process exits non-zero). Outcomes whose recording fails are kept, with their leases extended, and
-written again (bounded by `COMPLETION_RETRY_FOR`) so a PostgreSQL blip does not run a batch twice.
+written again (for up to `COMPLETION_RETRY_FOR`, or the grace period plus 5 s once stopping) so a
+PostgreSQL blip does not run a batch twice.
 A cancel request is persisted in PostgreSQL; pub/sub only makes it fast, a poll of the worker's
 running attempts (`CANCEL_POLL_INTERVAL`) makes it certain.
 """
@@ -242,6 +243,9 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._finished: asyncio.Queue[_Finished] = asyncio.Queue(maxsize=self.concurrency * 4)
         self._started_at = datetime.now(UTC)
+        # Once stopping, failing writes are retried only this long (monotonic): a stop must not hang
+        # for COMPLETION_RETRY_FOR; what is not recorded by then runs again elsewhere.
+        self._retry_until_stopped = math.inf
         self.stats = WorkerStats()
 
     @property
@@ -262,6 +266,7 @@ class Worker:
             poller = group.create_task(self._cancel_poll_loop(), name="cancel-poll")
             await stop.wait()
             log.info("worker stopping: no new work", extra={"worker_id": self.id, "active": self.active})
+            self._retry_until_stopped = time.monotonic() + self._settings.shutdown_grace.total_seconds() + 5
             fetcher.cancel()
             await asyncio.wait([fetcher])
             await self._drain(self._settings.shutdown_grace)
@@ -492,7 +497,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not is_store_error(exc) or time.monotonic() >= until:
+                if not is_store_error(exc) or time.monotonic() >= min(until, self._retry_until_stopped):
                     raise
                 await asyncio.sleep(trouble.failed(exc))
             else:
