@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from scheduler_grpc.errors import ConfigError
+from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -131,8 +132,8 @@ def _existing_file(text: str) -> Path:
 
 
 def _queue_name(text: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text):
-        raise ValueError("expected 1-64 letters, digits, '_', '.' or '-'")
+    if not is_queue_name(text):
+        raise ValueError(QUEUE_NAME_RULE)
     return text
 
 

@@ -16,7 +16,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -24,9 +23,10 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
-from scheduler_grpc import resend
+from scheduler_grpc import resend, scripts
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, SchedulerError, Unavailable
 from scheduler_grpc.keys import EventKeys
+from scheduler_grpc.scripts import text as _text
 
 STREAM_MAX_LENGTH = 100_000
 CATCH_UP_PAGE = 500
@@ -96,7 +96,7 @@ class ExecutionEvent:
 
 
 # Under the resend guard: a publish resent by the client's auto-retry must not append twice.
-_ADD_SOURCE = resend.guarded((Path(__file__).resolve().parent / "lua" / "events_add.lua").read_text(encoding="utf-8"))
+_ADD_SOURCE = resend.guarded(scripts.source("events_add"))
 _add_script: AsyncScript | None = None
 
 
@@ -441,7 +441,3 @@ class EventFanout:
                     if not subscription._offer(event, event_id):
                         self._subscribers.discard(subscription)
                         self.dropped += 1
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -15,15 +15,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from scheduler_grpc.errors import InvalidArgument
+from scheduler_grpc.rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.schedule import CronSchedule, FoldPolicy, GapPolicy, next_fire_time, parse_cron, parse_time_zone
 
-PRIORITY_MIN = -1000
-PRIORITY_MAX = 1000
 MAX_NAME_LENGTH = 200
 MAX_RETRIES_LIMIT = 100
 MAX_TIMEOUT = timedelta(hours=24)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
-_QUEUE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 class ScheduleKind(enum.StrEnum):
@@ -154,8 +152,8 @@ def validate_job(spec: JobSpec, handlers: PayloadValidator) -> JobSpec:
         raise InvalidArgument("name", f"must be at most {MAX_NAME_LENGTH} characters")
     if not _NAME.match(name):
         raise InvalidArgument("name", "use letters, digits and _ . : - (starting with a letter or digit)")
-    if not _QUEUE.match(spec.queue):
-        raise InvalidArgument("queue", "use 1-64 letters, digits, '_', '.' or '-'")
+    if not is_queue_name(spec.queue):
+        raise InvalidArgument("queue", QUEUE_NAME_RULE)
     if isinstance(spec.priority, bool) or not PRIORITY_MIN <= spec.priority <= PRIORITY_MAX:
         raise InvalidArgument("priority", f"must be between {PRIORITY_MIN} and {PRIORITY_MAX}")
     payload = handlers.validate(spec.handler, spec.payload)

@@ -33,21 +33,19 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import functools
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any, NoReturn
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
-from scheduler_grpc import metrics
+from scheduler_grpc import metrics, scripts
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.errors import Unavailable
 from scheduler_grpc.keys import LeaderKeys
@@ -65,15 +63,6 @@ _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 _EXPIRY_SLACK_S = 0.002
 # How often leader work that has not finished after a cancel is cancelled again.
 _RECANCEL_S = 0.1
-
-
-# Next to this module, as queue.py finds its scripts (shipped as package data).
-_LUA = Path(__file__).resolve().parent / "lua"
-
-
-@functools.cache
-def _lua(name: str) -> str:
-    return (_LUA / name).read_text(encoding="utf-8")
 
 
 def _raise_if_cancelled() -> None:
@@ -227,8 +216,8 @@ class LeaderElector:
         self._valid_for_s = ttl_s - ttl_s / 5
         # Recording the term must finish well within the lock's life (the first renewal is due then).
         self._db_timeout_s = renew_s
-        self._renew_lock = redis.register_script(_lua("leader_renew.lua"))
-        self._release_lock_script = redis.register_script(_lua("leader_release.lua"))
+        self._renew_lock = redis.register_script(scripts.source("leader_renew"))
+        self._release_lock_script = redis.register_script(scripts.source("leader_release"))
         self._term: Term | None = None
         self._running = False
         self._resign = asyncio.Event()
@@ -561,3 +550,16 @@ class LeaderElector:
 
     def _fields(self, term: Term) -> dict[str, Any]:
         return {"scope": self._scope, "holder": self._holder, "term": term.token, "lease_id": term.lease_id}
+
+
+async def current_holder(redis: Redis, scope: str = "scheduler", *, call_timeout: float = 5.0) -> str | None:
+    """Who holds the leader lock of `scope` now (the elector's `holder`), or None if nobody does.
+
+    Reads the lock only: the lock's value is the lease id `<holder>:<random suffix>` (`_try_acquire`).
+
+    Raises:
+        redis.exceptions.RedisError, OSError, TimeoutError: no answer within `call_timeout` seconds.
+    """
+    async with asyncio.timeout(call_timeout):
+        lease_id = await redis.get(LeaderKeys(scope).lock)
+    return None if lease_id is None else scripts.text(lease_id).rsplit(":", 1)[0]

@@ -31,14 +31,11 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import functools
 import logging
-import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, Final
 
 from redis.asyncio import Redis
@@ -49,6 +46,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from scheduler_grpc import resend
 from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
 from scheduler_grpc.keys import QueueKeys
+from scheduler_grpc.rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RULE, is_queue_name
+from scheduler_grpc.scripts import source as _script_source
+from scheduler_grpc.scripts import text as _text
 
 __all__ = [
     "DEFAULT_MAX_DELIVERIES",
@@ -67,10 +67,6 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-PRIORITY_MIN: Final = -1000
-"""Least urgent priority (the database bounds `priority` to the same range)."""
-PRIORITY_MAX: Final = 1000
-"""Most urgent priority."""
 SEQ_SPAN: Final = 2**42
 """Sequence numbers per priority in a ready score; the Lua scripts hard-code the same value."""
 DEFAULT_MAX_DELIVERIES: Final = 3
@@ -87,9 +83,6 @@ _MAX_BLOCK_S: Final = 2.0
 # Extra time a blocking read may take beyond BZPOPMIN's own timeout before the server counts as hung.
 _BLOCK_MARGIN_S: Final = 1.0
 _DEFAULT_WAIT: Final = timedelta(seconds=5)
-_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-# Next to this module (package data); a plain path also works from an editable install.
-_LUA: Final = Path(__file__).resolve().parent / "lua"
 
 
 class ItemState(StrEnum):
@@ -186,15 +179,9 @@ class QueueStats:
     dead: int
 
 
-_INCLUDE = re.compile(r"^-- @include ([a-z_]+)$", re.MULTILINE)
-
-
-@functools.cache
 def _lua_source(name: str) -> str:
-    """A script's source with its `-- @include x` lines replaced by `lua/_x.lua` (shared code:
-    Redis scripts cannot import, and the ready-score layout must be written exactly once)."""
-    source = (_LUA / f"queue_{name}.lua").read_text(encoding="utf-8")
-    return _INCLUDE.sub(lambda match: (_LUA / f"_{match.group(1)}.lua").read_text(encoding="utf-8"), source)
+    """The source of `lua/queue_<name>.lua`, includes expanded (`scripts.source`)."""
+    return _script_source(f"queue_{name}")
 
 
 class _Op:
@@ -251,8 +238,8 @@ class Queue:
         blocking_redis: Redis | None = None,
         call_timeout: timedelta = timedelta(seconds=5),
     ) -> None:
-        if not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name):
-            raise InvalidArgument("name", "expected 1-64 letters, digits, '_', '.' or '-'")
+        if not is_queue_name(name):
+            raise InvalidArgument("name", QUEUE_NAME_RULE)
         if call_timeout <= timedelta(0):
             raise InvalidArgument("call_timeout", "must be positive")
         blocking = blocking_redis or redis
@@ -801,10 +788,6 @@ def _to_ms(value: object, field: str, *, minimum: int = 0) -> int:
 
 def _from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _texts(values: Iterable[bytes | str]) -> list[str]:

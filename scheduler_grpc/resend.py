@@ -21,29 +21,23 @@ rearm, states and list_dead only move or read what is there.
 
 from __future__ import annotations
 
-import functools
 import uuid
 from datetime import timedelta
-from pathlib import Path
 from typing import Final
+
+from scheduler_grpc import scripts
 
 REMEMBER: Final = timedelta(seconds=60)
 """How long a reply is kept for a resend: far beyond the client's retry window (3 retries, backoff
 of at most 0.5 s, each attempt bounded by the caller's call timeout)."""
 
-_GUARD: Final = Path(__file__).resolve().parent / "lua" / "_once.lua"
 _BODY: Final = "-- @body\n"
-
-
-@functools.cache
-def _guard() -> str:
-    return _GUARD.read_text(encoding="utf-8")
 
 
 def guarded(source: str) -> str:
     """`source` wrapped in the resend guard; call it with `request_key(...)` as an extra last key and
     `remember_ms()` as an extra last argument."""
-    head, tail = _guard().split(_BODY)
+    head, tail = scripts.source("_once").split(_BODY)
     return head + source.rstrip("\n") + "\n" + tail
 
 

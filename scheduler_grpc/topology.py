@@ -43,17 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _children(args: argparse.Namespace) -> list[Child]:
-    from scheduler_grpc.cli import COMMANDS
-
-    available = {command.name for command in COMMANDS}
+    # The role commands of `scheduler-grpc` (cli.COMMANDS); not imported from cli, which imports
+    # this module for `up`.
     script = [sys.executable, "-m", "scheduler_grpc"]
-    children: list[Child] = []
-    if "server" in available:
-        children.append(Child("server", [*script, "server"], 9090))
-    if "scheduler" in available:
-        children += [Child(f"scheduler-{i}", [*script, "scheduler"], 9090 + i) for i in range(1, args.schedulers + 1)]
-    if "worker" in available:
-        children += [Child(f"worker-{i}", [*script, "worker"], 9099 + i) for i in range(1, args.workers + 1)]
+    children = [Child("server", [*script, "server"], 9090)]
+    children += [Child(f"scheduler-{i}", [*script, "scheduler"], 9090 + i) for i in range(1, args.schedulers + 1)]
+    children += [Child(f"worker-{i}", [*script, "worker"], 9099 + i) for i in range(1, args.workers + 1)]
     return children
 
 

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-import orjson
 from redis.asyncio import Redis
 from redis.exceptions import (
     ClusterDownError,
@@ -56,6 +55,7 @@ from redis.exceptions import (
 )
 
 from scheduler_grpc import events, metrics
+from scheduler_grpc import registry as workers
 from scheduler_grpc.breakers import BreakerOpen, BreakerPolicy, Breakers, BreakerState
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
@@ -74,12 +74,11 @@ from scheduler_grpc.handlers import (
 )
 from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.queue import Lease, Queue
+from scheduler_grpc.registry import HEARTBEAT_INTERVAL
 
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_PORT = 9100
-HEARTBEAT_INTERVAL = timedelta(seconds=5)
-HEARTBEAT_TTL = timedelta(seconds=30)
 FETCH_WAIT = timedelta(seconds=2)
 COMPLETION_BATCH = 500
 STORE_ERROR_LOG_EVERY = 30.0  # seconds between two log lines about the same failing loop
@@ -689,24 +688,15 @@ class Worker:
             await asyncio.sleep(HEARTBEAT_INTERVAL.total_seconds())
 
     async def _beat(self) -> None:
-        now_ms = int(time.time() * 1000)
-        key = _WORKER_KEYS.worker(self.id)
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hset(key, mapping={
-            "id": self.id, "host": socket.gethostname(), "pid": os.getpid(), "slots": self.concurrency,
-            "active": self.active, "queue": self.queue.name, "handlers": ",".join(self._registry.names()),
-            "started_at": self._started_at.isoformat(), "last_beat_ms": now_ms,
-            "breakers": orjson.dumps({key: state.value for key, state in self.breakers.states().items()}),
-        })  # fmt: skip
-        pipe.pexpire(key, int(HEARTBEAT_TTL.total_seconds() * 1000))
-        pipe.zadd(_WORKER_KEYS.index, {self.id: now_ms})
-        async with asyncio.timeout(HEARTBEAT_INTERVAL.total_seconds()):
-            await pipe.execute()
+        await workers.beat(self._redis, workers.WorkerInfo(
+            id=self.id, host=socket.gethostname(), pid=os.getpid(), slots=self.concurrency, active=self.active,
+            queue=self.queue.name, handlers=self._registry.names(), started_at=self._started_at,
+            breakers={key: state.value for key, state in self.breakers.states().items()},
+        ), call_timeout=HEARTBEAT_INTERVAL)  # fmt: skip
 
     async def _unregister(self) -> None:
         with contextlib.suppress(Exception):
-            await self._redis.delete(_WORKER_KEYS.worker(self.id))
-            await self._redis.zrem(_WORKER_KEYS.index, self.id)
+            await workers.unregister(self._redis, self.id)
 
     def _breaker_changed(self, key: str, old: BreakerState, new: BreakerState) -> None:
         # Metrics by handler: a webhook host is not a bounded label. The handler shows its worst breaker.

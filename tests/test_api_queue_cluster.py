@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
+import os
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
 import grpc
-import orjson
 import pytest
 from redis.asyncio import Redis
 from scheduler_client.v1 import cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
 
+from scheduler_grpc import registry as workers
+from scheduler_grpc.breakers import BreakerState
 from scheduler_grpc.db.leadership import LeadershipRepository
+from scheduler_grpc.handlers import HandlerSettings, default_registry
 from scheduler_grpc.keys import LeaderKeys, WorkerKeys
 from scheduler_grpc.queue import Queue
+from scheduler_grpc.worker import Worker
+from tests.engine_helpers import eventually, make_settings
 from tests.test_api_support import Harness, api, echo_job  # noqa: F401 - `api` is a fixture
 
 
@@ -72,29 +78,64 @@ async def test_queue_stats_and_dead_letters_list_requeue_purge(api: Harness, red
         )
 
 
-async def test_list_workers_shows_live_workers_only(api: Harness, redis: Redis) -> None:  # noqa: F811
-    keys = WorkerKeys()
-    now_ms = int(time.time() * 1000)
-    for worker_id, beat in [("host:1:live", now_ms), ("host:2:gone", now_ms - 120_000)]:
-        await redis.hset(keys.worker(worker_id), mapping={  # type: ignore[misc]
-            "id": worker_id, "host": "host", "pid": worker_id.split(":")[1], "slots": 10, "active": 2,
-            "queue": "default", "handlers": "test.echo,test.fail", "started_at": datetime.now(UTC).isoformat(),
-            "last_beat_ms": beat, "breakers": orjson.dumps({"test.fail": "open"}).decode(),
-        })  # fmt: skip
-        await redis.zadd(keys.index, {worker_id: beat})
-    workers = (await api.cluster.ListWorkers(cluster_pb2.ListWorkersRequest(), metadata=api.viewer)).workers
-    assert [(w.id, w.pid, w.slots, w.active, list(w.handlers)) for w in workers] == [
-        ("host:1:live", 1, 10, 2, ["test.echo", "test.fail"])
-    ]
-    assert await redis.zrange(keys.index, 0, -1) == [b"host:1:live"]  # the stale entry is forgotten
-    handlers = (await api.cluster.ListHandlers(cluster_pb2.ListHandlersRequest(), metadata=api.viewer)).handlers
-    by_name = {h.name: h for h in handlers}
-    assert by_name["shell.command"].admin_only
-    assert not by_name["test.echo"].admin_only
-    assert [(b.key, b.state, b.worker_id) for b in by_name["test.fail"].breakers] == [
-        ("test.fail", cluster_pb2.BREAKER_STATE_OPEN, "host:1:live")
-    ]
-    assert {f["name"] for f in by_name["test.delay"].payload_fields} == {"seconds"}  # type: ignore[index]
+async def test_list_workers_shows_live_workers_only(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+    redis_url: str,
+    database_url: str,
+    pool: asyncpg.Pool,
+) -> None:
+    # A worker killed two minutes ago: its last heartbeat is stale (its hash would have expired too).
+    gone = datetime.now(UTC) - timedelta(minutes=2)
+    await workers.beat(redis, workers.WorkerInfo(id="host:2:gone", handlers=("test.echo",), last_beat=gone))
+    settings = make_settings(redis_url, database_url)
+    registry = default_registry(HandlerSettings(dev_mode=True))
+    worker = Worker(redis, pool, registry, settings, worker_id="host:1:live", concurrency=3)
+    # A real failure trips the breaker the worker then reports (one failed call opens it: min_calls 1).
+    breaker = worker.breakers.get("test.fail")
+    while breaker.state is not BreakerState.OPEN:
+        await breaker.call(lambda: asyncio.sleep(0, "failed"), lambda result: True)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+
+        async def listed() -> list[cluster_pb2.Worker]:
+            reply = await api.cluster.ListWorkers(cluster_pb2.ListWorkersRequest(), metadata=api.viewer)
+            return list(reply.workers)
+
+        (shown,) = await eventually(listed)
+        assert (shown.id, shown.pid, shown.slots, shown.active, shown.queue) == (
+            "host:1:live",
+            os.getpid(),
+            3,
+            0,
+            "default",
+        )
+        assert list(shown.handlers) == registry.names()
+        # The live worker's beat forgot the stale index entry; reading (ListWorkers) writes nothing.
+        assert await redis.zrange(WorkerKeys().index, 0, -1) == [b"host:1:live"]
+        handlers = (await api.cluster.ListHandlers(cluster_pb2.ListHandlersRequest(), metadata=api.viewer)).handlers
+        by_name = {h.name: h for h in handlers}
+        assert by_name["shell.command"].admin_only
+        assert not by_name["test.echo"].admin_only
+        assert [(b.key, b.state, b.worker_id) for b in by_name["test.fail"].breakers] == [
+            ("test.fail", cluster_pb2.BREAKER_STATE_OPEN, "host:1:live")
+        ]
+        assert {f["name"] for f in by_name["test.delay"].payload_fields} == {"seconds"}  # type: ignore[index]
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        await registry.aclose()
+    # A graceful stop unregisters: nothing is listed any more.
+    assert (await api.cluster.ListWorkers(cluster_pb2.ListWorkersRequest(), metadata=api.viewer)).workers == []
+    assert await redis.zrange(WorkerKeys().index, 0, -1) == []
+
+
+async def test_list_workers_does_not_write(api: Harness, redis: Redis) -> None:  # noqa: F811
+    """A viewer's ListWorkers only reads: a stale index entry stays until a worker's beat drops it."""
+    await workers.beat(redis, workers.WorkerInfo(id="host:2:gone", last_beat=datetime.now(UTC) - timedelta(minutes=2)))
+    assert (await api.cluster.ListWorkers(cluster_pb2.ListWorkersRequest(), metadata=api.viewer)).workers == []
+    assert await redis.zrange(WorkerKeys().index, 0, -1) == [b"host:2:gone"]
 
 
 async def test_scheduler_status_reports_the_leader_and_its_term(api: Harness, redis: Redis) -> None:  # noqa: F811

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 
+import asyncpg
 import pytest
 
+from scheduler_grpc.db import migrate as migrations
 from tests.conftest import ROOT
 
 
@@ -42,7 +45,24 @@ def test_bad_setting_gives_one_clear_line(env: dict[str, str], named: str) -> No
     assert "secret" not in result.stderr
 
 
-def test_migrate_applies_then_is_a_no_op(database_url: str) -> None:
-    first = run_cli("migrate", DATABASE_URL=database_url)
-    assert first.returncode == 0, first.stderr
-    assert '"schema is up to date"' in first.stderr or "schema is up to date" in first.stderr
+async def test_migrate_applies_then_is_a_no_op(pool: asyncpg.Pool, database_url: str) -> None:
+    fresh = "scheduler_cli_migrate"
+    await pool.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+    await pool.execute(f'CREATE DATABASE "{fresh}"')
+    url = database_url.rsplit("/", 1)[0] + "/" + fresh
+    try:
+        first = await asyncio.to_thread(run_cli, "migrate", DATABASE_URL=url)
+        assert first.returncode == 0, first.stderr
+        assert "migrations applied" in first.stderr, first.stderr
+        versions = [migration.version for migration in migrations.available()]
+        conn = await asyncpg.connect(url)
+        try:
+            assert [row["version"] for row in await conn.fetch("SELECT version FROM schema_migrations")] == versions
+        finally:
+            await conn.close()
+        second = await asyncio.to_thread(run_cli, "migrate", DATABASE_URL=url)
+        assert second.returncode == 0, second.stderr
+        assert "schema is up to date" in second.stderr, second.stderr
+        assert "migrations applied" not in second.stderr
+    finally:
+        await pool.execute(f'DROP DATABASE "{fresh}" WITH (FORCE)')

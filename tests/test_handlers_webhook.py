@@ -482,12 +482,35 @@ def test_validate_normalises(webhook: WebhookHandler) -> None:
     assert normalised["expected_statuses"] == [200, 204]
 
 
+@dataclass
+class Proxy:
+    """A loopback listener standing in for an HTTP proxy: counts connections and closes them."""
+
+    url: str
+    connections: int = 0
+
+
 @pytest.fixture
-def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HTTP_PROXY", "http://10.0.0.1:3128")
-    monkeypatch.setenv("http_proxy", "http://10.0.0.1:3128")
+async def proxy_env(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Proxy]:
+    """Every proxy variable points at `Proxy`, and nothing is exempt from it (no NO_PROXY)."""
+    proxy = Proxy("")
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        proxy.connections += 1
+        writer.close()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    proxy.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, proxy.url)
+        monkeypatch.setenv(name.lower(), proxy.url)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    async with server:
+        yield proxy
 
 
-async def test_environment_proxies_are_ignored(no_proxy_env: None, webhook: WebhookHandler, target: Target) -> None:
+async def test_environment_proxies_are_ignored(proxy_env: Proxy, webhook: WebhookHandler, target: Target) -> None:
     result = await call(webhook, ALLOWED, {"url": f"{target.base}/hook"})
+    assert proxy_env.connections == 0
     assert result["status"] == 200

@@ -8,6 +8,7 @@ import uuid
 import asyncpg
 import pytest
 
+from scheduler_grpc import rules
 from scheduler_grpc.db import migrate as migrations
 from scheduler_grpc.db.migrate import migrate
 
@@ -67,3 +68,17 @@ async def test_one_row_per_job_slot_and_attempt(pool: asyncpg.Pool) -> None:
         await pool.execute(insert, uuid.uuid4(), first, job_id, 1, "manual")
     with pytest.raises(asyncpg.CheckViolationError):
         await pool.execute("UPDATE job_executions SET status = 'succeeded' WHERE job_id = $1 AND attempt = 1", job_id)
+
+
+async def test_schema_checks_match_the_rules(pool: asyncpg.Pool) -> None:
+    """SQL cannot import `scheduler_grpc.rules`: its CHECK constraints must say the same."""
+    rows = await pool.fetch(
+        """SELECT conrelid::regclass::text AS tbl, pg_get_constraintdef(oid) AS def FROM pg_constraint
+           WHERE contype = 'c' AND conrelid::regclass::text IN ('jobs', 'job_executions')"""
+    )
+    checks = [(row["tbl"], row["def"]) for row in rows]
+    queue_checks = [d for _, d in checks if "queue ~" in d]
+    assert queue_checks == [f"CHECK ((queue ~ '^{rules.QUEUE_NAME_PATTERN}$'::text))"]
+    bounds = f"CHECK (((priority >= '{rules.PRIORITY_MIN}'::integer) AND (priority <= {rules.PRIORITY_MAX})))"
+    assert sorted(table for table, d in checks if "priority" in d) == ["job_executions", "jobs"]
+    assert [d for _, d in checks if "priority" in d] == [bounds, bounds]

@@ -591,7 +591,10 @@ async def test_blocked_consumer_wakes_promptly(redis: aioredis.Redis, deadline: 
         assert lease.id == f"i{n}"
     median_ms = statistics.median(latencies) * 1000
     print(f"wake-up latency: median {median_ms:.2f} ms, max {max(latencies) * 1000:.2f} ms")
-    assert max(latencies) < 0.2
+    # Promptly means woken by the push, not by the fallback poll every _MAX_BLOCK_S (2 s): bounds loose
+    # enough for a loaded 2-core CI, yet far below the poll.
+    assert statistics.median(latencies) < 0.1
+    assert max(latencies) < 1.0
 
 
 async def test_enqueue_before_the_wait_is_not_lost(redis: aioredis.Redis) -> None:
@@ -600,7 +603,7 @@ async def test_enqueue_before_the_wait_is_not_lost(redis: aioredis.Redis) -> Non
     await queue.enqueue("a")  # lands before its BZPOPMIN
     started = time.perf_counter()
     assert await queue.wait_for_work(timedelta(seconds=5))
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < 2.0  # a lost wake-up would wait out the 5 s
     [lease] = await queue.dequeue("w", VT)
     assert lease.id == "a"
     assert not await queue.wait_for_work(timedelta(milliseconds=50))
@@ -614,7 +617,7 @@ async def test_marker_wakes_one_idle_worker_per_remaining_item(redis: aioredis.R
     started = time.perf_counter()
     await queue.enqueue_many(NewItem(f"i{n}") for n in range(5))
     results = await asyncio.wait_for(asyncio.gather(*consumers), 5)
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < 1.5  # not each woken by its fallback poll (_MAX_BLOCK_S, 2 s)
     assert sorted(lease.id for leases in results for lease in leases) == [f"i{n}" for n in range(5)]
 
 
@@ -728,7 +731,7 @@ def test_script_header_and_keys(path: Path) -> None:
     if "ready_score(" in source:
         assert f"local PRIORITY_MAX = {PRIORITY_MAX}\n" in source
         assert f"local SEQ_SPAN = {SEQ_SPAN}\n" in source
-        assert not queue_module._INCLUDE.search(source)
+        assert "-- @include" not in source
 
 
 async def test_extend_many_keeps_the_live_leases_and_reports_the_lost_ones(redis: aioredis.Redis) -> None:

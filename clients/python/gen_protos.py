@@ -1,4 +1,5 @@
-"""Generate the Python stubs of protos/scheduler/v1 into scheduler_client/v1 (messages, .pyi, gRPC).
+"""Generate the Python stubs of protos/scheduler/v1 into scheduler_client/v1 (messages, .pyi, gRPC and
+its typed `_pb2_grpc.pyi`, the latter by mypy-protobuf's `protoc-gen-mypy_grpc`).
 
 Run from anywhere: `python clients/python/gen_protos.py [OUT_DIR]`. protoc's generated imports name
 the proto package (`from scheduler.v1 import jobs_pb2`); they are rewritten to
@@ -9,6 +10,7 @@ into a temporary directory and compares with the committed files.
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,7 +28,8 @@ def generate(out_dir: Path) -> list[Path]:
     with _tmp() as tmp:
         code = protoc.main([
             "grpc_tools.protoc", f"-I{PROTOS}", f"-I{include}", f"--python_out={tmp}", f"--pyi_out={tmp}",
-            f"--grpc_python_out={tmp}", *sources,
+            f"--grpc_python_out={tmp}", f"--plugin=protoc-gen-mypy_grpc={_plugin('protoc-gen-mypy_grpc')}",
+            f"--mypy_grpc_out={tmp}", *sources,
         ])  # fmt: skip
         if code != 0:
             raise SystemExit(f"protoc failed with exit code {code}")
@@ -37,6 +40,17 @@ def generate(out_dir: Path) -> list[Path]:
             target.write_text(text)
             written.append(target)
     return written
+
+
+def _plugin(name: str) -> str:
+    """A protoc plugin installed next to this Python (mypy-protobuf's, a pinned dev dependency)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        found = shutil.which(name)
+        if found is None:
+            raise SystemExit(f"{name} not found: install the dev dependencies (mypy-protobuf)")
+        return found
+    return str(path)
 
 
 class _tmp:

@@ -61,16 +61,11 @@ def add_services(server: grpc.aio.Server, api: Api) -> list[str]:
     from scheduler_grpc.services.jobs import JobService
     from scheduler_grpc.services.queue import QueueService
 
-    # The generated registration functions carry no annotations (grpcio-tools emits none).
-    auth_pb2_grpc.add_AuthServiceServicer_to_server(AuthService(api), server)  # type: ignore[no-untyped-call]
-    jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(api), server)  # type: ignore[no-untyped-call]
-    executions_pb2_grpc.add_ExecutionServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        ExecutionService(api), server
-    )
-    queue_pb2_grpc.add_QueueServiceServicer_to_server(QueueService(api), server)  # type: ignore[no-untyped-call]
-    cluster_pb2_grpc.add_ClusterServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        ClusterService(api), server
-    )
+    auth_pb2_grpc.add_AuthServiceServicer_to_server(AuthService(api), server)
+    jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(api), server)
+    executions_pb2_grpc.add_ExecutionServiceServicer_to_server(ExecutionService(api), server)
+    queue_pb2_grpc.add_QueueServiceServicer_to_server(QueueService(api), server)
+    cluster_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterService(api), server)
     return list(SERVICE_NAMES)
 
 

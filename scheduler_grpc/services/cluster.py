@@ -2,72 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any
 
 import grpc
-import orjson
 from scheduler_client.v1 import cluster_pb2, cluster_pb2_grpc
 
-from scheduler_grpc.keys import LeaderKeys, WorkerKeys
+from scheduler_grpc import leader, registry
+from scheduler_grpc.keys import LeaderKeys
+from scheduler_grpc.registry import WorkerInfo
 from scheduler_grpc.services import Api, convert
-from scheduler_grpc.worker import HEARTBEAT_TTL
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-_WORKERS: Final = WorkerKeys()
-_LEADER: Final = LeaderKeys()
 
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(_text(value))
-    except ValueError:
-        return 0
-
-
-@dataclass(frozen=True)
-class _Worker:
-    message: cluster_pb2.Worker
-    breakers: dict[str, str] = field(default_factory=dict)
-
-
-def _worker(fields: dict[str, Any]) -> _Worker:
-    facts = {_text(key): _text(value) for key, value in fields.items()}
-    started = None
-    if facts.get("started_at"):
-        try:
-            started = datetime.fromisoformat(facts["started_at"])
-        except ValueError:
-            started = None
-    beat_ms = _int(facts.get("last_beat_ms", "0"))
-    message = cluster_pb2.Worker(
-        id=facts.get("id", ""),
-        host=facts.get("host", ""),
-        pid=_int(facts.get("pid", "0")),
-        slots=_int(facts.get("slots", "0")),
-        active=_int(facts.get("active", "0")),
-        queue=facts.get("queue", ""),
-        handlers=[name for name in facts.get("handlers", "").split(",") if name],
-        start_time=convert.timestamp(started),
-        heartbeat_time=convert.timestamp(datetime.fromtimestamp(beat_ms / 1000, UTC)) if beat_ms else None,
+def _message(worker: WorkerInfo) -> cluster_pb2.Worker:
+    return cluster_pb2.Worker(
+        id=worker.id,
+        host=worker.host,
+        pid=worker.pid,
+        slots=worker.slots,
+        active=worker.active,
+        queue=worker.queue,
+        handlers=list(worker.handlers),
+        start_time=convert.timestamp(worker.started_at),
+        heartbeat_time=convert.timestamp(worker.last_beat),
     )
-    breakers: dict[str, str] = {}
-    if facts.get("breakers"):
-        # Optional: `{breaker key: state}` as JSON, for workers that report their breakers.
-        try:
-            decoded = orjson.loads(facts["breakers"])
-            breakers = {str(key): str(value) for key, value in decoded.items()} if isinstance(decoded, dict) else {}
-        except orjson.JSONDecodeError:
-            breakers = {}
-    return _Worker(message, breakers)
 
 
 class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
@@ -77,43 +36,25 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         self._redis = api.redis
         self._leadership = api.leadership
         self._handlers = api.handlers
-        self._timeout = api.timeout.total_seconds()
+        self._timeout = api.timeout
 
-    async def _live_workers(self) -> list[_Worker]:
-        """Workers whose heartbeat is fresh; index entries of workers gone silent are dropped."""
-        now_ms = int(time.time() * 1000)
-        oldest = now_ms - int(HEARTBEAT_TTL.total_seconds() * 1000)
-        async with asyncio.timeout(self._timeout):
-            # A worker killed without unregistering leaves its index entry behind: forget it here,
-            # its hash has expired by now anyway.
-            await self._redis.zremrangebyscore(_WORKERS.index, "-inf", f"({oldest}")
-            ids = [_text(worker_id) for worker_id in await self._redis.zrange(_WORKERS.index, 0, -1)]
-            pipe = self._redis.pipeline(transaction=False)
-            for worker_id in ids:
-                pipe.hgetall(_WORKERS.worker(worker_id))
-            replies: list[Any] = await pipe.execute() if ids else []
-        workers = [_worker(fields) for fields in replies if fields]
-        return sorted(
-            (w for w in workers if w.message.heartbeat_time.ToMilliseconds() >= oldest),
-            key=lambda w: w.message.id,
-        )
+    async def _live_workers(self) -> list[WorkerInfo]:
+        return await registry.live_workers(self._redis, call_timeout=self._timeout)
 
     async def ListWorkers(
         self, request: cluster_pb2.ListWorkersRequest, context: Context
     ) -> cluster_pb2.ListWorkersResponse:
-        return cluster_pb2.ListWorkersResponse(workers=[w.message for w in await self._live_workers()])
+        return cluster_pb2.ListWorkersResponse(workers=[_message(w) for w in await self._live_workers()])
 
     async def GetSchedulerStatus(
         self, request: cluster_pb2.GetSchedulerStatusRequest, context: Context
     ) -> cluster_pb2.GetSchedulerStatusResponse:
-        async with asyncio.timeout(self._timeout):
-            lock = await self._redis.get(_LEADER.lock)
-        record = await self._leadership.current(_LEADER.scope)
-        # The lock's value is `<holder>:<random lease suffix>`; the holder is `<instance>:<pid>`.
-        leader = _text(lock).rsplit(":", 1)[0] if lock is not None else ""
+        scope = LeaderKeys().scope
+        holder = await leader.current_holder(self._redis, scope, call_timeout=self._timeout.total_seconds())
+        record = await self._leadership.current(scope)
         return cluster_pb2.GetSchedulerStatusResponse(
-            has_leader=lock is not None,
-            leader=leader,
+            has_leader=holder is not None,
+            leader=holder or "",
             term=record.term if record else 0,
             leader_since_time=convert.timestamp(record.acquired_at) if record else None,
         )
@@ -126,7 +67,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         for entry in self._handlers.describe():
             name = str(entry["name"])
             breakers = [
-                cluster_pb2.Breaker(key=key, state=convert.breaker_state(state), worker_id=worker.message.id)
+                cluster_pb2.Breaker(key=key, state=convert.breaker_state(state), worker_id=worker.id)
                 for worker in workers
                 for key, state in sorted(worker.breakers.items())
                 if key == name or key.startswith(f"{name}:")

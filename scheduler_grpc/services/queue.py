@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -11,11 +10,11 @@ from scheduler_client.v1 import queue_pb2, queue_pb2_grpc
 
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.queue import MAX_BATCH, Queue
+from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.services import Api, convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-_QUEUE_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_RUN_IDS: Final = 10_000
 
 
@@ -52,8 +51,8 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
 
     def _queue(self, name: str) -> Queue:
         name = name or "default"
-        if not _QUEUE_NAME.fullmatch(name):
-            raise InvalidArgument("queue", "use 1-64 letters, digits, '_', '.' or '-'")
+        if not is_queue_name(name):
+            raise InvalidArgument("queue", QUEUE_NAME_RULE)
         return self._control.queues.get(name)
 
     async def GetQueueStats(

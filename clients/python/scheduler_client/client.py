@@ -913,30 +913,14 @@ def build_job(
     Giving any retry argument sends a whole retry policy: the others then take the documented
     defaults (3 retries, backoff 1 s to 5 min, jitter on).
     """
-    if cron and run_at is not None:
-        raise InvalidArgument("schedule: give either cron or run_at, not both")
+    schedule = _schedule(cron, time_zone, run_at, dst_gap_policy, dst_fold_policy)
     job = jobs_pb2.Job(name=name, handler=handler, queue=queue or "", priority=priority or 0)
     if payload is not None:
         job.payload.CopyFrom(_struct(payload, "payload"))
-    if cron or time_zone or run_at is not None or dst_gap_policy is not None or dst_fold_policy is not None:
-        schedule = jobs_pb2.Schedule(cron=cron or "", time_zone=time_zone or "")
-        if run_at is not None:
-            schedule.run_time.CopyFrom(_timestamp(run_at))
-        if dst_gap_policy is not None:
-            schedule.MergeFrom(jobs_pb2.Schedule(dst_gap_policy=DST_GAP_POLICY.name(dst_gap_policy)))
-        if dst_fold_policy is not None:
-            schedule.MergeFrom(jobs_pb2.Schedule(dst_fold_policy=DST_FOLD_POLICY.name(dst_fold_policy)))
+    if schedule is not None:
         job.schedule.CopyFrom(schedule)
-    if max_retries is not None or initial_backoff is not None or max_backoff is not None or jitter is not None:
-        # A RetryPolicy message cannot leave a field "unset": what is not given gets the documented default.
-        retry = jobs_pb2.RetryPolicy(
-            max_retries=DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
-            jitter=True if jitter is None else jitter,
-        )
-        if initial_backoff is not None:
-            retry.initial_backoff.CopyFrom(_duration(initial_backoff, "initial_backoff"))
-        if max_backoff is not None:
-            retry.max_backoff.CopyFrom(_duration(max_backoff, "max_backoff"))
+    retry = _retry_policy(max_retries, initial_backoff, max_backoff, jitter)
+    if retry is not None:
         job.retry_policy.CopyFrom(retry)
     if timeout is not None:
         job.timeout.CopyFrom(_duration(timeout, "timeout"))
@@ -945,6 +929,46 @@ def build_job(
     if concurrency_policy is not None:
         job.MergeFrom(jobs_pb2.Job(concurrency_policy=CONCURRENCY_POLICY.name(concurrency_policy)))
     return job
+
+
+def _schedule(
+    cron: str | None,
+    time_zone: str | None,
+    run_at: datetime | None,
+    dst_gap_policy: int | str | None,
+    dst_fold_policy: int | str | None,
+) -> jobs_pb2.Schedule | None:
+    """The `schedule` of `build_job`: None when no schedule argument is given (a manual job)."""
+    if cron and run_at is not None:
+        raise InvalidArgument("schedule: give either cron or run_at, not both")
+    if not (cron or time_zone) and run_at is None and dst_gap_policy is None and dst_fold_policy is None:
+        return None
+    schedule = jobs_pb2.Schedule(cron=cron or "", time_zone=time_zone or "")
+    if run_at is not None:
+        schedule.run_time.CopyFrom(_timestamp(run_at))
+    if dst_gap_policy is not None:
+        schedule.MergeFrom(jobs_pb2.Schedule(dst_gap_policy=DST_GAP_POLICY.name(dst_gap_policy)))
+    if dst_fold_policy is not None:
+        schedule.MergeFrom(jobs_pb2.Schedule(dst_fold_policy=DST_FOLD_POLICY.name(dst_fold_policy)))
+    return schedule
+
+
+def _retry_policy(
+    max_retries: int | None, initial_backoff: Seconds | None, max_backoff: Seconds | None, jitter: bool | None
+) -> jobs_pb2.RetryPolicy | None:
+    """The `retry_policy` of `build_job`: None when no retry argument is given (server defaults)."""
+    if max_retries is None and initial_backoff is None and max_backoff is None and jitter is None:
+        return None
+    # A RetryPolicy message cannot leave a field "unset": what is not given gets the documented default.
+    retry = jobs_pb2.RetryPolicy(
+        max_retries=DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
+        jitter=True if jitter is None else jitter,
+    )
+    if initial_backoff is not None:
+        retry.initial_backoff.CopyFrom(_duration(initial_backoff, "initial_backoff"))
+    if max_backoff is not None:
+        retry.max_backoff.CopyFrom(_duration(max_backoff, "max_backoff"))
+    return retry
 
 
 def _run_ids(run_ids: Iterable[str], all_runs: bool) -> list[str]:
