@@ -55,6 +55,7 @@ Iterate = Callable[[], AsyncIterator[Any]]
 
 UNAVAILABLE_MESSAGE: Final = "a backing server (Redis or PostgreSQL) is unavailable right now; retry"
 INTERNAL_MESSAGE: Final = "internal error; the server logged the details"
+CALL_TIMEOUT_MESSAGE: Final = "the call ran past the server's own time limit for one call; retry later"
 _QUIET_METHODS: Final = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 
 # Domain errors -> status codes. The first matching class wins (subclasses before their bases).
@@ -295,14 +296,19 @@ class ErrorInterceptor(_WrappingInterceptor):
         self._metrics = metrics
 
     async def around(self, call: CallInfo, invoke: Invoke) -> Any:
+        deadline: asyncio.Timeout | None = None
         try:
             if call.response_streaming:  # e.g. Health/Watch: lives as long as the client wants
                 return await invoke()
-            async with asyncio.timeout(self._call_timeout):
+            async with asyncio.timeout(self._call_timeout) as deadline:
                 return await invoke()
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:
+            if deadline is not None and deadline.expired():
+                # The server's own bound ran out, not a store's: saying UNAVAILABLE "a backing
+                # server is unavailable" would send the operator after healthy stores.
+                await call.context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, CALL_TIMEOUT_MESSAGE)
             await self._abort(call, exc)
 
     async def around_stream(self, call: CallInfo, iterate: Iterate) -> AsyncIterator[Any]:
@@ -338,7 +344,7 @@ class AuthInterceptor(_WrappingInterceptor):
         if needed is None:
             return None
         metadata = call.context.invocation_metadata() or ()
-        token = auth.parse_bearer({key: value for key, value in metadata})
+        token = auth.parse_bearer(metadata)
         principal = await self._auth.authenticate(token)
         call.principal = principal.name
         principal.require(needed, call.method)

@@ -7,8 +7,9 @@ on grpc.aio (on uvloop under the CLI). Everything is created inside the running 
   while either does not answer, every service reports NOT_SERVING, and SERVING again once both do;
 * one reader of the execution event stream shared by every WatchExecutions call (`EventFanout`);
 * interceptors: request log and metrics, error mapping, authentication and the role table;
-* limits: `SCHEDULER_MAX_CONCURRENT_RPCS` concurrent calls (beyond: RESOURCE_EXHAUSTED), message
-  sizes, keepalive; optional TLS and mutual TLS;
+* limits: `SCHEDULER_MAX_CONCURRENT_RPCS` concurrent calls (beyond: RESOURCE_EXHAUSTED; gRPC core's
+  queue of calls not yet picked up is sized above it, so a burst is never silently CANCELLED),
+  message sizes, keepalive; optional TLS and mutual TLS;
 * shutdown (SIGTERM): watch streams end with UNAVAILABLE and their resume cursor, health turns
   NOT_SERVING, then `server.stop(grace)` lets in-flight calls finish within SCHEDULER_SHUTDOWN_GRACE.
 """
@@ -71,6 +72,26 @@ SERVER_OPTIONS: Final[Sequence[tuple[str, int]]] = (
     # Refuse to share a port with another process: a second server must fail, not split traffic.
     ("grpc.so_reuseport", 0),
 )
+
+
+# gRPC core queues calls that arrived before the Python server asked for them ("pending requests")
+# and, past grpc.server.max_pending_requests (default 1,000), cancels a growing share of new ones
+# at random up to grpc.server.max_pending_requests_hard_limit (default 3,000), where it cancels all:
+# the client sees CANCELLED and the server never sees (logs or counts) the call. A burst of a few
+# thousand calls fills that queue faster than one event loop drains it, so both limits are raised
+# above SCHEDULER_MAX_CONCURRENT_RPCS: every call then reaches the server, which answers it or
+# refuses it with RESOURCE_EXHAUSTED (counted and logged). Beyond this ceiling core still cancels.
+PENDING_REQUESTS_HEADROOM: Final = 2
+
+
+def server_options(max_concurrent_rpcs: int) -> list[tuple[str, int]]:
+    """SERVER_OPTIONS plus the pending-call limits sized for `max_concurrent_rpcs`."""
+    pending = max(1_000, max_concurrent_rpcs * PENDING_REQUESTS_HEADROOM)
+    return [
+        *SERVER_OPTIONS,
+        ("grpc.server.max_pending_requests", pending),
+        ("grpc.server.max_pending_requests_hard_limit", pending * 2),
+    ]
 
 
 @dataclass(frozen=True)
@@ -252,7 +273,7 @@ async def serve(
                 ErrorInterceptor(CALL_TIMEOUT, recorder),
                 AuthInterceptor(authenticator),
             ],
-            options=SERVER_OPTIONS,
+            options=server_options(settings.max_concurrent_rpcs),
             maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
         )
         services = add_services(server, api)

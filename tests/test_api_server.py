@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import shutil
 import signal
 import subprocess
+import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +21,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, executions_pb2, jobs_pb2, jobs_pb2_grpc
+from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, executions_pb2, jobs_pb2, jobs_pb2_grpc, queue_pb2
 
 from scheduler_grpc import metrics
+from scheduler_grpc import server as server_module
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.embedded import free_port
 from scheduler_grpc.errors import InvalidArgument, NotFound, Unavailable
@@ -139,6 +143,70 @@ async def test_unexpected_errors_are_internal_without_details(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await api.jobs.GetJob(jobs_pb2.GetJobRequest(id=str(uuid.uuid4())), metadata=api.viewer)
     assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_MESSAGE)
+
+
+async def test_a_call_past_the_servers_own_limit_is_deadline_exceeded_not_a_store_outage(
+    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "CALL_TIMEOUT", timedelta(seconds=0.5))
+    async with running_api(redis_url, database_url, pool) as harness:
+
+        async def stuck(**kwargs: Any) -> None:
+            await asyncio.Event().wait()  # e.g. queued behind a login flood; both stores are fine
+
+        monkeypatch.setattr(harness.server.api.control.jobs, "list_page", stuck)
+        store_errors = sum(metrics.STORE_ERRORS.labels(store)._value.get() for store in ("redis", "postgres"))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await harness.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=harness.viewer, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "Redis" not in (caught.value.details() or "")
+        assert sum(metrics.STORE_ERRORS.labels(store)._value.get() for store in ("redis", "postgres")) == store_errors
+
+
+async def test_thousands_of_concurrent_calls_end_ok_and_health_stays_prompt(
+    api: Harness,  # noqa: F811
+) -> None:
+    """Past ~1,000 calls waiting to be picked up, gRPC core cancelled calls the server never saw."""
+
+    def served(code: str) -> float:
+        labels = {"service": "scheduler.v1.QueueService", "method": "GetQueueStats", "code": code}
+        return metrics.REGISTRY.get_sample_value("scheduler_grpc_requests_total", labels) or 0.0
+
+    streams = [
+        api.executions.WatchExecutions(executions_pb2.WatchExecutionsRequest(), metadata=api.viewer) for _ in range(200)
+    ]
+    await asyncio.gather(*(stream.initial_metadata() for stream in streams))
+    health = health_pb2_grpc.HealthStub(api.channel)
+    slowest_health = 0.0
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        nonlocal slowest_health
+        while not done.is_set():
+            began = time.monotonic()
+            assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=10)).status == SERVING
+            await api.queue.GetQueueStats(queue_pb2.GetQueueStatsRequest(), metadata=api.admin, timeout=10)
+            slowest_health = max(slowest_health, time.monotonic() - began)
+            await asyncio.sleep(0.05)
+
+    async def one() -> str:
+        try:
+            await api.queue.GetQueueStats(queue_pb2.GetQueueStatsRequest(), metadata=api.viewer, timeout=60)
+        except grpc.aio.AioRpcError as error:
+            return error.code().name
+        return "OK"
+
+    before = served("OK")
+    prober = asyncio.create_task(probe())
+    codes = collections.Counter(await asyncio.gather(*(one() for _ in range(3000))))
+    done.set()
+    await prober
+    assert codes == {"OK": 3000}
+    assert all(not stream.done() for stream in streams)
+    for stream in streams:
+        stream.cancel()
+    assert served("OK") - before >= 3000
+    assert slowest_health < 5, slowest_health
 
 
 class _PostgresShutdown(Exception):
