@@ -24,10 +24,12 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Final
+from typing import Any, Final, cast
 
 import grpc
 from argon2 import PasswordHasher
+from google.protobuf import descriptor_pool
+from google.protobuf.descriptor import FileDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -201,6 +203,41 @@ class HealthMonitor:
             await asyncio.sleep(HEALTH_INTERVAL.total_seconds())
 
 
+class _ReflectionPool:
+    """The default descriptor pool, but also finding the file of a method symbol.
+
+    Reflection answers `file_containing_symbol` with `FindFileContainingSymbol`, which in the
+    protobuf runtime knows services, messages, enums and fields but not methods, so
+    `grpcurl describe scheduler.v1.JobService.TriggerJob` answered "Symbol not found". A method's
+    file is its service's file.
+    """
+
+    def __init__(self, pool: descriptor_pool.DescriptorPool) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def FindFileContainingSymbol(self, symbol: str) -> FileDescriptor:  # the pool's API, its spelling
+        try:
+            return self._pool.FindFileContainingSymbol(symbol)
+        except KeyError:
+            service_name, _, method = symbol.rpartition(".")
+            try:
+                service = self._pool.FindServiceByName(service_name)
+            except KeyError:
+                raise KeyError(symbol) from None
+            if method not in service.methods_by_name:
+                raise KeyError(symbol) from None
+            return service.file
+
+
+def reflection_pool() -> descriptor_pool.DescriptorPool:
+    """The pool server reflection reads (the default pool, with method symbols resolved)."""
+    # Duck-typed: the reflection servicer only calls the pool's Find* methods.
+    return cast(descriptor_pool.DescriptorPool, _ReflectionPool(descriptor_pool.Default()))
+
+
 def preflight(settings: Settings) -> tuple[str, str]:
     """The listen host and the admin password, or ConfigError before anything is opened.
 
@@ -280,7 +317,9 @@ async def serve(
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         reflection.enable_server_reflection(
-            [*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+            [*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            server,
+            pool=reflection_pool(),
         )
         monitor = HealthMonitor(health, services, redis, pool, recorder)
         await monitor.check()  # the first answer is a real one, not the library's default SERVING
