@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +22,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, executions_pb2, jobs_pb2, jobs_pb2_grpc, queue_pb2
+from scheduler_client.v1 import (
+    auth_pb2,
+    auth_pb2_grpc,
+    executions_pb2,
+    executions_pb2_grpc,
+    jobs_pb2,
+    jobs_pb2_grpc,
+    queue_pb2,
+    queue_pb2_grpc,
+)
 
 from scheduler_grpc import metrics
 from scheduler_grpc import server as server_module
@@ -31,6 +41,7 @@ from scheduler_grpc.errors import InvalidArgument, NotFound, Unavailable
 from scheduler_grpc.interceptors import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE, status_for
 from scheduler_grpc.server import serve
 from scheduler_grpc.services import SERVICE_NAMES
+from tests.api_helpers import start_server, wait_for_server
 from tests.engine_helpers import Roles, eventually, make_settings
 from tests.test_api_support import ADMIN_PASSWORD, FAST_HASHER, Harness, api, bearer, running_api  # noqa: F401 - `api` is a fixture
 from tests.test_cli import run_cli
@@ -163,50 +174,66 @@ async def test_a_call_past_the_servers_own_limit_is_deadline_exceeded_not_a_stor
         assert sum(metrics.STORE_ERRORS.labels(store)._value.get() for store in ("redis", "postgres")) == store_errors
 
 
-async def test_thousands_of_concurrent_calls_end_ok_and_health_stays_prompt(
-    api: Harness,  # noqa: F811
-) -> None:
-    """Past ~1,000 calls waiting to be picked up, gRPC core cancelled calls the server never saw."""
+async def test_thousands_of_concurrent_calls_end_ok_and_health_stays_prompt(roles: Roles) -> None:
+    """Past ~1,000 calls waiting to be picked up, gRPC core cancelled calls the server never saw.
 
-    def served(code: str) -> float:
-        labels = {"service": "scheduler.v1.QueueService", "method": "GetQueueStats", "code": code}
-        return metrics.REGISTRY.get_sample_value("scheduler_grpc_requests_total", labels) or 0.0
+    The server is its own process (as in production, and so the load does not share its loop)."""
+    metrics_port = free_port()
+    server = start_server(roles, SCHEDULER_METRICS_PORT=str(metrics_port))
+    await wait_for_server(server)
 
-    streams = [
-        api.executions.WatchExecutions(executions_pb2.WatchExecutionsRequest(), metadata=api.viewer) for _ in range(200)
-    ]
-    await asyncio.gather(*(stream.initial_metadata() for stream in streams))
-    health = health_pb2_grpc.HealthStub(api.channel)
-    slowest_health = 0.0
-    done = asyncio.Event()
+    def served() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        prefix = 'scheduler_grpc_requests_total{code="OK",method="GetQueueStats"'
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
-    async def probe() -> None:
-        nonlocal slowest_health
-        while not done.is_set():
-            began = time.monotonic()
-            assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=10)).status == SERVING
-            await api.queue.GetQueueStats(queue_pb2.GetQueueStatsRequest(), metadata=api.admin, timeout=10)
-            slowest_health = max(slowest_health, time.monotonic() - began)
-            await asyncio.sleep(0.05)
+    async with grpc.aio.insecure_channel(server.target) as channel, grpc.aio.insecure_channel(server.target) as probes:
+        login = await auth_pb2_grpc.AuthServiceStub(channel).Login(
+            auth_pb2.LoginRequest(username="admin", password=ADMIN_PASSWORD)
+        )
+        token = bearer(login.token)
+        queue = queue_pb2_grpc.QueueServiceStub(channel)
+        watch = executions_pb2_grpc.ExecutionServiceStub(channel)
+        streams = [watch.WatchExecutions(executions_pb2.WatchExecutionsRequest(), metadata=token) for _ in range(200)]
+        await asyncio.gather(*(stream.initial_metadata() for stream in streams))
+        health = health_pb2_grpc.HealthStub(probes)
+        admin_queue = queue_pb2_grpc.QueueServiceStub(probes)
+        slowest = {"health": 0.0, "admin": 0.0}
+        done = asyncio.Event()
 
-    async def one() -> str:
-        try:
-            await api.queue.GetQueueStats(queue_pb2.GetQueueStatsRequest(), metadata=api.viewer, timeout=60)
-        except grpc.aio.AioRpcError as error:
-            return error.code().name
-        return "OK"
+        async def probe() -> None:
+            while not done.is_set():
+                began = time.monotonic()
+                assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=10)).status == SERVING
+                answered = time.monotonic()
+                await admin_queue.GetQueueStats(queue_pb2.GetQueueStatsRequest(), metadata=token, timeout=10)
+                slowest["health"] = max(slowest["health"], answered - began)
+                slowest["admin"] = max(slowest["admin"], time.monotonic() - answered)
+                await asyncio.sleep(0.05)
 
-    before = served("OK")
-    prober = asyncio.create_task(probe())
-    codes = collections.Counter(await asyncio.gather(*(one() for _ in range(3000))))
-    done.set()
-    await prober
-    assert codes == {"OK": 3000}
-    assert all(not stream.done() for stream in streams)
-    for stream in streams:
-        stream.cancel()
-    assert served("OK") - before >= 3000
-    assert slowest_health < 5, slowest_health
+        async def one() -> str:
+            try:
+                await queue.GetQueueStats(queue_pb2.GetQueueStatsRequest(), metadata=token, timeout=60)
+            except grpc.aio.AioRpcError as error:
+                return error.code().name
+            return "OK"
+
+        before = await asyncio.to_thread(served)
+        prober = asyncio.create_task(probe())
+        codes = collections.Counter(await asyncio.gather(*(one() for _ in range(3000))))
+        done.set()
+        await prober
+        assert codes == {"OK": 3000}
+        assert all(not stream.done() for stream in streams)
+        for stream in streams:
+            stream.cancel()
+    # Every call reached the server and was counted there (the prober's calls included).
+    assert await asyncio.to_thread(served) - before >= 3000
+    # Health never touches the stores and stays prompt; an admin call queues fairly with the burst
+    # (calls are served in arrival order), so it is bounded by the burst's length, not starved.
+    assert slowest["health"] < 3, slowest
+    assert slowest["admin"] < 8, slowest
 
 
 class _PostgresShutdown(Exception):
