@@ -5,9 +5,10 @@
 Starts embedded Valkey and PostgreSQL (or uses REDIS_URL / DATABASE_URL), one `scheduler-grpc
 server` process on a free loopback port, logs in as the dev admin, opens `--streams`
 WatchExecutions streams, then fires `--calls` concurrent GetQueueStats calls (spread over
-`--channels` channels). Throughout, a prober calls health Check and an admin call (ListJobs) in a
-loop and records their latencies. Prints calls/s, p50/p99/max, the status codes of every call and
-stream, the probes' worst latencies, and the server's own count of calls by code (from /metrics).
+`--channels` channels). Throughout, a prober (a process of its own, so this one's burst does not
+delay it) calls health Check and an admin call (ListJobs) in a loop and records their latencies.
+Prints calls/s, p50/p99/max, the status codes of every call and stream, the server's CPU time per
+call, the probes' latencies, and the server's own count of calls by code (from /metrics).
 Exits 1 if any call ended CANCELLED, INTERNAL or UNKNOWN.
 """
 
@@ -16,12 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -79,9 +83,13 @@ async def wait_serving(target: str, process: asyncio.subprocess.Process) -> None
     raise SystemExit("the server did not become SERVING within 60 s")
 
 
-async def load(args: argparse.Namespace, target: str, metrics_port: int) -> int:
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def load(args: argparse.Namespace, target: str, metrics_port: int, server_pid: int) -> int:
     channels = [grpc.aio.insecure_channel(target) for _ in range(args.channels)]
-    probe_channel = grpc.aio.insecure_channel(target)
     try:
         login = await auth_pb2_grpc.AuthServiceStub(channels[0]).Login(
             auth_pb2.LoginRequest(username="admin", password="admin123"), timeout=10
@@ -96,28 +104,15 @@ async def load(args: argparse.Namespace, target: str, metrics_port: int) -> int:
         await asyncio.gather(*(stream.initial_metadata() for stream in streams))
         print(f"{args.streams} WatchExecutions streams open in {time.perf_counter() - opened:.2f}s")
 
-        probes: dict[str, list[float]] = {"health": [], "admin ListJobs": []}
-        probe_codes: collections.Counter[str] = collections.Counter()
-        stop = asyncio.Event()
-
-        async def probe() -> None:
-            health = health_pb2_grpc.HealthStub(probe_channel)
-            jobs = jobs_pb2_grpc.JobServiceStub(probe_channel)
-            while not stop.is_set():
-                for name, call in (
-                    ("health", lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=10)),
-                    ("admin ListJobs", lambda: jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=token, timeout=10)),
-                ):
-                    began = time.perf_counter()
-                    try:
-                        await call()
-                        probe_codes["OK"] += 1
-                    except grpc.aio.AioRpcError as error:
-                        probe_codes[error.code().name] += 1
-                    probes[name].append(time.perf_counter() - began)
-                await asyncio.sleep(0.05)
-
-        prober = asyncio.create_task(probe())
+        # The prober is a process of its own: in this one, starting thousands of calls at once
+        # stalls the event loop and would be counted against the server.
+        prober = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--probe", target, "--token", login.token,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert prober.stdout is not None
+        assert prober.stdin is not None
+        await prober.stdout.readline()  # "probing": its first round is done
         latencies: list[float] = []
         codes: collections.Counter[str] = collections.Counter()
         stubs = [queue_pb2_grpc.QueueServiceStub(channel) for channel in channels]
@@ -131,11 +126,12 @@ async def load(args: argparse.Namespace, target: str, metrics_port: int) -> int:
                 codes[error.code().name] += 1
             latencies.append(time.perf_counter() - began)
 
-        began = time.perf_counter()
+        began, cpu_before = time.perf_counter(), cpu_seconds(server_pid)
         await asyncio.gather(*(one(i) for i in range(args.calls)))
-        elapsed = time.perf_counter() - began
-        stop.set()
-        await prober
+        elapsed, server_cpu = time.perf_counter() - began, cpu_seconds(server_pid) - cpu_before
+        prober.stdin.close()
+        probe_report = json.loads(await prober.stdout.read())
+        await prober.wait()
         for stream in streams:
             if stream.done():
                 stream_codes[(await stream.code()).name] += 1
@@ -143,23 +139,55 @@ async def load(args: argparse.Namespace, target: str, metrics_port: int) -> int:
                 stream_codes["open (then cancelled by the client)"] += 1
                 stream.cancel()
     finally:
-        for channel in [*channels, probe_channel]:
+        for channel in channels:
             await channel.close()
     print(f"{args.calls} concurrent GetQueueStats over {args.channels} channel(s): "
           f"{args.calls / elapsed:,.0f} calls/s, p50 {percentile(latencies, 0.5) * 1000:.0f} ms, "
           f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms, "
           f"max {max(latencies) * 1000:.0f} ms")  # fmt: skip
-    print(f"codes: {dict(codes)}")
+    print(f"codes: {dict(codes)}; server CPU {server_cpu / args.calls * 1e6:.0f} us per call")
     print(f"streams: {dict(stream_codes)}")
-    for name, values in probes.items():
+    probe_codes = probe_report.pop("codes")
+    for name, values in probe_report.items():
         print(f"probe {name}: {len(values)} calls, p50 {percentile(values, 0.5) * 1000:.0f} ms, "
               f"max {max(values, default=0) * 1000:.0f} ms")  # fmt: skip
-    print(f"probe codes: {dict(probe_codes)}")
+    print(f"probe codes: {probe_codes}")
     text = await asyncio.to_thread(scrape, metrics_port)
     counted = [line for line in text.splitlines()
                if line.startswith("scheduler_grpc_requests_total") and 'method="GetQueueStats"' in line]  # fmt: skip
     print("server counted:", *counted, sep="\n  ")
-    return 1 if BAD_CODES & (codes.keys() | probe_codes.keys()) else 0
+    return 1 if BAD_CODES & (codes.keys() | set(probe_codes)) else 0
+
+
+def probe(target: str, token: str) -> None:
+    """`--probe`: health Check and an admin ListJobs in turn until stdin closes; then a JSON report."""
+    latencies: dict[str, list[float]] = {"health": [], "admin ListJobs": []}
+    codes: collections.Counter[str] = collections.Counter()
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    metadata = (("authorization", f"Bearer {token}"),)
+    with grpc.insecure_channel(target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        jobs = jobs_pb2_grpc.JobServiceStub(channel)
+        calls: dict[str, Callable[[], object]] = {
+            "health": lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=10),
+            "admin ListJobs": lambda: jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=metadata, timeout=10),
+        }
+        first = True
+        while not stop.is_set():
+            for name, call in calls.items():
+                began = time.perf_counter()
+                try:
+                    call()
+                    codes["OK"] += 1
+                except grpc.RpcError as error:
+                    codes[error.code().name] += 1  # type: ignore[attr-defined]
+                latencies[name].append(time.perf_counter() - began)
+            if first:
+                print("probing", flush=True)
+                first = False
+            stop.wait(0.05)
+    print(json.dumps({**latencies, "codes": dict(codes)}), flush=True)
 
 
 async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> int:
@@ -176,7 +204,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> i
     try:
         target = f"127.0.0.1:{port}"
         await wait_serving(target, server)
-        return await load(args, target, metrics_port)
+        return await load(args, target, metrics_port, server.pid)
     finally:
         if server.returncode is None:
             server.send_signal(signal.SIGTERM)
@@ -188,7 +216,12 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--streams", type=int, default=1_000)
     parser.add_argument("--channels", type=int, default=1)
+    parser.add_argument("--probe", help=argparse.SUPPRESS)  # internal: run as the prober of TARGET
+    parser.add_argument("--token", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
+    if arguments.probe:
+        probe(arguments.probe, arguments.token)
+        sys.exit(0)
     redis_env, database_env = os.environ.get("REDIS_URL"), os.environ.get("DATABASE_URL")
     with tempfile.TemporaryDirectory(prefix="api-bench-") as directory, embedded_servers(
         Path(directory), redis_url=redis_env or None, database_url=database_env or None, throwaway=True
