@@ -32,6 +32,7 @@ import enum
 import hashlib
 import logging
 import math
+import re
 import secrets
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -76,6 +77,8 @@ KNOWN_ADDRESS_TTL: Final = timedelta(days=30)
 MAX_CONCURRENT_HASHES: Final = 4
 MAX_QUEUED_LOGINS: Final = 16
 MAX_PASSWORD_LENGTH: Final = 1024
+# The users table's CHECK on usernames (migration 0001).
+USERNAME: Final = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 DEV_ADMIN_PASSWORD: Final = "admin123"
 MIN_PRODUCTION_PASSWORD_LENGTH: Final = 12
 _INVALID_CREDENTIALS: Final = "invalid username or password"
@@ -404,6 +407,10 @@ class Authenticator:
         """
         if not username:
             raise InvalidArgument("username", "must not be empty")
+        if not USERNAME.fullmatch(username):
+            # No such user can exist (the users table has the same rule), and a NUL or a megabyte
+            # of name must reach neither PostgreSQL nor a Redis key.
+            raise InvalidArgument("username", "must be 1-64 characters among A-Z a-z 0-9 _ . @ -")
         if len(password) > MAX_PASSWORD_LENGTH:
             raise InvalidArgument("password", f"must be at most {MAX_PASSWORD_LENGTH} characters")
         if self._admitted.locked():

@@ -241,6 +241,14 @@ async def test_a_login_flood_is_shed_at_once_and_not_blamed_on_the_stores(api: H
     assert login.token
 
 
+@pytest.mark.parametrize("username", ["nul\x00byte", "x" * 65, "x" * 100_000, "ünïcode", "a b"])
+async def test_a_username_no_user_can_have_is_invalid_argument(api: Harness, username: str) -> None:  # noqa: F811
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.auth.Login(auth_pb2.LoginRequest(username=username, password="guess"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (caught.value.details() or "").startswith("username: ")
+
+
 async def test_two_authorization_headers_are_refused(api: Harness) -> None:  # noqa: F811
     both = (*api.admin, *api.viewer)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
