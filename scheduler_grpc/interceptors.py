@@ -4,7 +4,8 @@
    peer) and the metrics hooks.
 2. `ErrorInterceptor`: the ONE place exceptions become status codes (`status_for`); unexpected
    ones are logged with their traceback and answered INTERNAL with a generic message. Unary calls
-   are bounded by a per-call deadline here, so no servicer await can hang a call for ever.
+   are bounded by a per-call deadline here, so no servicer await can hang a call for ever (a call
+   past it ends DEADLINE_EXCEEDED: the server's bound ran out, not a store).
 3. `AuthInterceptor`: authenticates the bearer token and checks the caller's role against
    `auth.METHOD_ROLES` (deny by default); servicers read the caller with `auth.current_principal()`.
 
