@@ -221,6 +221,21 @@ async def test_guessing_never_locks_the_right_password_out_of_a_clean_or_known_a
     assert await attempt(authenticator, "admin", ADMIN_PASSWORD, owner) == "ok"
 
 
+@pytest.mark.parametrize(("failures", "spacing"), [(5, 1), (6, 2), (8, 8), (40, 30)])
+async def test_the_soft_spacing_doubles_with_each_failure_up_to_its_cap(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+    failures: int,
+    spacing: int,
+) -> None:
+    keys = auth.AuthKeys()
+    await redis.set(keys.failures_by_username("dora"), failures, ex=60)  # as if guessed from elsewhere
+    authenticator = api.server.api.auth
+    assert await attempt(authenticator, "dora", "guess", "ipv4:192.0.2.200:1") == "wrong"
+    with pytest.raises(auth.ResourceExhausted, match=f"for this user just now; try again in {spacing} s"):
+        await authenticator.login("dora", "guess", "ipv4:192.0.2.201:1")
+
+
 async def test_a_login_flood_is_shed_at_once_and_not_blamed_on_the_stores(api: Harness) -> None:  # noqa: F811
     authenticator = api.server.api.auth
     began = time.monotonic()
