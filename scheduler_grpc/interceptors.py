@@ -6,7 +6,9 @@
    ones are logged with their traceback and answered INTERNAL with a generic message. Unary calls
    are bounded by a per-call deadline here, so no servicer await can hang a call for ever (a call
    past it ends DEADLINE_EXCEEDED: the server's bound ran out, not a store).
-3. `AuthInterceptor`: authenticates the bearer token and checks the caller's role against
+3. `LimitInterceptor`: at most SCHEDULER_MAX_CONCURRENT_RPCS calls at once, beyond which a call is
+   RESOURCE_EXHAUSTED (logged and counted by 1, unlike grpc.aio's own limit).
+4. `AuthInterceptor`: authenticates the bearer token and checks the caller's role against
    `auth.METHOD_ROLES` (deny by default); servicers read the caller with `auth.current_principal()`.
 
 grpc.aio interceptors can only choose a handler, not see its request; each of these therefore
@@ -58,6 +60,7 @@ UNAVAILABLE_MESSAGE: Final = "a backing server (Redis or PostgreSQL) is unavaila
 INTERNAL_MESSAGE: Final = "internal error; the server logged the details"
 CALL_TIMEOUT_MESSAGE: Final = "the call ran past the server's own time limit for one call; retry later"
 _QUIET_METHODS: Final = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
+_EXEMPT_FROM_LIMIT: Final = frozenset({"/grpc.health.v1.Health/Check"})
 
 # Domain errors -> status codes. The first matching class wins (subclasses before their bases).
 _STATUS: Final[tuple[tuple[type[BaseException], grpc.StatusCode], ...]] = (
@@ -328,6 +331,50 @@ class ErrorInterceptor(_WrappingInterceptor):
         elif code is grpc.StatusCode.INTERNAL:
             log.error("unexpected error", exc_info=exc, extra={"method": call.method, "principal": call.principal})
         await call.context.abort(code, message)
+
+
+class LimitInterceptor(_WrappingInterceptor):
+    """Refuses calls beyond `limit` running at once with RESOURCE_EXHAUSTED, where it is seen.
+
+    grpc.aio's own `maximum_concurrent_rpcs` refuses before any interceptor runs, so those refusals
+    were neither logged nor counted; here (inside `ObserveInterceptor`) each one is. Health `Check`
+    is exempt: it touches no store, and a load balancer must get its answer under load.
+
+    Args:
+        limit: Calls (streams included) that may run at once.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self.active = 0
+
+    def _admit(self, call: CallInfo) -> bool:
+        if call.method in _EXEMPT_FROM_LIMIT:
+            return False
+        if self.active >= self._limit:
+            raise ResourceExhausted(
+                f"the server is running its limit of {self._limit} calls at once (SCHEDULER_MAX_CONCURRENT_RPCS); "
+                "retry with backoff"
+            )
+        self.active += 1
+        return True
+
+    async def around(self, call: CallInfo, invoke: Invoke) -> Any:
+        admitted = self._admit(call)
+        try:
+            return await invoke()
+        finally:
+            if admitted:
+                self.active -= 1
+
+    async def around_stream(self, call: CallInfo, iterate: Iterate) -> AsyncIterator[Any]:
+        admitted = self._admit(call)
+        try:
+            async for item in iterate():
+                yield item
+        finally:
+            if admitted:
+                self.active -= 1
 
 
 class AuthInterceptor(_WrappingInterceptor):

@@ -47,7 +47,7 @@ from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.events import EventFanout
 from scheduler_grpc.handlers import HandlerSettings, default_registry
-from scheduler_grpc.interceptors import AuthInterceptor, ErrorInterceptor, ObserveInterceptor
+from scheduler_grpc.interceptors import AuthInterceptor, ErrorInterceptor, LimitInterceptor, ObserveInterceptor
 from scheduler_grpc.services import Api, add_services
 
 log = logging.getLogger(__name__)
@@ -308,10 +308,12 @@ async def serve(
             interceptors=[
                 ObserveInterceptor(recorder),
                 ErrorInterceptor(CALL_TIMEOUT, recorder),
+                LimitInterceptor(settings.max_concurrent_rpcs),
                 AuthInterceptor(authenticator),
             ],
             options=server_options(settings.max_concurrent_rpcs),
-            maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+            # Not grpc.aio's maximum_concurrent_rpcs: its refusals bypass the interceptors, so they
+            # were never logged or counted; LimitInterceptor enforces the same limit where they are.
         )
         services = add_services(server, api)
         health = HealthServicer()

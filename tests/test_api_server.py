@@ -261,7 +261,7 @@ def test_status_mapping(error: Exception, code: grpc.StatusCode) -> None:
 
 
 async def test_overload_is_resource_exhausted(
-    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool
+    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with running_api(redis_url, database_url, pool, SCHEDULER_MAX_CONCURRENT_RPCS="2") as harness:
         streams = [
@@ -269,11 +269,31 @@ async def test_overload_is_resource_exhausted(
             for _ in range(2)
         ]
         await asyncio.gather(*(stream.initial_metadata() for stream in streams))
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
+        labels = {"service": "scheduler.v1.JobService", "method": "ListJobs", "code": "RESOURCE_EXHAUSTED"}
+        before = metrics.REGISTRY.get_sample_value("scheduler_grpc_requests_total", labels) or 0.0
+        with caplog.at_level(logging.INFO, logger="scheduler_grpc.rpc"), pytest.raises(grpc.aio.AioRpcError) as caught:
             await harness.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=harness.viewer)
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "SCHEDULER_MAX_CONCURRENT_RPCS" in (caught.value.details() or "")
+        # The refusal is counted and logged like any call (grpc.aio's own limit did neither).
+        assert metrics.REGISTRY.get_sample_value("scheduler_grpc_requests_total", labels) == before + 1
+        assert [r.code for r in caplog.records if r.getMessage() == "rpc"] == ["RESOURCE_EXHAUSTED"]  # type: ignore[attr-defined]
+        # A load balancer's health check is still answered.
+        health = health_pb2_grpc.HealthStub(harness.channel)
+        assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status == SERVING
         for stream in streams:
             stream.cancel()
+
+        async def runs_again() -> bool:  # once the server has seen the streams go
+            try:
+                await harness.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=harness.viewer)
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                return False
+            return True
+
+        await eventually(runs_again, within=10)
 
 
 async def test_server_command_serves_health_and_stops_on_sigterm(roles: Roles) -> None:
