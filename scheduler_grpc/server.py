@@ -81,18 +81,20 @@ SERVER_OPTIONS: Final[Sequence[tuple[str, int]]] = (
 # at random up to grpc.server.max_pending_requests_hard_limit (default 3,000), where it cancels all:
 # the client sees CANCELLED and the server never sees (logs or counts) the call. A burst of a few
 # thousand calls fills that queue faster than one event loop drains it, so both limits are raised
-# above SCHEDULER_MAX_CONCURRENT_RPCS: every call then reaches the server, which answers it or
-# refuses it with RESOURCE_EXHAUSTED (counted and logged). Beyond this ceiling core still cancels.
-PENDING_REQUESTS_HEADROOM: Final = 2
+# well above SCHEDULER_MAX_CONCURRENT_RPCS: every call of a burst then reaches the server, which
+# answers it or refuses it with RESOURCE_EXHAUSTED (LimitInterceptor: logged and counted). The
+# queue stays bounded (each waiting call holds memory in gRPC core); only a burst beyond it is
+# still cancelled by core.
+MIN_PENDING_REQUESTS: Final = 20_000
 
 
 def server_options(max_concurrent_rpcs: int) -> list[tuple[str, int]]:
     """SERVER_OPTIONS plus the pending-call limits sized for `max_concurrent_rpcs`."""
-    pending = max(1_000, max_concurrent_rpcs * PENDING_REQUESTS_HEADROOM)
+    pending = max(MIN_PENDING_REQUESTS, 2 * max_concurrent_rpcs)
     return [
         *SERVER_OPTIONS,
         ("grpc.server.max_pending_requests", pending),
-        ("grpc.server.max_pending_requests_hard_limit", pending * 2),
+        ("grpc.server.max_pending_requests_hard_limit", 2 * pending),
     ]
 
 
