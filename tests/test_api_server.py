@@ -174,6 +174,12 @@ async def test_a_call_past_the_servers_own_limit_is_deadline_exceeded_not_a_stor
         assert sum(metrics.STORE_ERRORS.labels(store)._value.get() for store in ("redis", "postgres")) == store_errors
 
 
+def scrape(metrics_port: int) -> str:
+    """The /metrics text of a server process."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
 async def test_thousands_of_concurrent_calls_end_ok_and_health_stays_prompt(roles: Roles) -> None:
     """Past ~1,000 calls waiting to be picked up, gRPC core cancelled calls the server never saw.
 
@@ -183,8 +189,7 @@ async def test_thousands_of_concurrent_calls_end_ok_and_health_stays_prompt(role
     await wait_for_server(server)
 
     def served() -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
-            text = response.read().decode()
+        text = scrape(metrics_port)
         prefix = 'scheduler_grpc_requests_total{code="OK",method="GetQueueStats"'
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
@@ -234,6 +239,33 @@ async def test_thousands_of_concurrent_calls_end_ok_and_health_stays_prompt(role
     # (calls are served in arrival order), so it is bounded by the burst's length, not starved.
     assert slowest["health"] < 3, slowest
     assert slowest["admin"] < 8, slowest
+
+
+async def test_a_burst_beyond_a_low_call_limit_is_answered_not_cancelled(roles: Roles) -> None:
+    """A low SCHEDULER_MAX_CONCURRENT_RPCS must not shrink gRPC core's queue of waiting calls."""
+    metrics_port = free_port()
+    server = start_server(roles, SCHEDULER_METRICS_PORT=str(metrics_port), SCHEDULER_MAX_CONCURRENT_RPCS="500")
+    await wait_for_server(server)
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        login = await auth_pb2_grpc.AuthServiceStub(channel).Login(
+            auth_pb2.LoginRequest(username="admin", password=ADMIN_PASSWORD)
+        )
+        queue = queue_pb2_grpc.QueueServiceStub(channel)
+
+        async def one() -> str:
+            try:
+                await queue.GetQueueStats(queue_pb2.GetQueueStatsRequest(), metadata=bearer(login.token), timeout=60)
+            except grpc.aio.AioRpcError as error:
+                return error.code().name
+            return "OK"
+
+        codes = collections.Counter(await asyncio.gather(*(one() for _ in range(3000))))
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, codes
+    text = await asyncio.to_thread(scrape, metrics_port)
+    counted = {code: sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                         if line.startswith(f'scheduler_grpc_requests_total{{code="{code}",method="GetQueueStats"'))
+               for code in codes}  # fmt: skip
+    assert counted == codes
 
 
 class _PostgresShutdown(Exception):
