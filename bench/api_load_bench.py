@@ -5,7 +5,7 @@
 Starts embedded Valkey and PostgreSQL (or uses REDIS_URL / DATABASE_URL), one `scheduler-grpc
 server` process on a free loopback port, logs in as the dev admin, opens `--streams`
 WatchExecutions streams, then fires `--calls` concurrent GetQueueStats calls (spread over
-`--channels` channels). Throughout, a prober (a process of its own, so this one's burst does not
+`--channels` channels, one connection each). Throughout, a prober (a process of its own, so this one's burst does not
 delay it) calls health Check and an admin call (ListJobs) in a loop and records their latencies.
 Prints calls/s, p50/p99/max, the status codes of every call and stream, the server's CPU time per
 call, the probes' latencies, and the server's own count of calls by code (from /metrics).
@@ -89,7 +89,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def load(args: argparse.Namespace, target: str, metrics_port: int, server_pid: int) -> int:
-    channels = [grpc.aio.insecure_channel(target) for _ in range(args.channels)]
+    # A local subchannel pool per channel: otherwise channels to one target share one connection.
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(args.channels)
+    ]
     try:
         login = await auth_pb2_grpc.AuthServiceStub(channels[0]).Login(
             auth_pb2.LoginRequest(username="admin", password="admin123"), timeout=10
