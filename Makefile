@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py
 	$(BIN)/python bench/scheduling_bench.py
 	$(BIN)/python bench/throughput_bench.py
+	$(BIN)/python bench/api_load_bench.py
 
 readme: $(STAMP)
 	$(BIN)/python scripts/readme_tables.py

@@ -8,10 +8,20 @@
   and secret scanners can recognise leaked keys.
 * Roles are ordered: viewer < operator < admin. `METHOD_ROLES` maps every full method name to the
   least role that may call it; a method missing from it is refused (deny by default).
-* Login failures are counted per username and per peer address in Redis (counters with a TTL);
-  past the limit, logins fail with RESOURCE_EXHAUSTED before any hashing is spent on them. Unknown
-  users cost one hash verification too, against a dummy hash, so timing does not tell which names
-  exist; every failure has the same message.
+* Login throttling (the README's "Login throttling" section is the policy): every attempt is
+  reserved in Redis BEFORE its password is hashed, by one script that checks the limits and counts
+  the attempt as a failure (`login_reserve.lua`); the right password releases it. Hard limits:
+  `MAX_FAILURES_PER_PAIR` per (username, address) and `MAX_FAILURES_PER_PEER` per address, within
+  `LOGIN_FAILURE_WINDOW`. Soft limit per username, from anywhere: past `SOFT_FAILURES_PER_USERNAME`
+  failures its attempts are spaced by a delay that doubles with each failure up to
+  `MAX_LOGIN_SPACING`, in two lanes, so addresses that failed never delay one that did not: guessing
+  from elsewhere never locks the right password out of a clean address, and an address that logged
+  in as the username within `KNOWN_ADDRESS_TTL` is not spaced at all. Refusals are
+  RESOURCE_EXHAUSTED saying when to retry, and cost no hashing.
+* At most `MAX_CONCURRENT_HASHES` password checks run at once and `MAX_QUEUED_LOGINS` more wait;
+  beyond, a login is refused at once with RESOURCE_EXHAUSTED (a flood is shed, not queued).
+* Unknown users cost one hash verification too, against a dummy hash, so timing does not tell
+  which names exist; every failure has the same message.
 """
 
 from __future__ import annotations
@@ -21,17 +31,21 @@ import contextvars
 import enum
 import hashlib
 import logging
+import math
+import re
 import secrets
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Final, Literal
 
 import orjson
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
 from scheduler_grpc.db.api_keys import ApiKeyRecord, ApiKeyRepository
 from scheduler_grpc.db.users import User, UserRepository
@@ -44,13 +58,27 @@ API_KEY_PREFIX: Final = "sk_"
 # Characters of an API key stored (and shown) to tell keys apart: the prefix plus 8 random ones.
 KEY_PREFIX_LENGTH: Final = len(API_KEY_PREFIX) + 8
 LOGIN_FAILURE_WINDOW: Final = timedelta(minutes=15)
-# Per username: stops guessing one account's password. Per peer: stops one client spraying names.
-MAX_FAILURES_PER_USERNAME: Final = 10
+# Per (username, address), hard: stops one client guessing one account's password. Per address,
+# hard: stops one client spraying names. Neither touches the same account used from elsewhere.
+MAX_FAILURES_PER_PAIR: Final = 10
 MAX_FAILURES_PER_PEER: Final = 30
-# argon2id with the library's RFC 9106 profile needs 64 MiB per hash: bound how many run at once so a
-# login flood queues instead of exhausting memory.
+# Per username from anywhere, soft: past this many failures, attempts are spaced (first by
+# LOGIN_SPACING, doubling with each failure, up to MAX_LOGIN_SPACING), which slows a guesser spread
+# over many addresses without ever locking the account out.
+SOFT_FAILURES_PER_USERNAME: Final = 5
+LOGIN_SPACING: Final = timedelta(seconds=1)
+MAX_LOGIN_SPACING: Final = timedelta(seconds=30)
+# An address the right password came from is "known" for that username this long: it is exempt from
+# the soft spacing (the way identity services trust a familiar device), so its user always gets in.
+KNOWN_ADDRESS_TTL: Final = timedelta(days=30)
+# argon2id with the library's RFC 9106 profile needs 64 MiB per hash: bound how many run at once,
+# and how many logins may wait for one (a few hashing rounds, ~1 s); a flood beyond is refused at
+# once instead of queueing until the call's deadline.
 MAX_CONCURRENT_HASHES: Final = 4
+MAX_QUEUED_LOGINS: Final = 16
 MAX_PASSWORD_LENGTH: Final = 1024
+# The users table's CHECK on usernames (migration 0001).
+USERNAME: Final = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 DEV_ADMIN_PASSWORD: Final = "admin123"
 MIN_PRODUCTION_PASSWORD_LENGTH: Final = 12
 _INVALID_CREDENTIALS: Final = "invalid username or password"
@@ -207,6 +235,18 @@ class AuthKeys:
         """STRING counter of failed logins from one peer address, expiring after the window."""
         return f"{{auth}}:login-failures:peer:{peer}"
 
+    def failures_by_pair(self, username: str, peer: str) -> str:
+        """STRING counter of failed logins for one username from one address (an address has no `/`)."""
+        return f"{{auth}}:login-failures:pair:{peer}/{username.lower()}"
+
+    def known_address(self, username: str, peer: str) -> str:
+        """STRING marker: `peer` logged in as this username recently (expires after KNOWN_ADDRESS_TTL)."""
+        return f"{{auth}}:login-known:{peer}/{username.lower()}"
+
+    def login_slots(self, username: str) -> str:
+        """HASH lane (`clean`, `suspect`) -> ms since the epoch before which that lane may not try."""
+        return f"{{auth}}:login-slots:user:{username.lower()}"
+
 
 @dataclass(frozen=True)
 class Session:
@@ -243,21 +283,41 @@ def peer_address(peer: str) -> str:
     return kind or "unknown"
 
 
-def parse_bearer(metadata: Mapping[str, str | bytes] | None) -> str:
-    """The token of the `authorization: Bearer <token>` metadata entry.
+def parse_bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+    """The token of the one `authorization: Bearer <token>` metadata entry.
+
+    Args:
+        metadata: The call's metadata as (key, value) pairs, repeated keys included.
 
     Raises:
-        Unauthenticated: no such entry, or not a bearer token.
+        Unauthenticated: no such entry, more than one (which would win depends on who reads them,
+            so a proxy and this server could disagree about the caller), or not a bearer token.
     """
-    raw = (metadata or {}).get("authorization")
-    if raw is None:
+    values = [value for key, value in metadata or () if key.lower() == "authorization"]
+    if not values:
         raise Unauthenticated("this call needs `authorization: Bearer <token>` metadata")
+    if len(values) > 1:
+        raise Unauthenticated(f"the call carries {len(values)} `authorization` metadata entries; send exactly one")
+    raw = values[0]
     value = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
     scheme, _, token = value.strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("the authorization metadata must be `Bearer <token>`")
     return token
+
+
+_LUA: Final = Path(__file__).resolve().parent / "lua"
+# What login_reserve.lua's first reply element means when the attempt is refused.
+_REFUSALS: Final = {
+    1: "too many failed logins for this user from your address",
+    2: "too many failed logins from your address",
+    3: "too many failed logins for this user just now",
+}
+
+
+def _retry_after(milliseconds: int) -> str:
+    return f"try again in {max(1, math.ceil(milliseconds / 1000))} s"
 
 
 class Authenticator:
@@ -270,6 +330,7 @@ class Authenticator:
         session_ttl: How long a session lasts.
         timeout: Bound on each Redis call.
         hasher: The argon2id hasher (tests may pass cheaper parameters).
+        max_queued_logins: Logins that may wait for a hashing slot; more are refused at once.
     """
 
     def __init__(
@@ -281,6 +342,7 @@ class Authenticator:
         session_ttl: timedelta,
         timeout: timedelta = timedelta(seconds=5),
         hasher: PasswordHasher | None = None,
+        max_queued_logins: int = MAX_QUEUED_LOGINS,
     ) -> None:
         self._redis = redis
         self._users = users
@@ -289,8 +351,12 @@ class Authenticator:
         self._timeout = timeout.total_seconds()
         self._hasher = hasher or PasswordHasher()
         self._hashing = asyncio.Semaphore(MAX_CONCURRENT_HASHES)
+        # Logins admitted (hashing or waiting to): taken without waiting, or the login is shed.
+        self._admitted = asyncio.Semaphore(MAX_CONCURRENT_HASHES + max_queued_logins)
         self._keys = AuthKeys()
         self._dummy_hash: str | None = None
+        self._reserve: AsyncScript = redis.register_script((_LUA / "login_reserve.lua").read_text(encoding="utf-8"))
+        self._release: AsyncScript = redis.register_script((_LUA / "login_release.lua").read_text(encoding="utf-8"))
 
     # -- passwords ------------------------------------------------------------------------------
 
@@ -334,44 +400,72 @@ class Authenticator:
 
         Raises:
             InvalidArgument: an empty username or an oversized password.
-            ResourceExhausted: too many recent failures for this username or from this peer.
+            ResourceExhausted: a throttle refused the attempt (too many recent failures for this
+                username from this address, from this address, or for this username just now), or
+                too many logins are being checked already; the message says when to retry.
             Unauthenticated: wrong credentials (one message for every cause).
         """
         if not username:
             raise InvalidArgument("username", "must not be empty")
+        if not USERNAME.fullmatch(username):
+            # No such user can exist (the users table has the same rule), and a NUL or a megabyte
+            # of name must reach neither PostgreSQL nor a Redis key.
+            raise InvalidArgument("username", "must be 1-64 characters among A-Z a-z 0-9 _ . @ -")
         if len(password) > MAX_PASSWORD_LENGTH:
             raise InvalidArgument("password", f"must be at most {MAX_PASSWORD_LENGTH} characters")
-        address = peer_address(peer)
-        user_key, peer_key = self._keys.failures_by_username(username), self._keys.failures_by_peer(address)
-        async with asyncio.timeout(self._timeout):
-            by_user, by_peer = await self._redis.mget([user_key, peer_key])
-        if int(by_user or 0) >= MAX_FAILURES_PER_USERNAME or int(by_peer or 0) >= MAX_FAILURES_PER_PEER:
-            raise ResourceExhausted("too many failed logins; try again later")
-        user = await self._users.get_by_username(username)
-        if user is None or user.disabled:
-            # The same work as a real check, so the answer's timing does not reveal the name.
-            await self._verify(await self._dummy(), password)
-            ok = False
-        else:
-            ok = await self._verify(user.password_hash, password)
-        if not ok or user is None:
-            await self._count_failure(user_key, peer_key)
-            log.info("login failed", extra={"username": username[:64], "peer": address})
-            raise Unauthenticated(_INVALID_CREDENTIALS)
+        if self._admitted.locked():
+            raise ResourceExhausted("too many logins are being checked right now; try again in 1 s")
+        async with self._admitted:
+            address = peer_address(peer)
+            keys = [
+                self._keys.failures_by_pair(username, address),
+                self._keys.failures_by_peer(address),
+                self._keys.failures_by_username(username),
+            ]
+            await self._reserve_attempt(keys, username, address)
+            try:
+                user = await self._users.get_by_username(username)
+                if user is None or user.disabled:
+                    # The same work as a real check, so the answer's timing does not reveal the name.
+                    await self._verify(await self._dummy(), password)
+                    ok = False
+                else:
+                    ok = await self._verify(user.password_hash, password)
+            except Exception:
+                # No password was judged (a store failed): the attempt is not a failure.
+                await self._release_attempt(keys, username, address, succeeded=False)
+                raise
+            if not ok or user is None:
+                log.info("login failed", extra={"username": username[:64], "peer": address})
+                raise Unauthenticated(_INVALID_CREDENTIALS)
+            await self._release_attempt(keys, username, address, succeeded=True)
         if self._hasher.check_needs_rehash(user.password_hash):
             await self._users.set_password_hash(user.id, await self.hash_password(password))
-        async with asyncio.timeout(self._timeout):
-            await self._redis.delete(user_key)
         return await self.open_session(user)
 
-    async def _count_failure(self, *keys: str) -> None:
-        window = int(LOGIN_FAILURE_WINDOW.total_seconds())
-        pipe = self._redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.incr(key)
-            pipe.expire(key, window, nx=True)
+    async def _reserve_attempt(self, keys: list[str], username: str, address: str) -> None:
+        """Count the attempt as a failure before its password is checked, or refuse it."""
+        args = [
+            MAX_FAILURES_PER_PAIR,
+            MAX_FAILURES_PER_PEER,
+            SOFT_FAILURES_PER_USERNAME,
+            int(LOGIN_SPACING.total_seconds() * 1000),
+            int(MAX_LOGIN_SPACING.total_seconds() * 1000),
+            int(LOGIN_FAILURE_WINDOW.total_seconds() * 1000),
+        ]
         async with asyncio.timeout(self._timeout):
-            await pipe.execute()
+            refusal, wait_ms = await self._reserve(
+                keys=[*keys, self._keys.login_slots(username), self._keys.known_address(username, address)], args=args
+            )
+        if refusal:
+            raise ResourceExhausted(f"{_REFUSALS[int(refusal)]}; {_retry_after(int(wait_ms))}")
+
+    async def _release_attempt(self, keys: list[str], username: str, address: str, *, succeeded: bool) -> None:
+        """Undo the reservation (the attempt was no failure); on success remember the address."""
+        known = self._keys.known_address(username, address)
+        ttl_ms = int(KNOWN_ADDRESS_TTL.total_seconds() * 1000)
+        async with asyncio.timeout(self._timeout):
+            await self._release(keys=[*keys, known], args=[int(succeeded), ttl_ms])
 
     async def open_session(self, user: User) -> Session:
         """A new session for `user` (after its password was checked)."""

@@ -341,7 +341,8 @@ SETTINGS: tuple[Setting, ...] = (
         "SCHEDULER_MAX_CONCURRENT_RPCS",
         _parse_positive_int,
         "10000",
-        "Calls (streams included) one gRPC server runs at once; beyond, calls fail with RESOURCE_EXHAUSTED.",
+        "Calls (streams included; health checks exempt) one gRPC server runs at once; beyond, calls fail with "
+        "RESOURCE_EXHAUSTED (logged and counted).",
     ),
     Setting(
         "watch_buffer",

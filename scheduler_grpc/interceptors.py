@@ -4,8 +4,11 @@
    peer) and the metrics hooks.
 2. `ErrorInterceptor`: the ONE place exceptions become status codes (`status_for`); unexpected
    ones are logged with their traceback and answered INTERNAL with a generic message. Unary calls
-   are bounded by a per-call deadline here, so no servicer await can hang a call for ever.
-3. `AuthInterceptor`: authenticates the bearer token and checks the caller's role against
+   are bounded by a per-call deadline here, so no servicer await can hang a call for ever (a call
+   past it ends DEADLINE_EXCEEDED: the server's bound ran out, not a store).
+3. `LimitInterceptor`: at most SCHEDULER_MAX_CONCURRENT_RPCS calls at once, beyond which a call is
+   RESOURCE_EXHAUSTED (logged and counted by 1, unlike grpc.aio's own limit).
+4. `AuthInterceptor`: authenticates the bearer token and checks the caller's role against
    `auth.METHOD_ROLES` (deny by default); servicers read the caller with `auth.current_principal()`.
 
 grpc.aio interceptors can only choose a handler, not see its request; each of these therefore
@@ -55,7 +58,9 @@ Iterate = Callable[[], AsyncIterator[Any]]
 
 UNAVAILABLE_MESSAGE: Final = "a backing server (Redis or PostgreSQL) is unavailable right now; retry"
 INTERNAL_MESSAGE: Final = "internal error; the server logged the details"
+CALL_TIMEOUT_MESSAGE: Final = "the call ran past the server's own time limit for one call; retry later"
 _QUIET_METHODS: Final = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
+_EXEMPT_FROM_LIMIT: Final = frozenset({"/grpc.health.v1.Health/Check"})
 
 # Domain errors -> status codes. The first matching class wins (subclasses before their bases).
 _STATUS: Final[tuple[tuple[type[BaseException], grpc.StatusCode], ...]] = (
@@ -295,14 +300,19 @@ class ErrorInterceptor(_WrappingInterceptor):
         self._metrics = metrics
 
     async def around(self, call: CallInfo, invoke: Invoke) -> Any:
+        deadline: asyncio.Timeout | None = None
         try:
             if call.response_streaming:  # e.g. Health/Watch: lives as long as the client wants
                 return await invoke()
-            async with asyncio.timeout(self._call_timeout):
+            async with asyncio.timeout(self._call_timeout) as deadline:
                 return await invoke()
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:
+            if deadline is not None and deadline.expired():
+                # The server's own bound ran out, not a store's: saying UNAVAILABLE "a backing
+                # server is unavailable" would send the operator after healthy stores.
+                await call.context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, CALL_TIMEOUT_MESSAGE)
             await self._abort(call, exc)
 
     async def around_stream(self, call: CallInfo, iterate: Iterate) -> AsyncIterator[Any]:
@@ -323,6 +333,50 @@ class ErrorInterceptor(_WrappingInterceptor):
         await call.context.abort(code, message)
 
 
+class LimitInterceptor(_WrappingInterceptor):
+    """Refuses calls beyond `limit` running at once with RESOURCE_EXHAUSTED, where it is seen.
+
+    grpc.aio's own `maximum_concurrent_rpcs` refuses before any interceptor runs, so those refusals
+    were neither logged nor counted; here (inside `ObserveInterceptor`) each one is. Health `Check`
+    is exempt: it touches no store, and a load balancer must get its answer under load.
+
+    Args:
+        limit: Calls (streams included) that may run at once.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self.active = 0
+
+    def _admit(self, call: CallInfo) -> bool:
+        if call.method in _EXEMPT_FROM_LIMIT:
+            return False
+        if self.active >= self._limit:
+            raise ResourceExhausted(
+                f"the server is running its limit of {self._limit} calls at once (SCHEDULER_MAX_CONCURRENT_RPCS); "
+                "retry with backoff"
+            )
+        self.active += 1
+        return True
+
+    async def around(self, call: CallInfo, invoke: Invoke) -> Any:
+        admitted = self._admit(call)
+        try:
+            return await invoke()
+        finally:
+            if admitted:
+                self.active -= 1
+
+    async def around_stream(self, call: CallInfo, iterate: Iterate) -> AsyncIterator[Any]:
+        admitted = self._admit(call)
+        try:
+            async for item in iterate():
+                yield item
+        finally:
+            if admitted:
+                self.active -= 1
+
+
 class AuthInterceptor(_WrappingInterceptor):
     """Authenticates the caller and checks its role for the method (deny by default).
 
@@ -338,7 +392,7 @@ class AuthInterceptor(_WrappingInterceptor):
         if needed is None:
             return None
         metadata = call.context.invocation_metadata() or ()
-        token = auth.parse_bearer({key: value for key, value in metadata})
+        token = auth.parse_bearer(metadata)
         principal = await self._auth.authenticate(token)
         call.principal = principal.name
         principal.require(needed, call.method)

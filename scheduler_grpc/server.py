@@ -7,8 +7,9 @@ on grpc.aio (on uvloop under the CLI). Everything is created inside the running 
   while either does not answer, every service reports NOT_SERVING, and SERVING again once both do;
 * one reader of the execution event stream shared by every WatchExecutions call (`EventFanout`);
 * interceptors: request log and metrics, error mapping, authentication and the role table;
-* limits: `SCHEDULER_MAX_CONCURRENT_RPCS` concurrent calls (beyond: RESOURCE_EXHAUSTED), message
-  sizes, keepalive; optional TLS and mutual TLS;
+* limits: `SCHEDULER_MAX_CONCURRENT_RPCS` concurrent calls (beyond: RESOURCE_EXHAUSTED; gRPC core's
+  queue of calls not yet picked up is sized above it, so a burst is never silently CANCELLED),
+  message sizes, keepalive; optional TLS and mutual TLS;
 * shutdown (SIGTERM): watch streams end with UNAVAILABLE and their resume cursor, health turns
   NOT_SERVING, then `server.stop(grace)` lets in-flight calls finish within SCHEDULER_SHUTDOWN_GRACE.
 """
@@ -23,10 +24,12 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Final
+from typing import Any, Final, cast
 
 import grpc
 from argon2 import PasswordHasher
+from google.protobuf import descriptor_pool
+from google.protobuf.descriptor import FileDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -44,7 +47,7 @@ from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.events import EventFanout
 from scheduler_grpc.handlers import HandlerSettings, default_registry
-from scheduler_grpc.interceptors import AuthInterceptor, ErrorInterceptor, ObserveInterceptor
+from scheduler_grpc.interceptors import AuthInterceptor, ErrorInterceptor, LimitInterceptor, ObserveInterceptor
 from scheduler_grpc.services import Api, add_services
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,28 @@ SERVER_OPTIONS: Final[Sequence[tuple[str, int]]] = (
     # Refuse to share a port with another process: a second server must fail, not split traffic.
     ("grpc.so_reuseport", 0),
 )
+
+
+# gRPC core queues calls that arrived before the Python server asked for them ("pending requests")
+# and, past grpc.server.max_pending_requests (default 1,000), cancels a growing share of new ones
+# at random up to grpc.server.max_pending_requests_hard_limit (default 3,000), where it cancels all:
+# the client sees CANCELLED and the server never sees (logs or counts) the call. A burst of a few
+# thousand calls fills that queue faster than one event loop drains it, so both limits are raised
+# well above SCHEDULER_MAX_CONCURRENT_RPCS: every call of a burst then reaches the server, which
+# answers it or refuses it with RESOURCE_EXHAUSTED (LimitInterceptor: logged and counted). The
+# queue stays bounded (each waiting call holds memory in gRPC core); only a burst beyond it is
+# still cancelled by core.
+MIN_PENDING_REQUESTS: Final = 20_000
+
+
+def server_options(max_concurrent_rpcs: int) -> list[tuple[str, int]]:
+    """SERVER_OPTIONS plus the pending-call limits sized for `max_concurrent_rpcs`."""
+    pending = max(MIN_PENDING_REQUESTS, 2 * max_concurrent_rpcs)
+    return [
+        *SERVER_OPTIONS,
+        ("grpc.server.max_pending_requests", pending),
+        ("grpc.server.max_pending_requests_hard_limit", 2 * pending),
+    ]
 
 
 @dataclass(frozen=True)
@@ -180,6 +205,41 @@ class HealthMonitor:
             await asyncio.sleep(HEALTH_INTERVAL.total_seconds())
 
 
+class _ReflectionPool:
+    """The default descriptor pool, but also finding the file of a method symbol.
+
+    Reflection answers `file_containing_symbol` with `FindFileContainingSymbol`, which in the
+    protobuf runtime knows services, messages, enums and fields but not methods, so
+    `grpcurl describe scheduler.v1.JobService.TriggerJob` answered "Symbol not found". A method's
+    file is its service's file.
+    """
+
+    def __init__(self, pool: descriptor_pool.DescriptorPool) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def FindFileContainingSymbol(self, symbol: str) -> FileDescriptor:  # the pool's API, its spelling
+        try:
+            return self._pool.FindFileContainingSymbol(symbol)
+        except KeyError:
+            service_name, _, method = symbol.rpartition(".")
+            try:
+                service = self._pool.FindServiceByName(service_name)
+            except KeyError:
+                raise KeyError(symbol) from None
+            if method not in service.methods_by_name:
+                raise KeyError(symbol) from None
+            return service.file
+
+
+def reflection_pool() -> descriptor_pool.DescriptorPool:
+    """The pool server reflection reads (the default pool, with method symbols resolved)."""
+    # Duck-typed: the reflection servicer only calls the pool's Find* methods.
+    return cast(descriptor_pool.DescriptorPool, _ReflectionPool(descriptor_pool.Default()))
+
+
 def preflight(settings: Settings) -> tuple[str, str]:
     """The listen host and the admin password, or ConfigError before anything is opened.
 
@@ -250,16 +310,20 @@ async def serve(
             interceptors=[
                 ObserveInterceptor(recorder),
                 ErrorInterceptor(CALL_TIMEOUT, recorder),
+                LimitInterceptor(settings.max_concurrent_rpcs),
                 AuthInterceptor(authenticator),
             ],
-            options=SERVER_OPTIONS,
-            maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+            options=server_options(settings.max_concurrent_rpcs),
+            # Not grpc.aio's maximum_concurrent_rpcs: its refusals bypass the interceptors, so they
+            # were never logged or counted; LimitInterceptor enforces the same limit where they are.
         )
         services = add_services(server, api)
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         reflection.enable_server_reflection(
-            [*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+            [*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            server,
+            pool=reflection_pool(),
         )
         monitor = HealthMonitor(health, services, redis, pool, recorder)
         await monitor.check()  # the first answer is a real one, not the library's default SERVING

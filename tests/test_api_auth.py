@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import grpc
 import pytest
@@ -15,9 +18,18 @@ from redis.asyncio import Redis
 from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
 
 from scheduler_grpc import auth
-from scheduler_grpc.auth import METHOD_ROLES, PUBLIC, Role
+from scheduler_grpc.auth import METHOD_ROLES, PUBLIC, Authenticator, Role
+from scheduler_grpc.db.api_keys import ApiKeyRepository
+from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError
-from tests.test_api_support import ADMIN_PASSWORD, Harness, Metadata, api, bearer  # noqa: F401 - `api` is a fixture
+from tests.test_api_support import (  # noqa: F401 - `api` is a fixture
+    ADMIN_PASSWORD,
+    FAST_HASHER,
+    Harness,
+    Metadata,
+    api,
+    bearer,
+)
 
 API_MODULES = (auth_pb2, jobs_pb2, executions_pb2, queue_pb2, cluster_pb2)
 
@@ -114,10 +126,11 @@ async def test_failed_logins_share_one_message_and_are_rate_limited(api: Harness
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
         details.add(caught.value.details())
     assert details == {"invalid username or password"}
-    for _ in range(auth.MAX_FAILURES_PER_USERNAME - 1):
+    for _ in range(auth.MAX_FAILURES_PER_PAIR - 1):
         with pytest.raises(grpc.aio.AioRpcError):
             await api.auth.Login(auth_pb2.LoginRequest(username="admin", password="wrong"))
-    # The limit holds even for the right password: guessing stops, whatever the guess.
+    # The limit (of this username from this address) holds even for the right password: guessing
+    # stops, whatever the guess.
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await api.auth.Login(auth_pb2.LoginRequest(username="admin", password="admin123"))
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -136,6 +149,129 @@ async def test_login_failures_are_also_limited_per_peer_address(api: Harness) ->
     # Another address is not held back by it.
     session = await authenticator.login("admin", ADMIN_PASSWORD, "ipv4:203.0.113.9:50000")
     assert session.token.startswith(auth.SESSION_PREFIX)
+
+
+async def attempt(authenticator: Authenticator, username: str, password: str, peer: str) -> str:
+    """One login: `ok`, `wrong` (the password was checked and refused) or `refused` (throttled, unchecked)."""
+    try:
+        await authenticator.login(username, password, peer)
+    except auth.Unauthenticated:
+        return "wrong"
+    except auth.ResourceExhausted:
+        return "refused"
+    return "ok"
+
+
+def wide_admission(harness: Harness) -> Authenticator:
+    """An authenticator on the harness's stores that admits any number of logins at once, so only
+    the failure limits (not the shedding of a flood) decide which attempts are checked."""
+    pool = harness.server.api.control.jobs._pool
+    return Authenticator(harness.server.api.redis, UserRepository(pool), ApiKeyRepository(pool),
+                         session_ttl=timedelta(hours=1), hasher=FAST_HASHER, max_queued_logins=10_000)  # fmt: skip
+
+
+async def test_concurrent_guesses_cannot_race_past_the_login_limits(api: Harness) -> None:  # noqa: F811
+    authenticator = wide_admission(api)
+    # 40 concurrent wrong passwords for one username from one address: at most its limit is checked.
+    one_user = await asyncio.gather(
+        *(attempt(authenticator, "admin", "wrong", "ipv4:198.51.100.1:1") for _ in range(40))
+    )
+    assert set(one_user) == {"wrong", "refused"}
+    assert one_user.count("wrong") <= auth.MAX_FAILURES_PER_PAIR, one_user
+    # 60 concurrent guesses spraying usernames from one address: exactly the per-address limit.
+    spray = await asyncio.gather(
+        *(attempt(authenticator, f"user{i}", "guess", "ipv4:198.51.100.2:1") for i in range(60))
+    )
+    assert spray.count("wrong") == auth.MAX_FAILURES_PER_PEER, spray
+    # A burst of 60 guesses with the right password 46th does not get in.
+    await api.token_for("carol", Role.VIEWER)  # password "irrelevant-password"
+    guesses = ["irrelevant-password" if i == 45 else f"guess-{i}" for i in range(60)]
+    burst = await asyncio.gather(*(attempt(authenticator, "carol", guess, "ipv4:198.51.100.3:1") for guess in guesses))
+    assert "ok" not in burst
+    assert burst.count("wrong") <= auth.MAX_FAILURES_PER_PAIR, burst
+
+
+async def test_guessing_never_locks_the_right_password_out_of_a_clean_or_known_address(api: Harness) -> None:  # noqa: F811
+    authenticator = api.server.api.auth
+    attacker, owner = "ipv4:198.51.100.66:4000", "ipv4:203.0.113.5:5000"
+    guesses = [await attempt(authenticator, "admin", "wrong", attacker) for _ in range(3 * auth.MAX_FAILURES_PER_PAIR)]
+    assert guesses[-1] == "refused"
+    assert guesses.count("wrong") <= auth.MAX_FAILURES_PER_PAIR
+    assert await attempt(authenticator, "admin", ADMIN_PASSWORD, attacker) == "refused"
+    # The same account from an address that has not failed: in at once, not locked out for 15 minutes.
+    assert await attempt(authenticator, "admin", ADMIN_PASSWORD, owner) == "ok"
+    # Guessing spread over many fresh addresses is slowed: after the soft threshold, one attempt per
+    # growing delay is checked and the others are told when to retry (never more than the cap).
+    spread: list[str] = []
+    waits: list[int] = []
+    for i in range(12):
+        try:
+            await authenticator.login("admin", "wrong", f"ipv4:192.0.2.{i}:1")
+            spread.append("ok")
+        except auth.Unauthenticated:
+            spread.append("wrong")
+        except auth.ResourceExhausted as refused:
+            waits.append(int(str(refused).rsplit("try again in ", 1)[1].split()[0]))
+            spread.append("refused")
+    assert "ok" not in spread
+    assert spread.count("wrong") <= 2, spread
+    assert waits
+    assert all(1 <= wait <= auth.MAX_LOGIN_SPACING.total_seconds() for wait in waits), waits
+    # The owner's address, known since its login, is not held back by that at all.
+    assert await attempt(authenticator, "admin", ADMIN_PASSWORD, owner) == "ok"
+
+
+@pytest.mark.parametrize(("failures", "spacing"), [(5, 1), (6, 2), (8, 8), (40, 30)])
+async def test_the_soft_spacing_doubles_with_each_failure_up_to_its_cap(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+    failures: int,
+    spacing: int,
+) -> None:
+    keys = auth.AuthKeys()
+    await redis.set(keys.failures_by_username("dora"), failures, ex=60)  # as if guessed from elsewhere
+    authenticator = api.server.api.auth
+    assert await attempt(authenticator, "dora", "guess", "ipv4:192.0.2.200:1") == "wrong"
+    with pytest.raises(auth.ResourceExhausted, match=f"for this user just now; try again in {spacing} s"):
+        await authenticator.login("dora", "guess", "ipv4:192.0.2.201:1")
+
+
+async def test_a_login_flood_is_shed_at_once_and_not_blamed_on_the_stores(api: Harness) -> None:  # noqa: F811
+    authenticator = api.server.api.auth
+    began = time.monotonic()
+    flood = await asyncio.gather(
+        *(attempt(authenticator, f"flood{i}", "guess", f"ipv4:10.1.{i // 250}.{i % 250}:1") for i in range(200))
+    )
+    assert flood.count("refused") >= 200 - auth.MAX_CONCURRENT_HASHES - auth.MAX_QUEUED_LOGINS, flood
+    assert flood.count("wrong") >= auth.MAX_CONCURRENT_HASHES
+    assert time.monotonic() - began < 10
+    # Over gRPC a flood ends with client-error codes only, never UNAVAILABLE (the stores are up),
+    # and a legitimate login goes through right after it.
+    calls = [api.auth.Login(auth_pb2.LoginRequest(username=f"grpc{i}", password="guess")) for i in range(25)]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(outcome, grpc.aio.AioRpcError) for outcome in outcomes), outcomes
+    codes = {outcome.code() for outcome in outcomes if isinstance(outcome, grpc.aio.AioRpcError)}
+    assert codes <= {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    login = await api.auth.Login(auth_pb2.LoginRequest(username="admin", password=ADMIN_PASSWORD))
+    assert login.token
+
+
+@pytest.mark.parametrize("username", ["nul\x00byte", "x" * 65, "x" * 100_000, "ünïcode", "a b"])
+async def test_a_username_no_user_can_have_is_invalid_argument(api: Harness, username: str) -> None:  # noqa: F811
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.auth.Login(auth_pb2.LoginRequest(username=username, password="guess"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (caught.value.details() or "").startswith("username: ")
+
+
+async def test_two_authorization_headers_are_refused(api: Harness) -> None:  # noqa: F811
+    both = (*api.admin, *api.viewer)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.auth.WhoAmI(auth_pb2.WhoAmIRequest(), metadata=both)
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "authorization" in (caught.value.details() or "")
+    with pytest.raises(auth.Unauthenticated, match="exactly one"):
+        auth.parse_bearer([("authorization", "Bearer a"), ("authorization", "Bearer a")])
 
 
 async def test_api_keys_are_shown_once_stored_hashed_and_revocable(api: Harness) -> None:  # noqa: F811

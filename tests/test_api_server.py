@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import shutil
 import signal
 import subprocess
+import time
+import urllib.request
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +22,26 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, executions_pb2, jobs_pb2, jobs_pb2_grpc
+from scheduler_client.v1 import (
+    auth_pb2,
+    auth_pb2_grpc,
+    executions_pb2,
+    executions_pb2_grpc,
+    jobs_pb2,
+    jobs_pb2_grpc,
+    queue_pb2,
+    queue_pb2_grpc,
+)
 
 from scheduler_grpc import metrics
+from scheduler_grpc import server as server_module
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.embedded import free_port
 from scheduler_grpc.errors import InvalidArgument, NotFound, Unavailable
 from scheduler_grpc.interceptors import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE, status_for
 from scheduler_grpc.server import serve
 from scheduler_grpc.services import SERVICE_NAMES
+from tests.api_helpers import start_server, wait_for_server
 from tests.engine_helpers import Roles, eventually, make_settings
 from tests.test_api_support import ADMIN_PASSWORD, FAST_HASHER, Harness, api, bearer, running_api  # noqa: F401 - `api` is a fixture
 from tests.test_cli import run_cli
@@ -141,6 +156,118 @@ async def test_unexpected_errors_are_internal_without_details(
     assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_MESSAGE)
 
 
+async def test_a_call_past_the_servers_own_limit_is_deadline_exceeded_not_a_store_outage(
+    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "CALL_TIMEOUT", timedelta(seconds=0.5))
+    async with running_api(redis_url, database_url, pool) as harness:
+
+        async def stuck(**kwargs: Any) -> None:
+            await asyncio.Event().wait()  # e.g. queued behind a login flood; both stores are fine
+
+        monkeypatch.setattr(harness.server.api.control.jobs, "list_page", stuck)
+        store_errors = sum(metrics.STORE_ERRORS.labels(store)._value.get() for store in ("redis", "postgres"))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await harness.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=harness.viewer, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "Redis" not in (caught.value.details() or "")
+        assert sum(metrics.STORE_ERRORS.labels(store)._value.get() for store in ("redis", "postgres")) == store_errors
+
+
+def scrape(metrics_port: int) -> str:
+    """The /metrics text of a server process."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+async def test_thousands_of_concurrent_calls_end_ok_and_health_stays_prompt(roles: Roles) -> None:
+    """Past ~1,000 calls waiting to be picked up, gRPC core cancelled calls the server never saw.
+
+    The server is its own process (as in production, and so the load does not share its loop)."""
+    metrics_port = free_port()
+    server = start_server(roles, SCHEDULER_METRICS_PORT=str(metrics_port))
+    await wait_for_server(server)
+
+    def served() -> float:
+        text = scrape(metrics_port)
+        prefix = 'scheduler_grpc_requests_total{code="OK",method="GetQueueStats"'
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+    async with grpc.aio.insecure_channel(server.target) as channel, grpc.aio.insecure_channel(server.target) as probes:
+        login = await auth_pb2_grpc.AuthServiceStub(channel).Login(
+            auth_pb2.LoginRequest(username="admin", password=ADMIN_PASSWORD)
+        )
+        token = bearer(login.token)
+        queue = queue_pb2_grpc.QueueServiceStub(channel)
+        watch = executions_pb2_grpc.ExecutionServiceStub(channel)
+        streams = [watch.WatchExecutions(executions_pb2.WatchExecutionsRequest(), metadata=token) for _ in range(200)]
+        await asyncio.gather(*(stream.initial_metadata() for stream in streams))
+        health = health_pb2_grpc.HealthStub(probes)
+        admin_queue = queue_pb2_grpc.QueueServiceStub(probes)
+        slowest = {"health": 0.0, "admin": 0.0}
+        done = asyncio.Event()
+
+        async def probe() -> None:
+            while not done.is_set():
+                began = time.monotonic()
+                assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=10)).status == SERVING
+                answered = time.monotonic()
+                await admin_queue.GetQueueStats(queue_pb2.GetQueueStatsRequest(), metadata=token, timeout=10)
+                slowest["health"] = max(slowest["health"], answered - began)
+                slowest["admin"] = max(slowest["admin"], time.monotonic() - answered)
+                await asyncio.sleep(0.05)
+
+        async def one() -> str:
+            try:
+                await queue.GetQueueStats(queue_pb2.GetQueueStatsRequest(), metadata=token, timeout=60)
+            except grpc.aio.AioRpcError as error:
+                return error.code().name
+            return "OK"
+
+        before = await asyncio.to_thread(served)
+        prober = asyncio.create_task(probe())
+        codes = collections.Counter(await asyncio.gather(*(one() for _ in range(3000))))
+        done.set()
+        await prober
+        assert codes == {"OK": 3000}
+        assert all(not stream.done() for stream in streams)
+        for stream in streams:
+            stream.cancel()
+    # Every call reached the server and was counted there (the prober's calls included).
+    assert await asyncio.to_thread(served) - before >= 3000
+    # Health never touches the stores and stays prompt; an admin call queues fairly with the burst
+    # (calls are served in arrival order), so it is bounded by the burst's length, not starved.
+    assert slowest["health"] < 3, slowest
+    assert slowest["admin"] < 8, slowest
+
+
+async def test_a_burst_beyond_a_low_call_limit_is_answered_not_cancelled(roles: Roles) -> None:
+    """A low SCHEDULER_MAX_CONCURRENT_RPCS must not shrink gRPC core's queue of waiting calls."""
+    metrics_port = free_port()
+    server = start_server(roles, SCHEDULER_METRICS_PORT=str(metrics_port), SCHEDULER_MAX_CONCURRENT_RPCS="500")
+    await wait_for_server(server)
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        login = await auth_pb2_grpc.AuthServiceStub(channel).Login(
+            auth_pb2.LoginRequest(username="admin", password=ADMIN_PASSWORD)
+        )
+        queue = queue_pb2_grpc.QueueServiceStub(channel)
+
+        async def one() -> str:
+            try:
+                await queue.GetQueueStats(queue_pb2.GetQueueStatsRequest(), metadata=bearer(login.token), timeout=60)
+            except grpc.aio.AioRpcError as error:
+                return error.code().name
+            return "OK"
+
+        codes = collections.Counter(await asyncio.gather(*(one() for _ in range(3000))))
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, codes
+    text = await asyncio.to_thread(scrape, metrics_port)
+    counted = {code: sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                         if line.startswith(f'scheduler_grpc_requests_total{{code="{code}",method="GetQueueStats"'))
+               for code in codes}  # fmt: skip
+    assert counted == codes
+
+
 class _PostgresShutdown(Exception):
     """Looks like asyncpg's AdminShutdownError to the mapping (by SQLSTATE)."""
 
@@ -166,7 +293,7 @@ def test_status_mapping(error: Exception, code: grpc.StatusCode) -> None:
 
 
 async def test_overload_is_resource_exhausted(
-    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool
+    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with running_api(redis_url, database_url, pool, SCHEDULER_MAX_CONCURRENT_RPCS="2") as harness:
         streams = [
@@ -174,11 +301,31 @@ async def test_overload_is_resource_exhausted(
             for _ in range(2)
         ]
         await asyncio.gather(*(stream.initial_metadata() for stream in streams))
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
+        labels = {"service": "scheduler.v1.JobService", "method": "ListJobs", "code": "RESOURCE_EXHAUSTED"}
+        before = metrics.REGISTRY.get_sample_value("scheduler_grpc_requests_total", labels) or 0.0
+        with caplog.at_level(logging.INFO, logger="scheduler_grpc.rpc"), pytest.raises(grpc.aio.AioRpcError) as caught:
             await harness.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=harness.viewer)
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "SCHEDULER_MAX_CONCURRENT_RPCS" in (caught.value.details() or "")
+        # The refusal is counted and logged like any call (grpc.aio's own limit did neither).
+        assert metrics.REGISTRY.get_sample_value("scheduler_grpc_requests_total", labels) == before + 1
+        assert [r.code for r in caplog.records if r.getMessage() == "rpc"] == ["RESOURCE_EXHAUSTED"]  # type: ignore[attr-defined]
+        # A load balancer's health check is still answered.
+        health = health_pb2_grpc.HealthStub(harness.channel)
+        assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status == SERVING
         for stream in streams:
             stream.cancel()
+
+        async def runs_again() -> bool:  # once the server has seen the streams go
+            try:
+                await harness.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=harness.viewer)
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                return False
+            return True
+
+        await eventually(runs_again, within=10)
 
 
 async def test_server_command_serves_health_and_stops_on_sigterm(roles: Roles) -> None:

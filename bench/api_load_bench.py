@@ -1,0 +1,232 @@
+"""gRPC API under load: many concurrent unary calls and streams against one server process.
+
+    .venv/bin/python bench/api_load_bench.py [--calls 10000] [--streams 1000] [--channels 1]
+
+Starts embedded Valkey and PostgreSQL (or uses REDIS_URL / DATABASE_URL), one `scheduler-grpc
+server` process on a free loopback port, logs in as the dev admin, opens `--streams`
+WatchExecutions streams, then fires `--calls` concurrent GetQueueStats calls (spread over
+`--channels` channels, one connection each). Throughout, a prober (a process of its own, so this one's burst does not
+delay it) calls health Check and an admin call (ListJobs) in a loop and records their latencies.
+Prints calls/s, p50/p99/max, the status codes of every call and stream, the server's CPU time per
+call, the probes' latencies, and the server's own count of calls by code (from /metrics).
+Exits 1 if any call ended CANCELLED, INTERNAL or UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import grpc
+import uvloop
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scheduler_client.v1 import (  # noqa: E402
+    auth_pb2,
+    auth_pb2_grpc,
+    executions_pb2,
+    executions_pb2_grpc,
+    jobs_pb2,
+    jobs_pb2_grpc,
+    queue_pb2,
+    queue_pb2_grpc,
+)
+
+from scheduler_grpc.db.migrate import migrate  # noqa: E402
+from scheduler_grpc.db.pool import create_pool  # noqa: E402
+from scheduler_grpc.embedded import embedded_servers, free_port  # noqa: E402
+
+BAD_CODES = frozenset({"CANCELLED", "INTERNAL", "UNKNOWN"})
+
+
+def percentile(values: list[float], share: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def scrape(metrics_port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+async def wait_serving(target: str, process: asyncio.subprocess.Process) -> None:
+    async with grpc.aio.insecure_channel(target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if process.returncode is not None:
+                raise SystemExit(f"the server exited with {process.returncode}")
+            try:
+                answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit("the server did not become SERVING within 60 s")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def load(args: argparse.Namespace, target: str, metrics_port: int, server_pid: int) -> int:
+    # A local subchannel pool per channel: otherwise channels to one target share one connection.
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(args.channels)
+    ]
+    try:
+        login = await auth_pb2_grpc.AuthServiceStub(channels[0]).Login(
+            auth_pb2.LoginRequest(username="admin", password="admin123"), timeout=10
+        )
+        token = (("authorization", f"Bearer {login.token}"),)
+        stream_codes: collections.Counter[str] = collections.Counter()
+        watch = executions_pb2_grpc.ExecutionServiceStub(channels[0])
+        streams = [
+            watch.WatchExecutions(executions_pb2.WatchExecutionsRequest(), metadata=token) for _ in range(args.streams)
+        ]
+        opened = time.perf_counter()
+        await asyncio.gather(*(stream.initial_metadata() for stream in streams))
+        print(f"{args.streams} WatchExecutions streams open in {time.perf_counter() - opened:.2f}s")
+
+        # The prober is a process of its own: in this one, starting thousands of calls at once
+        # stalls the event loop and would be counted against the server.
+        prober = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--probe", target, "--token", login.token,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert prober.stdout is not None
+        assert prober.stdin is not None
+        await prober.stdout.readline()  # "probing": its first round is done
+        latencies: list[float] = []
+        codes: collections.Counter[str] = collections.Counter()
+        stubs = [queue_pb2_grpc.QueueServiceStub(channel) for channel in channels]
+
+        async def one(i: int) -> None:
+            began = time.perf_counter()
+            try:
+                await stubs[i % len(stubs)].GetQueueStats(queue_pb2.GetQueueStatsRequest(), metadata=token, timeout=60)
+                codes["OK"] += 1
+            except grpc.aio.AioRpcError as error:
+                codes[error.code().name] += 1
+            latencies.append(time.perf_counter() - began)
+
+        began, cpu_before = time.perf_counter(), cpu_seconds(server_pid)
+        await asyncio.gather(*(one(i) for i in range(args.calls)))
+        elapsed, server_cpu = time.perf_counter() - began, cpu_seconds(server_pid) - cpu_before
+        prober.stdin.close()
+        probe_report = json.loads(await prober.stdout.read())
+        await prober.wait()
+        for stream in streams:
+            if stream.done():
+                stream_codes[(await stream.code()).name] += 1
+            else:
+                stream_codes["open (then cancelled by the client)"] += 1
+                stream.cancel()
+    finally:
+        for channel in channels:
+            await channel.close()
+    print(f"{args.calls} concurrent GetQueueStats over {args.channels} channel(s): "
+          f"{args.calls / elapsed:,.0f} calls/s, p50 {percentile(latencies, 0.5) * 1000:.0f} ms, "
+          f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms, "
+          f"max {max(latencies) * 1000:.0f} ms")  # fmt: skip
+    print(f"codes: {dict(codes)}; server CPU {server_cpu / args.calls * 1e6:.0f} us per call")
+    print(f"streams: {dict(stream_codes)}")
+    probe_codes = probe_report.pop("codes")
+    for name, values in probe_report.items():
+        print(f"probe {name}: {len(values)} calls, p50 {percentile(values, 0.5) * 1000:.0f} ms, "
+              f"max {max(values, default=0) * 1000:.0f} ms")  # fmt: skip
+    print(f"probe codes: {probe_codes}")
+    text = await asyncio.to_thread(scrape, metrics_port)
+    counted = [line for line in text.splitlines()
+               if line.startswith("scheduler_grpc_requests_total") and 'method="GetQueueStats"' in line]  # fmt: skip
+    print("server counted:", *counted, sep="\n  ")
+    return 1 if BAD_CODES & (codes.keys() | set(probe_codes)) else 0
+
+
+def probe(target: str, token: str) -> None:
+    """`--probe`: health Check and an admin ListJobs in turn until stdin closes; then a JSON report."""
+    latencies: dict[str, list[float]] = {"health": [], "admin ListJobs": []}
+    codes: collections.Counter[str] = collections.Counter()
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    metadata = (("authorization", f"Bearer {token}"),)
+    with grpc.insecure_channel(target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        jobs = jobs_pb2_grpc.JobServiceStub(channel)
+        calls: dict[str, Callable[[], object]] = {
+            "health": lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=10),
+            "admin ListJobs": lambda: jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=metadata, timeout=10),
+        }
+        first = True
+        while not stop.is_set():
+            for name, call in calls.items():
+                began = time.perf_counter()
+                try:
+                    call()
+                    codes["OK"] += 1
+                except grpc.RpcError as error:
+                    codes[error.code().name] += 1  # type: ignore[attr-defined]
+                latencies[name].append(time.perf_counter() - began)
+            if first:
+                print("probing", flush=True)
+                first = False
+            stop.wait(0.05)
+    print(json.dumps({**latencies, "codes": dict(codes)}), flush=True)
+
+
+async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> int:
+    pool = await create_pool(database_url, size=2, connect_timeout=timedelta(seconds=5))
+    try:
+        await migrate(pool)
+    finally:
+        await pool.close()
+    port, metrics_port = free_port(), free_port()
+    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
+           "SCHEDULER_GRPC_PORT": str(port), "SCHEDULER_METRICS_PORT": str(metrics_port)}  # fmt: skip
+    env.pop("SCHEDULER_ADMIN_PASSWORD", None)
+    server = await asyncio.create_subprocess_exec(sys.executable, "-m", "scheduler_grpc", "server", env=env, cwd=ROOT)
+    try:
+        target = f"127.0.0.1:{port}"
+        await wait_serving(target, server)
+        return await load(args, target, metrics_port, server.pid)
+    finally:
+        if server.returncode is None:
+            server.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(server.wait(), 60)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--calls", type=int, default=10_000)
+    parser.add_argument("--streams", type=int, default=1_000)
+    parser.add_argument("--channels", type=int, default=1)
+    parser.add_argument("--probe", help=argparse.SUPPRESS)  # internal: run as the prober of TARGET
+    parser.add_argument("--token", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.probe:
+        probe(arguments.probe, arguments.token)
+        sys.exit(0)
+    redis_env, database_env = os.environ.get("REDIS_URL"), os.environ.get("DATABASE_URL")
+    with tempfile.TemporaryDirectory(prefix="api-bench-") as directory, embedded_servers(
+        Path(directory), redis_url=redis_env or None, database_url=database_env or None, throwaway=True
+    ) as urls:  # fmt: skip
+        sys.exit(uvloop.run(main(arguments, urls.redis_url, urls.database_url)))
