@@ -183,10 +183,23 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         with convert.renamed_fields(convert.SCHEDULE_FIELDS):
             gap, fold = convert.schedule_policies(schedule)
             cron = parse_cron(schedule.cron, schedule.time_zone or "UTC", gap, fold)
-        start = convert.from_timestamp(request.start_time) if request.HasField("start_time") else convert.now()
+        start = convert.now()
+        if request.HasField("start_time"):
+            start = convert.from_timestamp(request.start_time, "start_time")
 
         def preview() -> list[FireTime]:
-            return list(itertools.islice(fire_times(cron, start), count))
+            fires: list[FireTime] = []
+            try:
+                for fire in itertools.islice(fire_times(cron, start), count):
+                    fires.append(fire)
+            except (OverflowError, ValueError):
+                # datetime ends at 9999-12-31: a walk that runs past it (or starts at its edges) stops.
+                if not fires:
+                    raise InvalidArgument("start_time", "no fire time between start_time and year 9999") from None
+                raise InvalidArgument(
+                    "count", f"only {len(fires)} fire times before year 9999; ask for fewer"
+                ) from None
+            return fires
 
         # Up to 1000 cron steps: CPU work kept off the event loop.
         fires = await asyncio.to_thread(preview)
@@ -198,7 +211,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("start_time", "required")
         if not request.HasField("end_time"):
             raise InvalidArgument("end_time", "required")
-        start, end = convert.from_timestamp(request.start_time), convert.from_timestamp(request.end_time)
+        start = convert.from_timestamp(request.start_time, "start_time")
+        end = convert.from_timestamp(request.end_time, "end_time")
         if end > convert.now():
             raise InvalidArgument("end_time", "must not be in the future")
         if end <= start:

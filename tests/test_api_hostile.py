@@ -1,0 +1,181 @@
+"""Hostile input over gRPC: every client mistake is INVALID_ARGUMENT naming its field, never INTERNAL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+from scheduler_client.v1 import auth_pb2, jobs_pb2
+
+from tests.test_api_support import Harness, api, echo_job  # noqa: F401 - `api` is a fixture
+
+
+async def job_count(harness: Harness) -> int:
+    count: int = await harness.server.api.control.jobs._pool.fetchval("SELECT count(*) FROM jobs")
+    return count
+
+
+def _payload(**values: object) -> jobs_pb2.Job:
+    job = echo_job()
+    job.payload.update(values)
+    return job
+
+
+def _nested(depth: int) -> jobs_pb2.Job:
+    """A job whose payload nests `depth` objects (the payload included), keys `a`."""
+    job = echo_job()
+    inner = struct_pb2.Struct()
+    inner.update({"leaf": 1})
+    for _ in range(depth - 1):
+        outer = struct_pb2.Struct()
+        outer.fields["a"].struct_value.CopyFrom(inner)
+        inner = outer
+    job.payload.CopyFrom(inner)
+    return job
+
+
+def _run_time(seconds: int, nanos: int = 0) -> jobs_pb2.Job:
+    job = echo_job()
+    job.schedule.run_time.CopyFrom(timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos))
+    return job
+
+
+YEAR_10000 = 253402300800  # 10000-01-01T00:00:00Z
+BEFORE_YEAR_1 = -62135596800 - 86400
+
+
+def hostile_jobs() -> list[tuple[str, str, jobs_pb2.Job]]:
+    return [
+        ("nul-in-string", "job.payload.message", _payload(message="a\u0000b")),
+        ("nul-in-key", "job.payload", _payload(**{"a\u0000": 1})),
+        ("nan", "job.payload.x", _payload(x=float("nan"))),
+        ("inf", "job.payload.x", _payload(x=float("inf"))),
+        ("minus-inf", "job.payload.x", _payload(x=float("-inf"))),
+        ("year-10000", "job.schedule.run_time", _run_time(YEAR_10000)),
+        ("before-year-1", "job.schedule.run_time", _run_time(BEFORE_YEAR_1)),
+        ("negative-nanos", "job.schedule.run_time", _run_time(2_000_000_000, -1)),
+        ("deep-struct-21", "job.payload" + ".a" * 20, _nested(22)),
+    ]
+
+
+@pytest.mark.parametrize(("case", "field", "job"), hostile_jobs(), ids=[c for c, _, _ in hostile_jobs()])
+async def test_client_mistakes_are_invalid_argument_naming_the_field(
+    api: Harness,  # noqa: F811
+    case: str,
+    field: str,
+    job: jobs_pb2.Job,
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=job), metadata=api.admin)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert (caught.value.details() or "").startswith(f"{field}"), caught.value.details()
+    assert await job_count(api) == 0
+
+
+def _field(number: int, body: bytes) -> bytes:
+    """One length-delimited field in protobuf wire format."""
+    return _varint((number << 3) | 2) + _varint(len(body)) + body
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _nested_struct(depth: int) -> bytes:
+    struct = b""
+    for _ in range(depth - 1):
+        value = _field(5, struct)  # Value.struct_value
+        struct = _field(1, _field(1, b"a") + _field(2, value))  # Struct.fields {key: "a", value}
+    return struct
+
+
+async def _raw_create_job(api: Harness, request: bytes) -> grpc.aio.AioRpcError:  # noqa: F811
+    call = api.channel.unary_unary(
+        "/scheduler.v1.JobService/CreateJob", request_serializer=None, response_deserializer=None
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call(request, metadata=api.admin)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("case", "field", "job"),
+    [
+        ("struct-40-levels", "job.payload" + ".a" * 20, _field(4, _nested_struct(40))),
+        ("bad-utf8-name", "job.name", _field(2, b"ab\xffc")),
+        (
+            "bad-utf8-payload-string",
+            "job.payload.k",
+            _field(4, _field(1, _field(1, b"k") + _field(2, _field(3, b"\xc3(")))),
+        ),
+        ("bad-utf8-payload-key", "job.payload.", _field(4, _field(1, _field(1, b"\xff")))),
+        ("truncated", "job", b"\x0a\x05ab"),
+    ],
+)
+async def test_undecodable_requests_are_invalid_argument_naming_the_field(
+    api: Harness,  # noqa: F811
+    case: str,
+    field: str,
+    job: bytes,
+) -> None:
+    error = await _raw_create_job(api, _field(1, job) if case != "truncated" else job)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert (error.details() or "").startswith(field), error.details()
+    assert await job_count(api) == 0
+    # The server is fine afterwards.
+    await api.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=api.viewer)
+
+
+async def test_an_api_key_expiring_after_year_9999_is_invalid_argument(api: Harness) -> None:  # noqa: F811
+    request = auth_pb2.CreateApiKeyRequest(
+        display_name="far", role=auth_pb2.ROLE_VIEWER, expire_time=timestamp_pb2.Timestamp(seconds=YEAR_10000)
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.auth.CreateApiKey(request, metadata=api.admin)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert (caught.value.details() or "").startswith("expire_time: "), caught.value.details()
+
+
+@pytest.mark.parametrize(
+    ("start", "count", "field"),
+    [
+        (datetime(9999, 12, 30, tzinfo=UTC), 10, "count"),
+        (datetime(9999, 12, 31, 23, 59, tzinfo=UTC), 1, "start_time"),
+    ],
+)
+async def test_a_preview_running_past_year_9999_is_invalid_argument(
+    api: Harness,  # noqa: F811
+    start: datetime,
+    count: int,
+    field: str,
+) -> None:
+    request = jobs_pb2.PreviewScheduleRequest(
+        schedule=jobs_pb2.Schedule(cron="0 0 * * *", time_zone="America/New_York"), count=count
+    )
+    request.start_time.FromDatetime(start)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.jobs.PreviewSchedule(request, metadata=api.viewer)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert (caught.value.details() or "").startswith(f"{field}: "), caught.value.details()
+
+
+@pytest.mark.parametrize(("seconds", "nanos"), [(1, -5), (-1, 5), (1, 1_000_000_000), (0, -1_000_000_000), (10**12, 0)])
+async def test_malformed_durations_are_refused_not_normalised(
+    api: Harness,  # noqa: F811
+    seconds: int,
+    nanos: int,
+) -> None:
+    job = echo_job(timeout=duration_pb2.Duration(seconds=seconds, nanos=nanos))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=job), metadata=api.admin)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert (caught.value.details() or "").startswith("job.timeout: "), caught.value.details()
+    assert "nanos" in (caught.value.details() or "") or "seconds" in (caught.value.details() or "")
+    assert await job_count(api) == 0
