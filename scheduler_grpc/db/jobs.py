@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -10,6 +9,7 @@ from typing import Any
 
 import asyncpg
 
+from scheduler_grpc import pagetokens
 from scheduler_grpc.errors import Aborted, AlreadyExists, InvalidArgument, NotFound
 from scheduler_grpc.jobs import (
     ConcurrencyPolicy,
@@ -68,19 +68,19 @@ def _spec_values(spec: JobSpec) -> list[Any]:
 
 @dataclass(frozen=True)
 class JobPage:
+    """Up to a page of jobs; `has_more` when more follow the last one."""
+
     jobs: list[Job]
-    next_page_token: str
+    has_more: bool
+    scope: dict[str, Any]
 
+    def token_after(self, job: Job) -> str:
+        """The token of the page that starts after `job` (a caller may cut a page short)."""
+        return pagetokens.encode("jobs", self.scope, [job.name])
 
-def _encode_token(name: str) -> str:
-    return base64.urlsafe_b64encode(name.encode()).decode()
-
-
-def _decode_token(token: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(token.encode()).decode()
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidArgument("page_token", "not a token this server issued") from None
+    @property
+    def next_page_token(self) -> str:
+        return self.token_after(self.jobs[-1]) if self.has_more and self.jobs else ""
 
 
 class JobRepository:
@@ -166,7 +166,13 @@ class JobRepository:
         if not 0 <= page_size <= MAX_PAGE_SIZE:
             raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
         size = page_size or 100
-        after = _decode_token(page_token) if page_token else None
+        scope = {"state": status.value if status else None, "handler": handler}
+        after = None
+        if page_token:
+            position = pagetokens.decode(page_token, "jobs", scope)
+            if len(position) != 1 or not isinstance(position[0], str):
+                raise InvalidArgument("page_token", "not a token this server issued")
+            after = position[0]
         rows = await self._pool.fetch(
             f"""SELECT {_COLUMNS} FROM jobs
                 WHERE ($1::text IS NULL OR name > $1) AND ($2::text IS NULL OR status = $2)
@@ -177,9 +183,7 @@ class JobRepository:
             handler,
             size + 1,
         )
-        jobs = [job_from_row(row) for row in rows[:size]]
-        token = _encode_token(jobs[-1].name) if len(rows) > size else ""
-        return JobPage(jobs, token)
+        return JobPage([job_from_row(row) for row in rows[:size]], len(rows) > size, scope)
 
     async def update(self, job_id: str, spec: JobSpec, next_run_time: datetime | None, expected_version: int) -> Job:
         """Replace a job's definition if it is still at `expected_version` (optimistic concurrency).

@@ -11,12 +11,13 @@ import contextlib
 import functools
 import math
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 from google.protobuf.json_format import ParseDict
+from google.protobuf.message import Message
 from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
 
 from scheduler_grpc.auth import Role
@@ -37,8 +38,15 @@ from scheduler_grpc.queue import DeadItem
 from scheduler_grpc.schedule import DstEffect, FireTime, FoldPolicy, GapPolicy
 
 E = TypeVar("E")
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+MAX_PAGE_BYTES = 1024 * 1024
+"""A list response stops adding items at this serialized size (its token resumes after the last).
+
+Items are bounded (a payload or result at most 64 KiB, an error 8 KiB), so a page stays far below
+gRPC's default 4 MiB receive limit whatever its page_size."""
 _DEFAULT_RETRY = RetryPolicy()
 _DEFAULT_TIMEOUT = timedelta(minutes=5)
 
@@ -152,6 +160,27 @@ def duration(value: timedelta) -> duration_pb2.Duration:
     message = duration_pb2.Duration()
     message.FromTimedelta(value)
     return message
+
+
+def fill_page(
+    items: Sequence[T], to_message: Callable[[T], M], max_bytes: int = MAX_PAGE_BYTES
+) -> tuple[list[M], bool]:
+    """Messages for `items`, in order, while the page stays within `max_bytes` (at least one).
+
+    Returns:
+        The messages, and whether the page was cut short (then the next page token must resume
+        after the last message's item, not after the last of `items`).
+    """
+    messages: list[M] = []
+    total = 0
+    for item in items:
+        message = to_message(item)
+        size = message.ByteSize() + 8  # the field's tag and length prefix
+        if messages and total + size > max_bytes:
+            return messages, True
+        messages.append(message)
+        total += size
+    return messages, False
 
 
 def page_size(value: int, field: str = "page_size") -> int:

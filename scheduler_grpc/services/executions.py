@@ -42,9 +42,9 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
             page_size=convert.page_size(request.page_size),
             page_token=request.page_token,
         )
-        return executions_pb2.ListExecutionsResponse(
-            executions=[convert.execution_to_proto(e) for e in page.executions], next_page_token=page.next_page_token
-        )
+        executions, cut = convert.fill_page(page.executions, convert.execution_to_proto)
+        token = page.token_after(page.executions[len(executions) - 1]) if cut else page.next_page_token
+        return executions_pb2.ListExecutionsResponse(executions=executions, next_page_token=token)
 
     async def CancelExecution(
         self, request: executions_pb2.CancelExecutionRequest, context: Context

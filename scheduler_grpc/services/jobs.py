@@ -113,9 +113,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             status=convert.job_state(request.state),
             handler=request.handler or None,
         )
-        return jobs_pb2.ListJobsResponse(
-            jobs=[convert.job_to_proto(job) for job in page.jobs], next_page_token=page.next_page_token
-        )
+        jobs, cut = convert.fill_page(page.jobs, convert.job_to_proto)
+        token = page.token_after(page.jobs[len(jobs) - 1]) if cut else page.next_page_token
+        return jobs_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     async def UpdateJob(self, request: jobs_pb2.UpdateJobRequest, context: Context) -> jobs_pb2.UpdateJobResponse:
         if not request.HasField("job"):
