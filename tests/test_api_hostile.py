@@ -7,8 +7,11 @@ from datetime import UTC, datetime
 import grpc
 import pytest
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
-from scheduler_client.v1 import auth_pb2, jobs_pb2
+from redis.asyncio import Redis
+from scheduler_client.v1 import auth_pb2, executions_pb2, jobs_pb2
 
+from scheduler_grpc import events
+from tests.test_api_executions import burst, take, watch
 from tests.test_api_support import Harness, api, echo_job  # noqa: F401 - `api` is a fixture
 
 
@@ -179,3 +182,25 @@ async def test_malformed_durations_are_refused_not_normalised(
     assert (caught.value.details() or "").startswith("job.timeout: "), caught.value.details()
     assert "nanos" in (caught.value.details() or "") or "seconds" in (caught.value.details() or "")
     assert await job_count(api) == 0
+
+
+@pytest.mark.parametrize("published", [0, 3])
+async def test_a_cursor_from_the_future_is_refused_not_silent(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+    published: int,
+) -> None:
+    if published:
+        await events.publish(redis, burst(1, published))
+    newest = (await events.read_after(redis))[-1].cursor if published else "0-0"
+    for cursor in ("99999999999999-0", f"{int(newest.split('-')[0]) + 1}-0"):
+        call = api.executions.WatchExecutions(executions_pb2.WatchExecutionsRequest(cursor=cursor), metadata=api.viewer)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await take(call, 1)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+        assert (caught.value.details() or "").startswith("cursor: "), caught.value.details()
+    # The newest cursor itself is fine: the next event arrives.
+    call, _ = await watch(api, api.viewer, cursor=newest)
+    await events.publish(redis, burst(10, 1))
+    assert [e.attempt for e in await take(call, 1)] == [10]
+    call.cancel()
