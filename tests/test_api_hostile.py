@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import grpc
@@ -11,6 +12,7 @@ from redis.asyncio import Redis
 from scheduler_client.v1 import auth_pb2, executions_pb2, jobs_pb2
 
 from scheduler_grpc import events
+from scheduler_grpc.jobs import Job, JobSpec
 from tests.test_api_executions import burst, take, watch
 from tests.test_api_support import Harness, api, echo_job  # noqa: F401 - `api` is a fixture
 
@@ -204,3 +206,26 @@ async def test_a_cursor_from_the_future_is_refused_not_silent(
     await events.publish(redis, burst(10, 1))
     assert [e.attempt for e in await take(call, 1)] == [10]
     call.cancel()
+
+
+async def test_concurrent_retries_of_one_create_all_get_the_created_job(api: Harness) -> None:  # noqa: F811
+    # Straight on the repository (10 pooled connections) for many races a second; then once over gRPC.
+    jobs = api.server.api.control.jobs
+    for round_ in range(40):
+        spec = JobSpec(name=f"race-{round_}", handler="test.echo")
+        answers = await asyncio.gather(
+            *(jobs.create(spec, None, f"req-{round_}") for _ in range(10)), return_exceptions=True
+        )
+        errors = [answer for answer in answers if isinstance(answer, BaseException)]
+        assert not errors, f"round {round_}: {errors[0]!r}"
+        assert len({answer.id for answer in answers if isinstance(answer, Job)}) == 1
+    request = jobs_pb2.CreateJobRequest(job=echo_job(name="race-grpc"), request_id="req-grpc")
+    replies = await asyncio.gather(*(api.jobs.CreateJob(request, metadata=api.admin) for _ in range(20)))
+    assert len({reply.job.id for reply in replies}) == 1
+    assert await job_count(api) == 41
+    # A different request for a taken name is still ALREADY_EXISTS.
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.jobs.CreateJob(
+            jobs_pb2.CreateJobRequest(job=echo_job(name="race-0"), request_id="other"), metadata=api.admin
+        )
+    assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS

@@ -110,7 +110,12 @@ class JobRepository:
                 request_id,
             )
         except asyncpg.UniqueViolationError:
-            raise AlreadyExists(f"name: a job named {spec.name!r} already exists") from None
+            # A retry of the same request racing the first one can trip over the name first (PostgreSQL
+            # checks the unique indexes in its own order): then the job of this request_id is the answer.
+            taken = await self._by_request_id(request_id) if request_id is not None else None
+            if taken is None:
+                raise AlreadyExists(f"name: a job named {spec.name!r} already exists") from None
+            return taken
         if row is None:  # the request_id was used before: same request, same answer
             row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE request_id = $1", request_id)
             if row is None:
@@ -118,6 +123,10 @@ class JobRepository:
             return job_from_row(row)
         await self._notify()
         return job_from_row(row)
+
+    async def _by_request_id(self, request_id: str) -> Job | None:
+        row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE request_id = $1", request_id)
+        return job_from_row(row) if row is not None else None
 
     async def _notify(self) -> None:
         await self._pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
