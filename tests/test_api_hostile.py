@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+from google.protobuf import duration_pb2, field_mask_pb2, struct_pb2, timestamp_pb2
 from redis.asyncio import Redis
 from scheduler_client.v1 import auth_pb2, executions_pb2, jobs_pb2
 
@@ -229,3 +229,24 @@ async def test_concurrent_retries_of_one_create_all_get_the_created_job(api: Har
             jobs_pb2.CreateJobRequest(job=echo_job(name="race-0"), request_id="other"), metadata=api.admin
         )
     assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+async def test_a_one_shot_time_older_than_the_misfire_grace_is_refused(api: Harness) -> None:  # noqa: F811
+    long_ago = _run_time(0)  # 1970-01-01
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=long_ago), metadata=api.admin)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert (caught.value.details() or "").startswith("job.schedule.run_time: "), caught.value.details()
+    assert await job_count(api) == 0
+    # Within the grace (60 s by default) a time just past is fine: it runs at once.
+    recent = _run_time(int(datetime.now(UTC).timestamp()) - 10)
+    created = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=recent), metadata=api.admin)).job
+    # Moving it to 1970 is refused; updating anything else of a one-shot whose time has passed is not.
+    moved = jobs_pb2.Job(id=created.id, schedule=long_ago.schedule)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.jobs.UpdateJob(
+            jobs_pb2.UpdateJobRequest(job=moved, update_mask=field_mask_pb2.FieldMask(paths=["schedule"])),
+            metadata=api.admin,
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert (caught.value.details() or "").startswith("job.schedule.run_time: "), caught.value.details()
