@@ -96,7 +96,7 @@ def _find_fault(descriptor: Descriptor, data: bytes, path: str, depth: int, json
         field = descriptor.fields_by_number.get(number)
         index = counts.get(number, 0)
         counts[number] = index + 1
-        field_path = _field_path(descriptor, field, number, path, index)
+        field_path = _field_path(descriptor, field, path, index)
         try:
             end = _skip(data, after_tag, wire_type)
         except _Malformed:
@@ -124,10 +124,10 @@ def _find_fault(descriptor: Descriptor, data: bytes, path: str, depth: int, json
     return None
 
 
-def _field_path(descriptor: Descriptor, field: FieldDescriptor | None, number: int, path: str, index: int) -> str:
+def _field_path(descriptor: Descriptor, field: FieldDescriptor | None, path: str, index: int) -> str:
     """How a client names a field: Struct keys and list indexes as JSON paths (`payload.a[2]`)."""
     if field is None:
-        return _join(path, f"<field {number}>")
+        return path or "request"  # a field this message does not have: blame where it sits
     if descriptor.full_name == _VALUE or descriptor.GetOptions().map_entry:
         return path  # a Value and a map entry add nothing; a Struct's entry adds its key (below)
     if descriptor.full_name == _LIST or field.is_repeated:
