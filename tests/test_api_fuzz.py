@@ -223,7 +223,30 @@ def _strings(known: list[str]) -> st.SearchStrategy[str]:
     )
 
 
+# Plausible values for fields by name, drawn as often as random ones: a request must get past the
+# simple checks (a valid name, a known handler) for its extreme values to reach the deeper code.
+_PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
+    "name": st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True),
+    "display_name": st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True),
+    "handler": st.sampled_from(["test.echo", "test.echo", "test.delay"]),
+    "cron": st.sampled_from(["*/5 * * * *", "0 0 1 1 *", "30 2 * * *", "* * * * * *"]),
+    "time_zone": st.sampled_from(["UTC", "Europe/Paris", "America/New_York"]),
+    "queue": st.just("default"),
+    "priority": st.integers(-1000, 1000),
+    "max_retries": st.integers(0, 100),
+    "count": st.integers(0, 1000),
+    "page_size": st.integers(0, 1000),
+    "role": st.sampled_from([1, 2, 3]),
+}
+
+
 def _scalar(field: FieldDescriptor, known: list[str]) -> st.SearchStrategy[Any]:
+    random = _random_scalar(field, known)
+    plausible = _PLAUSIBLE.get(field.name)
+    return random if plausible is None else st.one_of(plausible, random)
+
+
+def _random_scalar(field: FieldDescriptor, known: list[str]) -> st.SearchStrategy[Any]:
     kind = field.type
     if kind == FieldDescriptor.TYPE_STRING:
         return _strings(known)
@@ -328,7 +351,10 @@ def _exercise(server: ServerThread, method: MethodDescriptor, request: bytes) ->
 def test_any_request_gets_a_client_error_or_ok_never_internal(server: ServerThread, method: MethodDescriptor) -> None:
     known = [server.job_id, KNOWN_JOB]
 
-    @SETTINGS
+    # The requests that carry a job reach the most code: they get more examples.
+    examples = 80 if method.name in ("CreateJob", "UpdateJob") else 30
+
+    @settings(SETTINGS, max_examples=examples)
     @given(messages(method.input_type, known))
     def property_(request: Message) -> None:
         _exercise(server, method, request.SerializeToString())

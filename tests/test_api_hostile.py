@@ -250,3 +250,26 @@ async def test_a_one_shot_time_older_than_the_misfire_grace_is_refused(api: Harn
         )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
     assert (caught.value.details() or "").startswith("job.schedule.run_time: "), caught.value.details()
+
+
+async def test_a_backfill_from_the_first_instant_of_year_1_is_not_internal(api: Harness) -> None:  # noqa: F811
+    job = (
+        await api.jobs.CreateJob(
+            jobs_pb2.CreateJobRequest(
+                job=jobs_pb2.Job(
+                    name="c",
+                    handler="test.echo",
+                    schedule=jobs_pb2.Schedule(cron="0 0 1 1 *", time_zone="America/New_York"),
+                )
+            ),
+            metadata=api.admin,
+        )
+    ).job
+    request = jobs_pb2.BackfillJobRequest(
+        id=job.id,
+        start_time=timestamp_pb2.Timestamp(seconds=-62_135_596_800),
+        end_time=timestamp_pb2.Timestamp(seconds=0),
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.jobs.BackfillJob(request, metadata=api.admin)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()

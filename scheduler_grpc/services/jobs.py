@@ -219,7 +219,10 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("end_time", "must be after start_time")
         job = await self._control.jobs.get(job_id)
         schedule = _cron_schedule(job)
-        slots = await asyncio.to_thread(_slots, schedule, start, end)
+        try:
+            slots = await asyncio.to_thread(_slots, schedule, start, end)
+        except (OverflowError, ValueError):  # datetime begins at year 1: a walk from its edge overflows
+            raise InvalidArgument("start_time", "too close to year 1 for this schedule; start later") from None
         if len(slots) > MAX_BACKFILL_SLOTS:
             raise InvalidArgument(
                 "end_time", f"the range holds more than {MAX_BACKFILL_SLOTS} slots; backfill it in smaller ranges"
