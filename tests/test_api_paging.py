@@ -119,3 +119,33 @@ async def test_forged_and_foreign_page_tokens_are_refused_by_every_listing(api: 
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     rest = await api.jobs.ListJobs(jobs_pb2.ListJobsRequest(page_token=jobs_page.next_page_token), metadata=api.viewer)
     assert [job.name for job in rest.jobs] == ["job-1", "job-2"]
+
+
+async def test_the_basic_view_leaves_out_payloads_results_and_errors(api: Harness) -> None:  # noqa: F811
+    control = api.server.api.control
+    job = await control.create_job(JobSpec(name="viewed", handler="test.echo", payload={"blob": "x" * 1000}))
+    await control.executions.trigger(job.id, Trigger.MANUAL, [datetime.now(UTC)])
+    await control.jobs._pool.execute(
+        """UPDATE job_executions SET result = '{"r": 1}', error = 'boom', status = 'failed', worker_id = 'w',
+               started_at = now(), finished_at = now()"""
+    )
+    for view, has_payload in [
+        (jobs_pb2.JOB_VIEW_UNSPECIFIED, True), (jobs_pb2.JOB_VIEW_FULL, True), (jobs_pb2.JOB_VIEW_BASIC, False)
+    ]:  # fmt: skip
+        listed = await api.jobs.ListJobs(jobs_pb2.ListJobsRequest(view=view), metadata=api.viewer)
+        assert listed.jobs[0].name == "viewed"
+        assert listed.jobs[0].HasField("payload") is has_payload
+        assert listed.jobs[0].handler == "test.echo"
+    for view, full in [
+        (executions_pb2.EXECUTION_VIEW_UNSPECIFIED, True),
+        (executions_pb2.EXECUTION_VIEW_FULL, True),
+        (executions_pb2.EXECUTION_VIEW_BASIC, False),
+    ]:
+        runs = await api.executions.ListExecutions(executions_pb2.ListExecutionsRequest(view=view), metadata=api.viewer)
+        assert runs.executions[0].HasField("result") is full
+        assert (runs.executions[0].error == "boom") is full
+        assert runs.executions[0].state == executions_pb2.EXECUTION_STATE_FAILED
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.jobs.ListJobs(jobs_pb2.ListJobsRequest(view=7), metadata=api.viewer)  # type: ignore[arg-type]
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (caught.value.details() or "").startswith("view: ")

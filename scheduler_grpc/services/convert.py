@@ -422,6 +422,32 @@ def job_spec(message: jobs_pb2.Job, status: JobStatus = JobStatus.ACTIVE) -> Job
     )
 
 
+_JOB_VIEWS = frozenset(jobs_pb2.JobView.values())
+_EXECUTION_VIEWS = frozenset(executions_pb2.ExecutionView.values())
+
+
+def basic_job_view(value: int, field: str = "view") -> bool:
+    """Whether a JobView asks for the basic view (UNSPECIFIED means FULL).
+
+    Raises:
+        InvalidArgument: an unknown number, naming `field`.
+    """
+    if value not in _JOB_VIEWS:
+        raise InvalidArgument(field, f"unknown value {value}")
+    return value == jobs_pb2.JOB_VIEW_BASIC
+
+
+def basic_execution_view(value: int, field: str = "view") -> bool:
+    """Whether an ExecutionView asks for the basic view (UNSPECIFIED means FULL).
+
+    Raises:
+        InvalidArgument: an unknown number, naming `field`.
+    """
+    if value not in _EXECUTION_VIEWS:
+        raise InvalidArgument(field, f"unknown value {value}")
+    return value == executions_pb2.EXECUTION_VIEW_BASIC
+
+
 def job_state(value: int, field: str = "state") -> JobStatus | None:
     """A JobState filter: None when unspecified."""
     return _from_proto(_JOB_STATE, value, field)

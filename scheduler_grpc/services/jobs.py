@@ -107,13 +107,14 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.GetJobResponse(job=convert.job_to_proto(job))
 
     async def ListJobs(self, request: jobs_pb2.ListJobsRequest, context: Context) -> jobs_pb2.ListJobsResponse:
+        basic = convert.basic_job_view(request.view)
         page = await self._control.jobs.list_page(
             page_size=convert.page_size(request.page_size),
             page_token=request.page_token,
             status=convert.job_state(request.state),
             handler=request.handler or None,
         )
-        jobs, cut = convert.fill_page(page.jobs, convert.job_to_proto)
+        jobs, cut = convert.fill_page(page.jobs, _basic_job if basic else convert.job_to_proto)
         token = page.token_after(page.jobs[len(jobs) - 1]) if cut else page.next_page_token
         return jobs_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
@@ -234,6 +235,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def _executions(self, ids: Sequence[str]) -> list[Execution]:
         return [await self._control.executions.get(execution_id) for execution_id in ids]
+
+
+def _basic_job(job: Job) -> jobs_pb2.Job:
+    message = convert.job_to_proto(job)
+    message.ClearField("payload")
+    return message
 
 
 def _cron_schedule(job: Job) -> CronSchedule:

@@ -290,7 +290,10 @@ async def cmd_whoami(ctx: Context) -> int:
 async def cmd_jobs_list(ctx: Context) -> int:
     args = ctx.args
     jobs = []
-    async for job in ctx.client.iter_jobs(state=args.state, handler=args.handler, page_size=min(args.limit, 1000)):
+    view = "full" if ctx.json else "basic"  # the table shows no payload: don't fetch them
+    async for job in ctx.client.iter_jobs(
+        state=args.state, handler=args.handler, page_size=min(args.limit, 1000), view=view
+    ):
         jobs.append(job)
         if len(jobs) >= args.limit:
             break
