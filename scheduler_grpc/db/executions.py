@@ -24,6 +24,8 @@ _COLUMNS = """e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.status, e.
     e.created_at, e.worker_id, e.started_at, e.finished_at, e.error, e.result, e.term"""
 
 MAX_PAGE_SIZE = 1000
+# What a list without outputs selects (the basic view): no error, no result.
+_COLUMNS_WITHOUT_OUTPUT = _COLUMNS.replace("e.error, e.result", "NULL::text AS error, NULL::jsonb AS result")
 LOST_WORKER_ERROR = "worker lost: its lease expired before the attempt finished"
 
 
@@ -593,8 +595,12 @@ class ExecutionRepository:
         statuses: Sequence[ExecutionStatus] = (),
         page_size: int = 100,
         page_token: str = "",
+        with_output: bool = True,
     ) -> ExecutionPage:
-        """Newest first; by job (served by the (job_id, scheduled_for, attempt) index) or overall."""
+        """Newest first; by job (served by the (job_id, scheduled_for, attempt) index) or overall.
+
+        Without `with_output` no error and no result are fetched (both read as None).
+        """
         if not 0 <= page_size <= MAX_PAGE_SIZE:
             raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
         size = page_size or 100
@@ -604,7 +610,7 @@ class ExecutionRepository:
         if page_token:
             cursor_time, cursor_id = _decode_cursor(pagetokens.decode(page_token, "executions", scope))
         rows = await self._pool.fetch(
-            f"""SELECT {_COLUMNS} FROM job_executions e
+            f"""SELECT {_COLUMNS if with_output else _COLUMNS_WITHOUT_OUTPUT} FROM job_executions e
                 WHERE ($1::uuid IS NULL OR e.job_id = $1)
                   AND (cardinality($2::text[]) = 0 OR e.status = ANY($2))
                   AND ($3::timestamptz IS NULL OR (e.created_at, e.id) < ($3, $4::uuid))

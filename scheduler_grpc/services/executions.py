@@ -50,6 +50,7 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
             statuses=convert.execution_states(request.states),
             page_size=convert.page_size(request.page_size),
             page_token=request.page_token,
+            with_output=not basic,
         )
         executions, cut = convert.fill_page(page.executions, _basic_execution if basic else convert.execution_to_proto)
         token = page.token_after(page.executions[len(executions) - 1]) if cut else page.next_page_token

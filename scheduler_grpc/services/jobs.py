@@ -113,6 +113,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             page_token=request.page_token,
             status=convert.job_state(request.state),
             handler=request.handler or None,
+            with_payload=not basic,
         )
         jobs, cut = convert.fill_page(page.jobs, _basic_job if basic else convert.job_to_proto)
         token = page.token_after(page.jobs[len(jobs) - 1]) if cut else page.next_page_token
