@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 from redis.asyncio import Redis
@@ -23,6 +23,7 @@ from scheduler_grpc.executions import Execution, Trigger
 from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
 
 MAX_REQUEST_ID_LENGTH = 128
+DEFAULT_MISFIRE_GRACE = timedelta(seconds=60)  # SCHEDULER_MISFIRE_GRACE's default
 
 
 def _check_request_id(request_id: str | None) -> str | None:
@@ -36,8 +37,16 @@ def _check_request_id(request_id: str | None) -> str | None:
 class Control:
     """Jobs and runs, as an operator or another service manipulates them."""
 
-    def __init__(self, redis: Redis, pool: asyncpg.Pool, handlers: PayloadValidator) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        pool: asyncpg.Pool,
+        handlers: PayloadValidator,
+        *,
+        misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE,
+    ) -> None:
         self._redis = redis
+        self._misfire_grace = misfire_grace
         self._pool = pool
         self._handlers = handlers
         self.jobs = JobRepository(pool)
@@ -49,6 +58,7 @@ class Control:
         request_id = _check_request_id(request_id)
         spec = validate_job(spec, self._handlers)
         now = datetime.now(UTC)
+        self._check_run_at(spec, now)
         next_run = spec.first_run_time(now) if spec.status is JobStatus.ACTIVE else None
         job = await self.jobs.create(spec, next_run, request_id)
         metrics.JOBS_CREATED.inc()
@@ -63,12 +73,30 @@ class Control:
             current.schedule_kind, current.cron, current.time_zone, current.run_at, current.dst_gap_policy,
             current.dst_fold_policy, current.status)  # fmt: skip
         next_run = current.next_run_time
+        if spec.run_at != current.run_at:  # an unchanged past run_at is history, not a request
+            self._check_run_at(spec, datetime.now(UTC))
         if schedule_changed:
             next_run = spec.first_run_time(datetime.now(UTC)) if spec.status is JobStatus.ACTIVE else None
         version = current.version if expected_version is None else expected_version
         job = await self.jobs.update(job_id, spec, next_run, version)
         metrics.JOBS_UPDATED.inc()
         return job
+
+    def _check_run_at(self, spec: JobSpec, now: datetime) -> None:
+        """Refuse a one-shot time already past the misfire grace.
+
+        The scheduler would treat it as a misfire at once (run it decades late, or record it
+        missed), and a run that late would be a client mistake, not a schedule.
+
+        Raises:
+            InvalidArgument: naming `run_at`.
+        """
+        if spec.run_at is not None and spec.run_at < now - self._misfire_grace:
+            raise InvalidArgument(
+                "run_at",
+                f"{spec.run_at.isoformat()} is more than {self._misfire_grace.total_seconds():g}s in the past "
+                "(the misfire grace); give a time to come, or trigger the job to run it now",
+            )
 
     async def pause_job(self, job_id: str) -> Job:
         job = await self.jobs.set_status(job_id, JobStatus.PAUSED, None)

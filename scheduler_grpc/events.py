@@ -377,18 +377,26 @@ class EventFanout:
         return [ExecutionEvent.from_fields(_text(entry_id), fields or {}) for entry_id, fields in reply or []]
 
     async def _check_retained(self, cursor: str) -> None:
-        """Raise CursorExpired if events after `cursor` may have been trimmed away.
+        """Raise CursorExpired if events after `cursor` may have been trimmed away, InvalidArgument
+        if `cursor` is past the newest event ever added.
 
         Trimming removes the oldest entries. The events right after `cursor` are all still there if
         nothing was ever trimmed, if the cursor's own entry is still there, or if the cursor is at
         or past the stream's first entry; otherwise some may be gone, and silence would be a lie.
+        A cursor past the newest id was never issued (or the stream was lost since): the events
+        after it would be skipped until the stream caught up with it, so it is refused too.
         """
         async with asyncio.timeout(self._timeout):
             try:
                 info: Any = await self._redis.xinfo_stream(_KEYS.stream)
-            except ResponseError:  # no stream yet: nothing was ever trimmed
-                return
-            if int(info.get("entries-added", 0)) <= int(info.get("length", 0)):
+            except ResponseError:  # no stream yet: nothing was ever trimmed, no event was ever added
+                info = {}
+            newest = _text(info.get("last-generated-id") or "0-0")
+            if stream_id(cursor) > stream_id(newest):
+                raise InvalidArgument(
+                    "cursor", f"{cursor} is past the newest event ({newest}); watch without a cursor to start now"
+                )
+            if not info or int(info.get("entries-added", 0)) <= int(info.get("length", 0)):
                 return
             first = info.get("first-entry")
             if not first or stream_id(cursor) >= stream_id(_text(first[0])):

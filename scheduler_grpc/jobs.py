@@ -7,6 +7,7 @@ maps these field names onto its messages.
 from __future__ import annotations
 
 import enum
+import math
 import random
 import re
 from collections.abc import Mapping
@@ -21,6 +22,8 @@ from scheduler_grpc.schedule import CronSchedule, FoldPolicy, GapPolicy, next_fi
 MAX_NAME_LENGTH = 200
 MAX_RETRIES_LIMIT = 100
 MAX_TIMEOUT = timedelta(hours=24)
+MAX_PAYLOAD_DEPTH = 20
+"""Objects and arrays nested in a payload, at most (a gRPC Struct of this depth still decodes)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 
 
@@ -139,6 +142,34 @@ def _enum(kind: type[enum.StrEnum], value: object, field_name: str) -> Any:
         raise InvalidArgument(field_name, f"expected one of {allowed}, got {value!r}") from None
 
 
+def check_json(value: Any, path: str = "payload", depth: int = 0) -> None:
+    """Require what PostgreSQL's jsonb can store: finite numbers, no NUL characters, bounded nesting.
+
+    A Struct from gRPC can carry NaN, Infinity and U+0000, which jsonb refuses (or JSON cannot say);
+    refused here, before anything is stored, with the path of the offending value.
+
+    Raises:
+        InvalidArgument: naming the value's path (`payload.a.b`, `payload.list[2]`).
+    """
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidArgument(path, f"{value} is not a JSON number (use a finite number)")
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidArgument(path, "must not contain the NUL character (U+0000)")
+    elif isinstance(value, Mapping | list | tuple):
+        if depth >= MAX_PAYLOAD_DEPTH:
+            raise InvalidArgument(path, f"nested deeper than {MAX_PAYLOAD_DEPTH} objects or arrays")
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if isinstance(key, str) and "\x00" in key:
+                    raise InvalidArgument(path, "an object key must not contain the NUL character (U+0000)")
+                check_json(item, f"{path}.{key}", depth + 1)
+        else:
+            for index, item in enumerate(value):
+                check_json(item, f"{path}[{index}]", depth + 1)
+
+
 def validate_job(spec: JobSpec, handlers: PayloadValidator) -> JobSpec:
     """Check every field of `spec` and return it normalised.
 
@@ -156,6 +187,7 @@ def validate_job(spec: JobSpec, handlers: PayloadValidator) -> JobSpec:
         raise InvalidArgument("queue", QUEUE_NAME_RULE)
     if isinstance(spec.priority, bool) or not PRIORITY_MIN <= spec.priority <= PRIORITY_MAX:
         raise InvalidArgument("priority", f"must be between {PRIORITY_MIN} and {PRIORITY_MAX}")
+    check_json(spec.payload)
     payload = handlers.validate(spec.handler, spec.payload)
     kind = _enum(ScheduleKind, spec.schedule_kind, "schedule_kind")
     gap = _enum(GapPolicy, spec.dst_gap_policy, "dst_gap_policy")

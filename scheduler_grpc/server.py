@@ -297,7 +297,7 @@ async def serve(
         await authenticator.ensure_admin(settings.admin_username, password)
         fanout = EventFanout(redis, buffer=settings.watch_buffer, timeout=timeout)
         api = Api(
-            control=Control(redis, pool, registry),
+            control=Control(redis, pool, registry, misfire_grace=settings.misfire_grace),
             auth=authenticator,
             fanout=fanout,
             redis=redis,

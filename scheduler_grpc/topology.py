@@ -3,6 +3,9 @@
 gRPC and fork don't mix, so every role is its own freshly exec'd process. The supervisor starts
 embedded servers when no URL is set (dev mode), applies migrations once, starts the roles, and on
 Ctrl-C/SIGTERM stops them (SIGTERM, then SIGKILL after the grace period) before the servers.
+It prints the "up" banner once every role is ready: the gRPC server's health check answers SERVING
+and every role's /metrics answers (a role serves it only once it has reached Redis and PostgreSQL),
+so what the banner says to try works at once.
 If a role exits on its own, the supervisor stops the rest and exits with its code: a supervisor
 that hides crashes is worse than none (use docker-compose or systemd for restart policies).
 """
@@ -16,8 +19,10 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
@@ -28,6 +33,8 @@ from scheduler_grpc.processes import die_with_parent
 log = logging.getLogger(__name__)
 
 GRACE_SECONDS = 20.0
+READY_TIMEOUT_SECONDS = 120.0
+_POLL_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -40,15 +47,23 @@ class Child:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedulers", type=int, default=2, help="scheduler processes (1 leader + standbys)")
     parser.add_argument("--workers", type=int, default=3, help="worker processes")
+    parser.add_argument(
+        "--metrics-base",
+        type=int,
+        default=9090,
+        help="/metrics port of the server; schedulers use base+i, workers base+9+i (default 9090)",
+    )
 
 
 def _children(args: argparse.Namespace) -> list[Child]:
     # The role commands of `scheduler-grpc` (cli.COMMANDS); not imported from cli, which imports
     # this module for `up`.
     script = [sys.executable, "-m", "scheduler_grpc"]
-    children = [Child("server", [*script, "server"], 9090)]
-    children += [Child(f"scheduler-{i}", [*script, "scheduler"], 9090 + i) for i in range(1, args.schedulers + 1)]
-    children += [Child(f"worker-{i}", [*script, "worker"], 9099 + i) for i in range(1, args.workers + 1)]
+    base = args.metrics_base
+    children: list[Child] = []
+    children = [Child("server", [*script, "server"], base)]
+    children += [Child(f"scheduler-{i}", [*script, "scheduler"], base + i) for i in range(1, args.schedulers + 1)]
+    children += [Child(f"worker-{i}", [*script, "worker"], base + 9 + i) for i in range(1, args.workers + 1)]
     return children
 
 
@@ -68,9 +83,16 @@ async def run_topology(settings: Settings, args: argparse.Namespace, stop: async
         env = {**os.environ, "REDIS_URL": urls.redis_url, "DATABASE_URL": urls.database_url}
         children = _children(args)
         env_file = _write_env_file(settings, urls.redis_url, urls.database_url)
-        _banner(settings, children, urls.redis_url, urls.database_url, env_file)
+        print(f"scheduler-grpc: starting {len(children)} roles ...", file=sys.stderr, flush=True)
+
+        async def announce() -> None:
+            waiting = await _wait_ready(settings, children)
+            if waiting:
+                log.warning("roles not ready yet; printing the banner anyway", extra={"roles": ", ".join(waiting)})
+            _banner(settings, children, urls.redis_url, urls.database_url, env_file)
+
         try:
-            return await _supervise(children, env, stop)
+            return await _supervise(children, env, stop, announce)
         finally:
             env_file.unlink(missing_ok=True)  # the servers stop with us: their URLs stop working
 
@@ -110,7 +132,59 @@ def _banner(settings: Settings, children: list[Child], redis_url: str, database_
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-async def _supervise(children: list[Child], env: dict[str, str], stop: asyncio.Event) -> int:
+def _local(host: str) -> str:
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host  # a wildcard address is reached on loopback
+
+
+async def _metrics_answer(host: str, port: int) -> bool:
+    try:
+        async with asyncio.timeout(1):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                await writer.drain()
+                status = await reader.readline()
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):
+        return False
+    return status.split(b" ")[1:2] == [b"200"]
+
+
+async def _grpc_serving(target: str) -> bool:
+    import grpc  # only here: the supervisor has started every child by now (gRPC and fork don't mix)
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    stub: Any = health_pb2_grpc.HealthStub  # grpcio-health-checking ships no type hints
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            reply = await stub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+    except grpc.aio.AioRpcError:
+        return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+async def _wait_ready(settings: Settings, children: list[Child]) -> list[str]:
+    """Poll until every role is ready (at most READY_TIMEOUT_SECONDS); the names still not ready."""
+    host = _local(settings.metrics_host)
+    target = f"{_local(settings.grpc_host or '')}:{settings.grpc_port}"
+    waiting = {child.name: child for child in children}
+    deadline = asyncio.get_running_loop().time() + READY_TIMEOUT_SECONDS
+    while waiting and asyncio.get_running_loop().time() < deadline:
+        for name, child in list(waiting.items()):
+            ready = await _metrics_answer(host, child.metrics_port)
+            if ready and name == "server":
+                ready = await _grpc_serving(target)
+            if ready:
+                del waiting[name]
+        if waiting:
+            await asyncio.sleep(_POLL_SECONDS)
+    return sorted(waiting)
+
+
+async def _supervise(
+    children: list[Child], env: dict[str, str], stop: asyncio.Event, announce: Callable[[], Coroutine[Any, Any, None]]
+) -> int:
     processes: dict[str, asyncio.subprocess.Process] = {}
     try:
         for child in children:
@@ -123,7 +197,13 @@ async def _supervise(children: list[Child], env: dict[str, str], stop: asyncio.E
             log.info("role started", extra={"role_name": child.name, "child_pid": processes[child.name].pid})
         waits = {asyncio.create_task(process.wait(), name=f"wait-{name}"): name for name, process in processes.items()}
         stopper = asyncio.create_task(stop.wait(), name="wait-stop")
-        done, _ = await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
+        announcer = asyncio.create_task(announce(), name="announce")
+        try:
+            done, _ = await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            announcer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await announcer
         code = 0
         for task in done:
             if task is not stopper:

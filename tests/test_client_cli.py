@@ -81,6 +81,10 @@ def test_cli_walk_through(api: Api, tmp_path: Path) -> None:
                        "--max-retries", "1", "--timeout", "30s")  # fmt: skip
     assert created["name"] == "hello"
     assert created["payload"] == {"greeting": "hi"}
+    # The proto3 JSON mapping, as buf curl and grpcurl print it: lowerCamelCase names.
+    assert created["retryPolicy"]["maxRetries"] == 1
+    assert "createTime" in created
+    assert not [key for key in created if "_" in key]
     table = cli.ok("jobs", "list").splitlines()
     assert table[0].split()[:3] == ["NAME", "ID", "HANDLER"]
     assert table[1].split()[0] == "hello"
@@ -93,14 +97,14 @@ def test_cli_walk_through(api: Api, tmp_path: Path) -> None:
     executions = cli.json("executions", "list", "--job", "hello")["executions"]
     assert isinstance(executions, list)
     assert [e["state"] for e in executions] == ["EXECUTION_STATE_SUCCEEDED"]
-    assert cli.json("executions", "get", executions[0]["id"])["worker_id"]
+    assert cli.json("executions", "get", executions[0]["id"])["workerId"]
 
     assert "Paused job hello" in cli.ok("jobs", "pause", "hello")
     assert cli.json("jobs", "get", "hello")["state"] == "JOB_STATE_PAUSED"
     assert "Resumed job hello" in cli.ok("jobs", "resume", "hello")
 
     assert cli.ok("dlq", "list").split() == ["RUN", "ID", "HANDLER", "PRIORITY", "DEAD", "SINCE", "REASON"]
-    assert cli.json("dlq", "list") == {"dead_letters": []}
+    assert cli.json("dlq", "list") == {"deadLetters": []}
     workers = cli.ok("workers").splitlines()
     assert workers[0].split()[0] == "ID"
     assert len(workers) == 2
@@ -109,7 +113,7 @@ def test_cli_walk_through(api: Api, tmp_path: Path) -> None:
     assert "term:" in status
     scheduler = cli.json("status")["scheduler"]
     assert isinstance(scheduler, dict)
-    assert scheduler["has_leader"] is True
+    assert scheduler["hasLeader"] is True
     assert "test.echo" in cli.ok("handlers")
     assert cli.json("whoami")["principal"] == ADMIN
 

@@ -6,7 +6,6 @@ any size costs one round trip and commits atomically.
 
 from __future__ import annotations
 
-import base64
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -16,6 +15,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from scheduler_grpc import pagetokens
 from scheduler_grpc.errors import Fenced, InvalidArgument, NotFound
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
 from scheduler_grpc.jobs import RetryPolicy
@@ -24,6 +24,8 @@ _COLUMNS = """e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.status, e.
     e.created_at, e.worker_id, e.started_at, e.finished_at, e.error, e.result, e.term"""
 
 MAX_PAGE_SIZE = 1000
+# What a list without outputs selects (the basic view): no error, no result.
+_COLUMNS_WITHOUT_OUTPUT = _COLUMNS.replace("e.error, e.result", "NULL::text AS error, NULL::jsonb AS result")
 LOST_WORKER_ERROR = "worker lost: its lease expired before the attempt finished"
 INTERRUPTED_ERROR = "interrupted: its worker stopped; the run goes on in a new attempt"
 CANCELLED_ERROR = "cancelled"
@@ -161,8 +163,20 @@ class Completed:
 
 @dataclass(frozen=True)
 class ExecutionPage:
+    """Up to a page of executions; `has_more` when more follow the last one."""
+
     executions: list[Execution]
-    next_page_token: str
+    has_more: bool
+    scope: dict[str, Any]
+
+    def token_after(self, execution: Execution) -> str:
+        """The token of the page that starts after `execution` (a caller may cut a page short)."""
+        assert execution.created_at is not None  # stored executions have one
+        return pagetokens.encode("executions", self.scope, [execution.created_at.isoformat(), execution.id])
+
+    @property
+    def next_page_token(self) -> str:
+        return self.token_after(self.executions[-1]) if self.has_more and self.executions else ""
 
 
 def _ids(values: Sequence[str]) -> list[uuid.UUID]:
@@ -687,14 +701,22 @@ class ExecutionRepository:
         statuses: Sequence[ExecutionStatus] = (),
         page_size: int = 100,
         page_token: str = "",
+        with_output: bool = True,
     ) -> ExecutionPage:
-        """Newest first; by job (served by the (job_id, scheduled_for, attempt) index) or overall."""
+        """Newest first; by job (served by the (job_id, scheduled_for, attempt) index) or overall.
+
+        Without `with_output` no error and no result are fetched (both read as None).
+        """
         if not 0 <= page_size <= MAX_PAGE_SIZE:
             raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
         size = page_size or 100
-        cursor_time, cursor_id = _decode_cursor(page_token) if page_token else (None, None)
+        scope = {"job_id": job_id, "states": sorted(status.value for status in statuses)}
+        cursor_time: datetime | None = None
+        cursor_id: uuid.UUID | None = None
+        if page_token:
+            cursor_time, cursor_id = _decode_cursor(pagetokens.decode(page_token, "executions", scope))
         rows = await self._pool.fetch(
-            f"""SELECT {_COLUMNS} FROM job_executions e
+            f"""SELECT {_COLUMNS if with_output else _COLUMNS_WITHOUT_OUTPUT} FROM job_executions e
                 WHERE ($1::uuid IS NULL OR e.job_id = $1)
                   AND (cardinality($2::text[]) = 0 OR e.status = ANY($2))
                   AND ($3::timestamptz IS NULL OR (e.created_at, e.id) < ($3, $4::uuid))
@@ -705,12 +727,7 @@ class ExecutionRepository:
             cursor_id,
             size + 1,
         )
-        executions = [execution_from_row(row) for row in rows[:size]]
-        token = ""
-        if len(rows) > size:
-            last = executions[-1]
-            token = _encode_cursor(last.created_at, last.id)
-        return ExecutionPage(executions, token)
+        return ExecutionPage([execution_from_row(row) for row in rows[:size]], len(rows) > size, scope)
 
     async def history(self, job_id: str) -> list[Execution]:
         """Every attempt of a job, oldest slot first (tests, small jobs)."""
@@ -729,13 +746,12 @@ class ExecutionRepository:
         return int(result.split()[-1])
 
 
-def _encode_cursor(created_at: datetime, execution_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{execution_id}".encode()).decode()
-
-
-def _decode_cursor(token: str) -> tuple[datetime, uuid.UUID]:
+def _decode_cursor(position: list[Any]) -> tuple[datetime, uuid.UUID]:
     try:
-        stamp, execution_id = base64.urlsafe_b64decode(token.encode()).decode().split("|")
-        return datetime.fromisoformat(stamp), uuid.UUID(execution_id)
-    except (ValueError, UnicodeDecodeError):
+        stamp, execution_id = position
+        moment, key = datetime.fromisoformat(stamp), uuid.UUID(execution_id)
+    except (ValueError, TypeError, AttributeError):
         raise InvalidArgument("page_token", "not a token this server issued") from None
+    if moment.tzinfo is None:  # every issued position is aware
+        raise InvalidArgument("page_token", "not a token this server issued")
+    return moment, key

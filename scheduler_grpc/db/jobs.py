@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -10,6 +9,7 @@ from typing import Any
 
 import asyncpg
 
+from scheduler_grpc import pagetokens
 from scheduler_grpc.errors import Aborted, AlreadyExists, InvalidArgument, NotFound
 from scheduler_grpc.jobs import (
     ConcurrencyPolicy,
@@ -27,6 +27,8 @@ _COLUMNS = """id, name, handler, payload, queue, schedule_kind, cron, time_zone,
     timeout, misfire_policy, concurrency_policy, status, version, created_at, updated_at"""
 
 MAX_PAGE_SIZE = 1000
+# What a list without payloads selects (the basic view): an empty object in the payload's place.
+_COLUMNS_WITHOUT_PAYLOAD = _COLUMNS.replace("payload,", "'{}'::jsonb AS payload,", 1)
 # NOTIFY channel: a job's schedule changed, so a sleeping leader re-plans its next scan at once.
 JOBS_CHANGED_CHANNEL = "scheduler_jobs_changed"
 
@@ -68,19 +70,19 @@ def _spec_values(spec: JobSpec) -> list[Any]:
 
 @dataclass(frozen=True)
 class JobPage:
+    """Up to a page of jobs; `has_more` when more follow the last one."""
+
     jobs: list[Job]
-    next_page_token: str
+    has_more: bool
+    scope: dict[str, Any]
 
+    def token_after(self, job: Job) -> str:
+        """The token of the page that starts after `job` (a caller may cut a page short)."""
+        return pagetokens.encode("jobs", self.scope, [job.name])
 
-def _encode_token(name: str) -> str:
-    return base64.urlsafe_b64encode(name.encode()).decode()
-
-
-def _decode_token(token: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(token.encode()).decode()
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidArgument("page_token", "not a token this server issued") from None
+    @property
+    def next_page_token(self) -> str:
+        return self.token_after(self.jobs[-1]) if self.has_more and self.jobs else ""
 
 
 class JobRepository:
@@ -110,7 +112,12 @@ class JobRepository:
                 request_id,
             )
         except asyncpg.UniqueViolationError:
-            raise AlreadyExists(f"name: a job named {spec.name!r} already exists") from None
+            # A retry of the same request racing the first one can trip over the name first (PostgreSQL
+            # checks the unique indexes in its own order): then the job of this request_id is the answer.
+            taken = await self._by_request_id(request_id) if request_id is not None else None
+            if taken is None:
+                raise AlreadyExists(f"name: a job named {spec.name!r} already exists") from None
+            return taken
         if row is None:  # the request_id was used before: same request, same answer
             row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE request_id = $1", request_id)
             if row is None:
@@ -118,6 +125,10 @@ class JobRepository:
             return job_from_row(row)
         await self._notify()
         return job_from_row(row)
+
+    async def _by_request_id(self, request_id: str) -> Job | None:
+        row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE request_id = $1", request_id)
+        return job_from_row(row) if row is not None else None
 
     async def _notify(self) -> None:
         await self._pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
@@ -161,14 +172,25 @@ class JobRepository:
         page_token: str = "",
         status: JobStatus | None = None,
         handler: str | None = None,
+        *,
+        with_payload: bool = True,
     ) -> JobPage:
-        """A page of jobs ordered by name; pass `next_page_token` back for the next page."""
+        """A page of jobs ordered by name; pass `next_page_token` back for the next page.
+
+        Without `with_payload` every job's payload is read as `{}` (and not fetched at all).
+        """
         if not 0 <= page_size <= MAX_PAGE_SIZE:
             raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
         size = page_size or 100
-        after = _decode_token(page_token) if page_token else None
+        scope = {"state": status.value if status else None, "handler": handler}
+        after = None
+        if page_token:
+            position = pagetokens.decode(page_token, "jobs", scope)
+            if len(position) != 1 or not isinstance(position[0], str):
+                raise InvalidArgument("page_token", "not a token this server issued")
+            after = position[0]
         rows = await self._pool.fetch(
-            f"""SELECT {_COLUMNS} FROM jobs
+            f"""SELECT {_COLUMNS if with_payload else _COLUMNS_WITHOUT_PAYLOAD} FROM jobs
                 WHERE ($1::text IS NULL OR name > $1) AND ($2::text IS NULL OR status = $2)
                   AND ($3::text IS NULL OR handler = $3)
                 ORDER BY name LIMIT $4""",
@@ -177,9 +199,7 @@ class JobRepository:
             handler,
             size + 1,
         )
-        jobs = [job_from_row(row) for row in rows[:size]]
-        token = _encode_token(jobs[-1].name) if len(rows) > size else ""
-        return JobPage(jobs, token)
+        return JobPage([job_from_row(row) for row in rows[:size]], len(rows) > size, scope)
 
     async def update(self, job_id: str, spec: JobSpec, next_run_time: datetime | None, expected_version: int) -> Job:
         """Replace a job's definition if it is still at `expected_version` (optimistic concurrency).

@@ -12,13 +12,7 @@ from datetime import timedelta
 
 import grpc
 from redis.asyncio import Redis
-from scheduler_client.v1 import (
-    auth_pb2_grpc,
-    cluster_pb2_grpc,
-    executions_pb2_grpc,
-    jobs_pb2_grpc,
-    queue_pb2_grpc,
-)
+from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
 
 from scheduler_grpc.auth import Authenticator
 from scheduler_grpc.control import Control
@@ -57,15 +51,18 @@ def add_services(server: grpc.aio.Server, api: Api) -> list[str]:
     """Register every `scheduler.v1` servicer on `server`; returns their full service names."""
     from scheduler_grpc.services.auth import AuthService
     from scheduler_grpc.services.cluster import ClusterService
+    from scheduler_grpc.services.decode import register
     from scheduler_grpc.services.executions import ExecutionService
     from scheduler_grpc.services.jobs import JobService
     from scheduler_grpc.services.queue import QueueService
 
-    auth_pb2_grpc.add_AuthServiceServicer_to_server(AuthService(api), server)
-    jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(api), server)
-    executions_pb2_grpc.add_ExecutionServiceServicer_to_server(ExecutionService(api), server)
-    queue_pb2_grpc.add_QueueServiceServicer_to_server(QueueService(api), server)
-    cluster_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterService(api), server)
+    # Not the generated `add_*_to_server`: `register` adds the same handlers with deserializers that
+    # answer a malformed request with INVALID_ARGUMENT instead of grpc.aio's UNKNOWN.
+    register(server, auth_pb2.DESCRIPTOR.services_by_name["AuthService"], AuthService(api))
+    register(server, jobs_pb2.DESCRIPTOR.services_by_name["JobService"], JobService(api))
+    register(server, executions_pb2.DESCRIPTOR.services_by_name["ExecutionService"], ExecutionService(api))
+    register(server, queue_pb2.DESCRIPTOR.services_by_name["QueueService"], QueueService(api))
+    register(server, cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"], ClusterService(api))
     return list(SERVICE_NAMES)
 
 

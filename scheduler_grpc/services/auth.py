@@ -44,7 +44,9 @@ class AuthService(auth_pb2_grpc.AuthServiceServicer):
         self, request: auth_pb2.CreateApiKeyRequest, context: Context
     ) -> auth_pb2.CreateApiKeyResponse:
         role = convert.role_from_proto(request.role)
-        expires = convert.from_timestamp(request.expire_time) if request.HasField("expire_time") else None
+        expires = None
+        if request.HasField("expire_time"):
+            expires = convert.from_timestamp(request.expire_time, "expire_time")
         created = await self._auth.create_api_key(current_principal(), request.display_name, role, expires)
         return auth_pb2.CreateApiKeyResponse(api_key=convert.api_key_to_proto(created.record), secret=created.secret)
 

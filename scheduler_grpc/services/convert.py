@@ -11,12 +11,13 @@ import contextlib
 import functools
 import math
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
-from google.protobuf.json_format import MessageToDict, ParseDict
+from google.protobuf.json_format import ParseDict
+from google.protobuf.message import Message
 from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
 
 from scheduler_grpc.auth import Role
@@ -38,8 +39,15 @@ from scheduler_grpc.queue import DeadItem
 from scheduler_grpc.schedule import DstEffect, FireTime, FoldPolicy, GapPolicy
 
 E = TypeVar("E")
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+MAX_PAGE_BYTES = 1024 * 1024
+"""A list response stops adding items at this serialized size (its token resumes after the last).
+
+Items are bounded (a payload or result at most 64 KiB, an error 8 KiB), so a page stays far below
+gRPC's default 4 MiB receive limit whatever its page_size."""
 _DEFAULT_RETRY = RetryPolicy()
 _DEFAULT_TIMEOUT = timedelta(minutes=5)
 
@@ -111,14 +119,69 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     return message
 
 
-def from_timestamp(message: timestamp_pb2.Timestamp) -> datetime:
+# The ranges google.protobuf.Timestamp and Duration define (0001-01-01 to 9999-12-31; about 10,000
+# years): values outside are malformed messages, refused with the field named before any arithmetic.
+_TIMESTAMP_MIN_SECONDS = -62_135_596_800
+_TIMESTAMP_MAX_SECONDS = 253_402_300_799
+_DURATION_MAX_SECONDS = 315_576_000_000
+_NANOS_MAX = 999_999_999
+
+
+def from_timestamp(message: timestamp_pb2.Timestamp, field: str) -> datetime:
+    """A Timestamp as an aware UTC datetime.
+
+    Raises:
+        InvalidArgument: outside 0001-01-01..9999-12-31 or nanos outside 0..999,999,999, naming `field`.
+    """
+    if not 0 <= message.nanos <= _NANOS_MAX:
+        raise InvalidArgument(field, f"nanos must be between 0 and {_NANOS_MAX}, got {message.nanos}")
+    if not _TIMESTAMP_MIN_SECONDS <= message.seconds <= _TIMESTAMP_MAX_SECONDS:
+        raise InvalidArgument(field, "must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z")
     return message.ToDatetime(tzinfo=UTC)
+
+
+def from_duration(message: duration_pb2.Duration, field: str) -> timedelta:
+    """A Duration as a timedelta.
+
+    Raises:
+        InvalidArgument: seconds beyond +-10,000 years, nanos beyond +-999,999,999, or seconds and
+            nanos of opposite signs (a malformed Duration), naming `field`.
+    """
+    seconds, nanos = message.seconds, message.nanos
+    if not -_NANOS_MAX <= nanos <= _NANOS_MAX:
+        raise InvalidArgument(field, f"nanos must be between -{_NANOS_MAX} and {_NANOS_MAX}, got {nanos}")
+    if (seconds > 0 and nanos < 0) or (seconds < 0 and nanos > 0):
+        raise InvalidArgument(field, "seconds and nanos must have the same sign")
+    if not -_DURATION_MAX_SECONDS <= seconds <= _DURATION_MAX_SECONDS:
+        raise InvalidArgument(field, f"seconds must be between -{_DURATION_MAX_SECONDS} and {_DURATION_MAX_SECONDS}")
+    return message.ToTimedelta()
 
 
 def duration(value: timedelta) -> duration_pb2.Duration:
     message = duration_pb2.Duration()
     message.FromTimedelta(value)
     return message
+
+
+def fill_page(
+    items: Sequence[T], to_message: Callable[[T], M], max_bytes: int = MAX_PAGE_BYTES
+) -> tuple[list[M], bool]:
+    """Messages for `items`, in order, while the page stays within `max_bytes` (at least one).
+
+    Returns:
+        The messages, and whether the page was cut short (then the next page token must resume
+        after the last message's item, not after the last of `items`).
+    """
+    messages: list[M] = []
+    total = 0
+    for item in items:
+        message = to_message(item)
+        size = message.ByteSize() + 8  # the field's tag and length prefix
+        if messages and total + size > max_bytes:
+            return messages, True
+        messages.append(message)
+        total += size
+    return messages, False
 
 
 def page_size(value: int, field: str = "page_size") -> int:
@@ -157,9 +220,26 @@ def _json_numbers(value: Any) -> Any:
     return value
 
 
+def _from_value(value: struct_pb2.Value) -> Any:
+    # By hand rather than MessageToDict, which raises ValueError on NaN and Infinity: they are kept
+    # here, and `jobs.check_json` refuses them with their field path.
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return struct_to_dict(value.struct_value)
+    if kind == "list_value":
+        return [_from_value(item) for item in value.list_value.values]
+    if kind == "number_value":
+        return _json_numbers(value.number_value)
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    return None  # null_value, or no kind set
+
+
 def struct_to_dict(message: struct_pb2.Struct) -> dict[str, Any]:
-    result: dict[str, Any] = _json_numbers(MessageToDict(message))
-    return result
+    """A Struct as a dict (integral numbers as ints; not validated: see `jobs.check_json`)."""
+    return {key: _from_value(item) for key, item in message.fields.items()}
 
 
 def dict_to_struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
@@ -314,12 +394,14 @@ def job_spec(message: jobs_pb2.Job, status: JobStatus = JobStatus.ACTIVE) -> Job
         retry = RetryPolicy(
             max_retries=policy.max_retries,
             initial_backoff=(
-                policy.initial_backoff.ToTimedelta()
+                from_duration(policy.initial_backoff, "job.retry_policy.initial_backoff")
                 if policy.HasField("initial_backoff")
                 else _DEFAULT_RETRY.initial_backoff
             ),
             max_backoff=(
-                policy.max_backoff.ToTimedelta() if policy.HasField("max_backoff") else _DEFAULT_RETRY.max_backoff
+                from_duration(policy.max_backoff, "job.retry_policy.max_backoff")
+                if policy.HasField("max_backoff")
+                else _DEFAULT_RETRY.max_backoff
             ),
             jitter=policy.jitter,
         )
@@ -330,17 +412,43 @@ def job_spec(message: jobs_pb2.Job, status: JobStatus = JobStatus.ACTIVE) -> Job
         schedule_kind=kind,
         cron=schedule.cron or None,
         time_zone=schedule.time_zone or "UTC",
-        run_at=from_timestamp(schedule.run_time) if has_run_time else None,
+        run_at=from_timestamp(schedule.run_time, "job.schedule.run_time") if has_run_time else None,
         dst_gap_policy=gap,
         dst_fold_policy=fold,
         queue=message.queue or "default",
         priority=message.priority,
         retry=retry,
-        timeout=message.timeout.ToTimedelta() if message.HasField("timeout") else _DEFAULT_TIMEOUT,
+        timeout=from_duration(message.timeout, "job.timeout") if message.HasField("timeout") else _DEFAULT_TIMEOUT,
         misfire_policy=misfire,
         concurrency_policy=concurrency,
         status=status,
     )
+
+
+_JOB_VIEWS = frozenset(jobs_pb2.JobView.values())
+_EXECUTION_VIEWS = frozenset(executions_pb2.ExecutionView.values())
+
+
+def basic_job_view(value: int, field: str = "view") -> bool:
+    """Whether a JobView asks for the basic view (UNSPECIFIED means FULL).
+
+    Raises:
+        InvalidArgument: an unknown number, naming `field`.
+    """
+    if value not in _JOB_VIEWS:
+        raise InvalidArgument(field, f"unknown value {value}")
+    return value == jobs_pb2.JOB_VIEW_BASIC
+
+
+def basic_execution_view(value: int, field: str = "view") -> bool:
+    """Whether an ExecutionView asks for the basic view (UNSPECIFIED means FULL).
+
+    Raises:
+        InvalidArgument: an unknown number, naming `field`.
+    """
+    if value not in _EXECUTION_VIEWS:
+        raise InvalidArgument(field, f"unknown value {value}")
+    return value == executions_pb2.EXECUTION_VIEW_BASIC
 
 
 def job_state(value: int, field: str = "state") -> JobStatus | None:

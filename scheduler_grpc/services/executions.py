@@ -10,6 +10,7 @@ from scheduler_client.v1 import executions_pb2, executions_pb2_grpc
 
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import EventFilter, SubscriberTooSlow
+from scheduler_grpc.executions import Execution
 from scheduler_grpc.services import Api, convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -17,6 +18,13 @@ Context = grpc.aio.ServicerContext[Any, Any]
 CURSOR_METADATA: Final = "x-scheduler-cursor"
 """Initial metadata of WatchExecutions: where the stream starts (resume from it if no event came)."""
 MAX_JOB_FILTERS: Final = 1000
+
+
+def _basic_execution(execution: Execution) -> executions_pb2.Execution:
+    message = convert.execution_to_proto(execution)
+    message.ClearField("result")
+    message.ClearField("error")
+    return message
 
 
 class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
@@ -36,15 +44,17 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
     async def ListExecutions(
         self, request: executions_pb2.ListExecutionsRequest, context: Context
     ) -> executions_pb2.ListExecutionsResponse:
+        basic = convert.basic_execution_view(request.view)
         page = await self._control.executions.list_page(
             job_id=convert.resource_id(request.job_id, "job_id") if request.job_id else None,
             statuses=convert.execution_states(request.states),
             page_size=convert.page_size(request.page_size),
             page_token=request.page_token,
+            with_output=not basic,
         )
-        return executions_pb2.ListExecutionsResponse(
-            executions=[convert.execution_to_proto(e) for e in page.executions], next_page_token=page.next_page_token
-        )
+        executions, cut = convert.fill_page(page.executions, _basic_execution if basic else convert.execution_to_proto)
+        token = page.token_after(page.executions[len(executions) - 1]) if cut else page.next_page_token
+        return executions_pb2.ListExecutionsResponse(executions=executions, next_page_token=token)
 
     async def CancelExecution(
         self, request: executions_pb2.CancelExecutionRequest, context: Context

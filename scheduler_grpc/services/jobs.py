@@ -107,15 +107,17 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.GetJobResponse(job=convert.job_to_proto(job))
 
     async def ListJobs(self, request: jobs_pb2.ListJobsRequest, context: Context) -> jobs_pb2.ListJobsResponse:
+        basic = convert.basic_job_view(request.view)
         page = await self._control.jobs.list_page(
             page_size=convert.page_size(request.page_size),
             page_token=request.page_token,
             status=convert.job_state(request.state),
             handler=request.handler or None,
+            with_payload=not basic,
         )
-        return jobs_pb2.ListJobsResponse(
-            jobs=[convert.job_to_proto(job) for job in page.jobs], next_page_token=page.next_page_token
-        )
+        jobs, cut = convert.fill_page(page.jobs, _basic_job if basic else convert.job_to_proto)
+        token = page.token_after(page.jobs[len(jobs) - 1]) if cut else page.next_page_token
+        return jobs_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     async def UpdateJob(self, request: jobs_pb2.UpdateJobRequest, context: Context) -> jobs_pb2.UpdateJobResponse:
         if not request.HasField("job"):
@@ -183,10 +185,23 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         with convert.renamed_fields(convert.SCHEDULE_FIELDS):
             gap, fold = convert.schedule_policies(schedule)
             cron = parse_cron(schedule.cron, schedule.time_zone or "UTC", gap, fold)
-        start = convert.from_timestamp(request.start_time) if request.HasField("start_time") else convert.now()
+        start = convert.now()
+        if request.HasField("start_time"):
+            start = convert.from_timestamp(request.start_time, "start_time")
 
         def preview() -> list[FireTime]:
-            return list(itertools.islice(fire_times(cron, start), count))
+            fires: list[FireTime] = []
+            try:
+                for fire in itertools.islice(fire_times(cron, start), count):
+                    fires.append(fire)
+            except (OverflowError, ValueError):
+                # datetime ends at 9999-12-31: a walk that runs past it (or starts at its edges) stops.
+                if not fires:
+                    raise InvalidArgument("start_time", "no fire time between start_time and year 9999") from None
+                raise InvalidArgument(
+                    "count", f"only {len(fires)} fire times before year 9999; ask for fewer"
+                ) from None
+            return fires
 
         # Up to 1000 cron steps: CPU work kept off the event loop.
         fires = await asyncio.to_thread(preview)
@@ -198,14 +213,18 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("start_time", "required")
         if not request.HasField("end_time"):
             raise InvalidArgument("end_time", "required")
-        start, end = convert.from_timestamp(request.start_time), convert.from_timestamp(request.end_time)
+        start = convert.from_timestamp(request.start_time, "start_time")
+        end = convert.from_timestamp(request.end_time, "end_time")
         if end > convert.now():
             raise InvalidArgument("end_time", "must not be in the future")
         if end <= start:
             raise InvalidArgument("end_time", "must be after start_time")
         job = await self._control.jobs.get(job_id)
         schedule = _cron_schedule(job)
-        slots = await asyncio.to_thread(_slots, schedule, start, end)
+        try:
+            slots = await asyncio.to_thread(_slots, schedule, start, end)
+        except (OverflowError, ValueError):  # datetime begins at year 1: a walk from its edge overflows
+            raise InvalidArgument("start_time", "too close to year 1 for this schedule; start later") from None
         if len(slots) > MAX_BACKFILL_SLOTS:
             raise InvalidArgument(
                 "end_time", f"the range holds more than {MAX_BACKFILL_SLOTS} slots; backfill it in smaller ranges"
@@ -217,6 +236,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def _executions(self, ids: Sequence[str]) -> list[Execution]:
         return [await self._control.executions.get(execution_id) for execution_id in ids]
+
+
+def _basic_job(job: Job) -> jobs_pb2.Job:
+    message = convert.job_to_proto(job)
+    message.ClearField("payload")
+    return message
 
 
 def _cron_schedule(job: Job) -> CronSchedule:

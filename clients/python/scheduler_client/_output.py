@@ -18,10 +18,9 @@ MAX_CELL = 60
 
 
 def message_dict(message: Message) -> dict[str, Any]:
-    """The proto3 JSON form with the proto's field names and every field (zero values too)."""
-    return json_format.MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
+    """The proto3 JSON mapping (lowerCamelCase names, as buf curl, grpcurl and the README print),
+    with every field (zero values too)."""
+    return json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
 
 
 def print_json(value: Any, out: TextIO | None = None, *, indent: int | None = 2) -> None:

@@ -253,7 +253,7 @@ async def cmd_login(ctx: Context) -> int:
                 "server": args.server,
                 "username": username,
                 "role": show.role(response.role),
-                "expire_time": expires.isoformat() if expires else None,
+                "expireTime": expires.isoformat() if expires else None,
                 "credentials": str(ctx.credentials.path),
             }
         )
@@ -290,7 +290,10 @@ async def cmd_whoami(ctx: Context) -> int:
 async def cmd_jobs_list(ctx: Context) -> int:
     args = ctx.args
     jobs = []
-    async for job in ctx.client.iter_jobs(state=args.state, handler=args.handler, page_size=min(args.limit, 1000)):
+    view = "full" if ctx.json else "basic"  # the table shows no payload: don't fetch them
+    async for job in ctx.client.iter_jobs(
+        state=args.state, handler=args.handler, page_size=min(args.limit, 1000), view=view
+    ):
         jobs.append(job)
         if len(jobs) >= args.limit:
             break
@@ -398,7 +401,7 @@ async def cmd_jobs_preview(ctx: Context) -> int:
     times = await ctx.client.preview_schedule(args.cron, time_zone=args.time_zone, count=args.count,
                                               start_time=args.start)  # fmt: skip
     if ctx.json:
-        show.print_json({"fire_times": [show.message_dict(t) for t in times]})
+        show.print_json({"fireTimes": [show.message_dict(t) for t in times]})
     else:
         show.print_table(
             ["FIRE TIME (UTC)", "LOCAL TIME", "DST"],
@@ -476,7 +479,7 @@ async def cmd_dlq_list(ctx: Context) -> int:
         if len(letters) >= args.limit:
             break
     if ctx.json:
-        show.print_json({"dead_letters": [show.message_dict(letter) for letter in letters]})
+        show.print_json({"deadLetters": [show.message_dict(letter) for letter in letters]})
     else:
         show.print_table(*show.dead_letter_rows(letters))
     return 0
@@ -489,7 +492,7 @@ async def _dlq_action(ctx: Context, action: str) -> int:
     method = ctx.client.requeue_dead_letters if action == "requeue" else ctx.client.purge_dead_letters
     done = await method(args.run_ids, all=args.all, queue=args.queue)
     if ctx.json:
-        show.print_json({"run_ids": done})
+        show.print_json({"runIds": done})
     else:
         verb = "Requeued" if action == "requeue" else "Purged"
         print(f"{verb} {len(done)} dead run{'s' if len(done) != 1 else ''}" + "".join(f"\n  {r}" for r in done))

@@ -138,6 +138,8 @@ CONCURRENCY_POLICY = _EnumType(jobs_pb2.ConcurrencyPolicy, "CONCURRENCY_POLICY_"
 DST_GAP_POLICY = _EnumType(jobs_pb2.DstGapPolicy, "DST_GAP_POLICY_", "dst_gap_policy")
 DST_FOLD_POLICY = _EnumType(jobs_pb2.DstFoldPolicy, "DST_FOLD_POLICY_", "dst_fold_policy")
 EXECUTION_STATE = _EnumType(executions_pb2.ExecutionState, "EXECUTION_STATE_", "state")
+JOB_VIEW = _EnumType(jobs_pb2.JobView, "JOB_VIEW_", "view")
+EXECUTION_VIEW = _EnumType(executions_pb2.ExecutionView, "EXECUTION_VIEW_", "view")
 EVENT_TYPE = _EnumType(executions_pb2.EventType, "EVENT_TYPE_", "event type")
 ROLE = _EnumType(auth_pb2.Role, "ROLE_", "role")
 
@@ -435,23 +437,33 @@ class SchedulerClient:
         handler: str | None = None,
         page_size: int = 0,
         page_token: str = "",
+        view: int | str | None = None,
         rpc_timeout: float | None = None,
     ) -> Page[jobs_pb2.Job]:
-        """One page of jobs ordered by name, optionally only `state` ("active"/"paused") or one handler."""
+        """One page of jobs ordered by name, optionally only `state` ("active"/"paused") or one handler;
+        `view="basic"` leaves out the payloads."""
         request = jobs_pb2.ListJobsRequest(
             page_size=page_size,
             page_token=page_token,
             handler=handler or "",
             state=JOB_STATE.name(state) if state is not None else "JOB_STATE_UNSPECIFIED",
+            view=JOB_VIEW.name(view) if view is not None else "JOB_VIEW_UNSPECIFIED",
         )
         response = await self._call(_JOBS + "ListJobs", request, jobs_pb2.ListJobsResponse, rpc_timeout)
         return Page(list(response.jobs), response.next_page_token)
 
     def iter_jobs(
-        self, *, state: int | str | None = None, handler: str | None = None, page_size: int = 0
+        self,
+        *,
+        state: int | str | None = None,
+        handler: str | None = None,
+        page_size: int = 0,
+        view: int | str | None = None,
     ) -> AsyncIterator[jobs_pb2.Job]:
         """Every job, page after page."""
-        return _pages(lambda token: self.list_jobs(state=state, handler=handler, page_size=page_size, page_token=token))
+        return _pages(
+            lambda token: self.list_jobs(state=state, handler=handler, page_size=page_size, page_token=token, view=view)
+        )
 
     async def find_job(self, name: str, *, rpc_timeout: float | None = None) -> jobs_pb2.Job:
         """The job named `name` (searched through ListJobs); NotFound if there is none."""
@@ -633,14 +645,17 @@ class SchedulerClient:
         states: Iterable[int | str] = (),
         page_size: int = 0,
         page_token: str = "",
+        view: int | str | None = None,
         rpc_timeout: float | None = None,
     ) -> Page[executions_pb2.Execution]:
-        """One page of executions, newest first, optionally of one job and in some states ("succeeded", ...)."""
+        """One page of executions, newest first, optionally of one job and in some states ("succeeded", ...);
+        `view="basic"` leaves out results and errors."""
         request = executions_pb2.ListExecutionsRequest(
             page_size=page_size,
             page_token=page_token,
             job_id=job_id or "",
             states=[EXECUTION_STATE.name(state) for state in states],
+            view=EXECUTION_VIEW.name(view) if view is not None else "EXECUTION_VIEW_UNSPECIFIED",
         )
         response = await self._call(
             _EXECUTIONS + "ListExecutions", request, executions_pb2.ListExecutionsResponse, rpc_timeout
@@ -648,12 +663,19 @@ class SchedulerClient:
         return Page(list(response.executions), response.next_page_token)
 
     def iter_executions(
-        self, *, job_id: str | None = None, states: Iterable[int | str] = (), page_size: int = 0
+        self,
+        *,
+        job_id: str | None = None,
+        states: Iterable[int | str] = (),
+        page_size: int = 0,
+        view: int | str | None = None,
     ) -> AsyncIterator[executions_pb2.Execution]:
         """Every execution, page after page, newest first."""
         wanted = list(states)
         return _pages(
-            lambda token: self.list_executions(job_id=job_id, states=wanted, page_size=page_size, page_token=token)
+            lambda token: self.list_executions(
+                job_id=job_id, states=wanted, page_size=page_size, page_token=token, view=view
+            )
         )
 
     async def cancel_execution(

@@ -35,6 +35,12 @@ class Trigger(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRIGGER_BACKFILL: _ClassVar[Trigger]
     TRIGGER_DLQ_REQUEUE: _ClassVar[Trigger]
 
+class ExecutionView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXECUTION_VIEW_UNSPECIFIED: _ClassVar[ExecutionView]
+    EXECUTION_VIEW_BASIC: _ClassVar[ExecutionView]
+    EXECUTION_VIEW_FULL: _ClassVar[ExecutionView]
+
 class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     EVENT_TYPE_UNSPECIFIED: _ClassVar[EventType]
@@ -68,6 +74,9 @@ TRIGGER_MANUAL: Trigger
 TRIGGER_RETRY: Trigger
 TRIGGER_BACKFILL: Trigger
 TRIGGER_DLQ_REQUEUE: Trigger
+EXECUTION_VIEW_UNSPECIFIED: ExecutionView
+EXECUTION_VIEW_BASIC: ExecutionView
+EXECUTION_VIEW_FULL: ExecutionView
 EVENT_TYPE_UNSPECIFIED: EventType
 EVENT_TYPE_CREATED: EventType
 EVENT_TYPE_STARTED: EventType
@@ -129,16 +138,18 @@ class GetExecutionResponse(_message.Message):
     def __init__(self, execution: _Optional[_Union[Execution, _Mapping]] = ...) -> None: ...
 
 class ListExecutionsRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "job_id", "states")
+    __slots__ = ("page_size", "page_token", "job_id", "states", "view")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     job_id: str
     states: _containers.RepeatedScalarFieldContainer[ExecutionState]
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., job_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[ExecutionState, str]]] = ...) -> None: ...
+    view: ExecutionView
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., job_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[ExecutionState, str]]] = ..., view: _Optional[_Union[ExecutionView, str]] = ...) -> None: ...
 
 class ListExecutionsResponse(_message.Message):
     __slots__ = ("executions", "next_page_token")

@@ -46,6 +46,12 @@ class DstFoldPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DST_FOLD_POLICY_FIRST: _ClassVar[DstFoldPolicy]
     DST_FOLD_POLICY_BOTH: _ClassVar[DstFoldPolicy]
 
+class JobView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_VIEW_UNSPECIFIED: _ClassVar[JobView]
+    JOB_VIEW_BASIC: _ClassVar[JobView]
+    JOB_VIEW_FULL: _ClassVar[JobView]
+
 class DstEffect(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DST_EFFECT_UNSPECIFIED: _ClassVar[DstEffect]
@@ -69,6 +75,9 @@ DST_GAP_POLICY_SKIP: DstGapPolicy
 DST_FOLD_POLICY_UNSPECIFIED: DstFoldPolicy
 DST_FOLD_POLICY_FIRST: DstFoldPolicy
 DST_FOLD_POLICY_BOTH: DstFoldPolicy
+JOB_VIEW_UNSPECIFIED: JobView
+JOB_VIEW_BASIC: JobView
+JOB_VIEW_FULL: JobView
 DST_EFFECT_UNSPECIFIED: DstEffect
 DST_EFFECT_NONE: DstEffect
 DST_EFFECT_SHIFTED: DstEffect
@@ -163,16 +172,18 @@ class GetJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "state", "handler")
+    __slots__ = ("page_size", "page_token", "state", "handler", "view")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     state: JobState
     handler: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., handler: _Optional[str] = ...) -> None: ...
+    view: JobView
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., handler: _Optional[str] = ..., view: _Optional[_Union[JobView, str]] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "next_page_token")
