@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import base64
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from scheduler_grpc.db.leadership import Connection, assert_current_term
 from scheduler_grpc.errors import Fenced, InvalidArgument, NotFound
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
 from scheduler_grpc.jobs import RetryPolicy
@@ -136,11 +138,34 @@ def _ids(values: Sequence[str]) -> list[uuid.UUID]:
 
 
 class ExecutionRepository:
-    """Reads and batched writes of `job_executions`."""
+    """Reads and batched writes of `job_executions`.
 
-    def __init__(self, pool: asyncpg.Pool, *, scope: str = "scheduler") -> None:
+    Over a pool (each call on a connection of its own) or, inside `fenced`, over the one connection
+    of a transaction (its methods use only `fetch`, `fetchrow`, `fetchval` and `execute`, which both
+    offer).
+    """
+
+    def __init__(self, pool: asyncpg.Pool | Connection, *, scope: str = "scheduler") -> None:
         self._pool = pool
         self._scope = scope
+
+    @asynccontextmanager
+    async def fenced(self, term: int) -> AsyncIterator[ExecutionRepository]:
+        """A repository whose writes commit together only while `term` is the current leader term.
+
+        The leader's writes other than `fire` (which fences itself in its one statement) run in
+        here: one transaction that first checks the term FOR SHARE (`assert_current_term`), so a
+        deposed leader changes nothing and a new term waits until the transaction ends. Keep the
+        block to PostgreSQL calls: Redis moves belong after it, once the writes are committed.
+
+        Raises:
+            Fenced: `term` is no longer current; nothing in the block was committed.
+        """
+        if not isinstance(self._pool, asyncpg.Pool):
+            raise TypeError("fenced() needs a repository over a pool")
+        async with self._pool.acquire() as conn, conn.transaction():
+            await assert_current_term(conn, self._scope, term)
+            yield ExecutionRepository(conn, scope=self._scope)
 
     async def fire(self, term: int, advances: Sequence[Advance], slots: Sequence[PlannedSlot]) -> list[Queued]:
         """Record planned slots and advance their jobs, atomically, under leader term `term`.
