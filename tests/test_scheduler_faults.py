@@ -6,15 +6,22 @@ in-process leader loops against the real stores where the fault must be forced (
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
 from scheduler_grpc.control import Control
-from scheduler_grpc.jobs import JobSpec, ScheduleKind
+from scheduler_grpc.db.leadership import LeadershipRepository, TermRecord
+from scheduler_grpc.errors import Fenced
+from scheduler_grpc.jobs import ConcurrencyPolicy, JobSpec, ScheduleKind
+from scheduler_grpc.leader import Term
+from scheduler_grpc.queue import ItemState, Queue
+from scheduler_grpc.scheduler import LeaderLoops, LoopSettings
 from tests.engine_helpers import Role, Roles, eventually, wait_until_ready
 from tests.fault_proxy import FaultProxy
 
@@ -109,3 +116,115 @@ async def test_the_scheduler_survives_a_redis_outage_without_flooding_its_log(  
     # A few lines per outage (failing, stepped down, campaign failing, recovered), never one per retry.
     assert len(during) <= 25, "\n".join(during)
     assert not [line for line in during if "Traceback" in line or '"exc_info"' in line], "\n".join(during)
+
+
+# -- fencing: a deposed leader changes nothing ------------------------------------------------------
+
+
+def _term(record: TermRecord) -> Term:
+    """A term object as its elector holds it, locally valid for a minute (the fence must still stop it)."""
+    term = Term(token=record.term, holder=record.holder, lease_id=f"{record.holder}:x",
+                acquired_at=record.acquired_at, scope=record.scope)  # fmt: skip
+    now = time.monotonic()
+    term._renewed(now, now + 60)
+    return term
+
+
+async def _terms(pool: asyncpg.Pool) -> tuple[Term, Term]:
+    """(a deposed leader's term, the current one)."""
+    leadership = LeadershipRepository(pool)
+    old = await leadership.begin_term("scheduler", "old-leader")
+    new = await leadership.begin_term("scheduler", "new-leader")
+    assert old is not None
+    assert new is not None
+    return _term(old), _term(new)
+
+
+async def _latest_status(pool: asyncpg.Pool, run_id: str) -> str:
+    status: str = await pool.fetchval(
+        "SELECT status FROM job_executions WHERE run_id = $1 ORDER BY attempt DESC LIMIT 1", run_id
+    )
+    return status
+
+
+async def test_a_deposed_leader_cannot_mark_stalled_runs_dead(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    stale, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings(max_stalls=1))
+    job = await control.create_job(JobSpec(name="stalls", handler="test.echo"))
+    [run] = await control.trigger_job(job.id)
+    queue = Queue(redis, "default")
+    await queue.dequeue("gone-worker", timedelta(milliseconds=1))
+
+    async def recovered_under_the_stale_term() -> bool:
+        try:
+            await loops._recover(stale)
+        except Fenced:
+            return True
+        return False  # the lease has not expired yet (Redis clock)
+
+    await eventually(recovered_under_the_stale_term, within=5)
+    assert await _latest_status(pool, run.run_id) == "queued", "a stale term recorded the run dead"
+    # Not left dead in Redis alone, where no leader would look: back to ready, for the real leader.
+    assert (await queue.states([run.run_id]))[run.run_id] is ItemState.READY
+    await queue.dequeue("gone-worker", timedelta(milliseconds=1))
+
+    async def recovered_under_the_current_term() -> bool:
+        await loops._recover(current)
+        return await _latest_status(pool, run.run_id) == "dead"
+
+    await eventually(recovered_under_the_current_term, within=5)
+
+
+async def test_a_deposed_leaders_replace_cancels_change_nothing(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    stale, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings())
+    job = await control.create_job(
+        JobSpec(name="replaces", handler="test.echo", concurrency_policy=ConcurrencyPolicy.REPLACE)
+    )
+    [earlier] = await control.trigger_job(job.id)
+    [fresh] = await control.trigger_job(job.id)
+    with pytest.raises(Fenced):
+        await loops._replace_earlier_runs(stale, [job], [fresh])
+    assert await _latest_status(pool, earlier.run_id) == "queued"
+    assert (await Queue(redis, "default").states([earlier.run_id]))[earlier.run_id] is ItemState.READY
+    await loops._replace_earlier_runs(current, [job], [fresh])
+    assert await _latest_status(pool, earlier.run_id) == "cancelled"
+    assert await _latest_status(pool, fresh.run_id) == "queued"
+
+
+# -- catch-up planning does not block the loop -------------------------------------------------------
+
+
+async def test_a_big_catch_up_never_stalls_the_leaders_event_loop(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    _, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings())
+    for index in range(100):
+        await control.create_job(every_second(f"late-{index}"))
+    # A 20-minute outage: 1000 slots of catch-up per job (the per-scan cap), ~50 ms of planning each.
+    await pool.execute("UPDATE jobs SET next_run_time = date_trunc('second', now()) - interval '20 minutes'")
+    stalls: list[float] = []
+
+    async def ticker() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.005)
+            now = time.monotonic()
+            stalls.append(now - last - 0.005)
+            last = now
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        full = await loops.scan_once(current)
+    finally:
+        ticking.cancel()
+    # The renewal runs every TTL/3 and must answer within TTL/6: no stall may come near it.
+    assert max(stalls) < 0.3, f"the loop stalled {max(stalls):.2f}s while planning"
+    recorded = await pool.fetchval("SELECT count(*) FROM job_executions")
+    assert recorded > 0
+    assert full, "a catch-up bigger than one scan's budget must ask for another scan at once"
