@@ -5,7 +5,8 @@
 * recover: expired leases back to ready; runs that stalled too often are dead-lettered.
 * promote: due retries move from the delayed set to ready.
 * reconcile: runs PostgreSQL has `queued` that Redis does not know (crash between commit and
-  enqueue, Redis restarted empty, FLUSHALL) are enqueued again.
+  enqueue, Redis restarted empty, FLUSHALL) are enqueued again, and dead runs (latest attempt
+  `dead`, not purged) that Redis does not know are parked in the dead-letter queue again.
 
 Every decision uses the database clock, so the scheduler hosts' clocks do not matter.
 
@@ -46,7 +47,7 @@ from scheduler_grpc.db.executions import Advance, ExecutionRepository, PlannedSl
 from scheduler_grpc.db.jobs import JobChanges, JobRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.pool import Pool
-from scheduler_grpc.dispatch import Queues, cancel_runs, enqueue_runs
+from scheduler_grpc.dispatch import Queues, cancel_runs, enqueue_runs, queue_item
 from scheduler_grpc.errors import Fenced, Unavailable
 from scheduler_grpc.events import EventType, ExecutionEvent, publish
 from scheduler_grpc.executions import ExecutionStatus
@@ -383,6 +384,33 @@ class LeaderLoops:
         if restored:
             metrics.RECONCILE_REENQUEUED.inc(restored)
             log.warning("reconcile re-enqueued runs Redis had lost", extra={"runs": restored})
+        parked = await self._restore_dead_letters()
+        if parked:
+            log.warning("reconcile rebuilt dead letters Redis had lost", extra={"runs": parked})
+
+    async def _restore_dead_letters(self) -> int:
+        """Park again in the dead-letter queue the dead runs Redis does not know (it lost them).
+
+        PostgreSQL is the record: a run whose latest attempt is `dead` and that no operator purged
+        belongs in its queue's dead set, with that attempt's error as the reason. Only runs Redis
+        knows in no state are parked, so an item still on its way (a worker between recording
+        `dead` and dead-lettering it) is left alone. A purge racing this rebuild can see its runs
+        parked once more; the purge's mark stops any later rebuild, and a second purge removes them.
+        """
+        after: str | None = None
+        parked = 0
+        while True:
+            dead = await self._executions.dead_runs(after_run_id=after, limit=MAX_BATCH)
+            for name, group in itertools.groupby(sorted(dead, key=lambda d: d.run.queue), key=lambda d: d.run.queue):
+                batch = list(group)
+                queue = self._queues.get(name)
+                states = await queue.states(d.run.run_id for d in batch)
+                missing = [d for d in batch if states.get(d.run.run_id) is None]
+                if missing:
+                    parked += await queue.restore_dead((queue_item(d.run, d.run.due_at), d.reason) for d in missing)
+            if len(dead) < MAX_BATCH:
+                return parked
+            after = dead[-1].run.run_id
 
     async def _observe_queues(self, term: Term) -> None:
         for queue in self._queues.known():

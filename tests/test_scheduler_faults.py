@@ -228,3 +228,38 @@ async def test_a_big_catch_up_never_stalls_the_leaders_event_loop(
     recorded = await pool.fetchval("SELECT count(*) FROM job_executions")
     assert recorded > 0
     assert full, "a catch-up bigger than one scan's budget must ask for another scan at once"
+
+
+# -- the dead-letter queue is rebuilt from PostgreSQL -------------------------------------------------
+
+
+async def test_reconcile_rebuilds_a_flushed_dead_letter_queue_but_not_what_was_purged_or_requeued(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    _, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings(reconcile_grace=timedelta(0)))
+    job = await control.create_job(JobSpec(name="poison", handler="test.echo", priority=7))
+    queue = Queue(redis, "default")
+    runs = {}
+    for name in ("kept", "purged", "requeued"):
+        [run] = await control.trigger_job(job.id)
+        reason = f"permanent: {name} failed"
+        await control.executions.mark_runs_dead([run.run_id], reason)
+        assert await queue.dead_letter(run.run_id, None, reason)
+        runs[name] = run.run_id
+    assert await control.purge_dead_runs("default", [runs["purged"]]) == [runs["purged"]]
+    assert [run.run_id for run in await control.requeue_dead_runs("default", [runs["requeued"]])] == [runs["requeued"]]
+
+    await redis.flushall()
+    await loops._reconcile(current)
+
+    dead = (await queue.list_dead()).items
+    assert [(item.id, item.reason, item.priority) for item in dead] == [
+        (runs["kept"], "permanent: kept failed", 7)
+    ]
+    assert dead[0].data == b"test.echo"  # the handler, as enqueued items carry it
+    states = await queue.states(runs.values())
+    assert states[runs["requeued"]] is ItemState.READY  # its new attempt is queued: reconcile re-enqueued it
+    assert states[runs["purged"]] is None
+    await loops._reconcile(current)  # idempotent
+    assert len((await queue.list_dead()).items) == 1

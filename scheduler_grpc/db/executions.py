@@ -83,6 +83,14 @@ class Queued:
 
 
 @dataclass(frozen=True)
+class DeadRun:
+    """A run whose latest attempt is `dead` and that no operator purged: it belongs in the DLQ."""
+
+    run: Queued
+    reason: str
+
+
+@dataclass(frozen=True)
 class Claim:
     """An attempt a worker now owns, with what it needs to run it."""
 
@@ -573,6 +581,43 @@ class ExecutionRepository:
             Queued(str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"], row["queue"])
             for row in rows
         ]
+
+    async def dead_runs(self, *, after_run_id: str | None, limit: int) -> list[DeadRun]:
+        """Runs whose latest attempt is `dead` and not purged from the dead-letter queue, by run id.
+
+        The reconcile loop pages through these to rebuild a dead-letter queue Redis lost. A requeued
+        run has a newer attempt, and a purged one is marked (`mark_dead_letters_purged`): neither
+        comes back.
+        """
+        rows = await self._pool.fetch(
+            """
+            SELECT e.run_id, e.job_id, e.priority, e.due_at, e.error, j.handler, j.queue
+            FROM job_executions e JOIN jobs j ON j.id = e.job_id
+            WHERE e.status = 'dead' AND e.dlq_purged_at IS NULL AND ($1::uuid IS NULL OR e.run_id > $1)
+              AND NOT EXISTS (SELECT 1 FROM job_executions n WHERE n.run_id = e.run_id AND n.attempt > e.attempt)
+            ORDER BY e.run_id LIMIT $2
+            """,
+            uuid.UUID(after_run_id) if after_run_id else None,
+            limit,
+        )
+        return [
+            DeadRun(
+                Queued(str(r["run_id"]), str(r["job_id"]), r["priority"], r["due_at"], r["handler"], r["queue"]),
+                r["error"] or "dead",
+            )
+            for r in rows
+        ]
+
+    async def mark_dead_letters_purged(self, run_ids: Sequence[str]) -> int:
+        """Record that an operator purged these runs from the dead-letter queue (so no rebuild restores them)."""
+        if not run_ids:
+            return 0
+        result = await self._pool.execute(
+            """UPDATE job_executions SET dlq_purged_at = now()
+               WHERE run_id = ANY($1::uuid[]) AND status = 'dead' AND dlq_purged_at IS NULL""",
+            _ids(run_ids),
+        )
+        return int(result.split()[-1])
 
     async def get(self, execution_id: str) -> Execution:
         try:
