@@ -54,7 +54,7 @@ from scheduler_grpc.keys import LeaderKeys
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TTL = timedelta(seconds=10)
+DEFAULT_TTL = timedelta(milliseconds=2500)
 """Lifetime of the leader lock (as `config.Settings.leader_ttl`)."""
 DEFAULT_RETRY_INTERVAL = timedelta(seconds=1)
 """Longest a standby waits between two looks at the lock, and the pause after a failed attempt."""
@@ -193,7 +193,7 @@ class LeaderElector:
         holder: Name of this process in status and logs (host, pid ...); need not be unique, the
             lease id is.
         scope: Election scope; one per deployment (default "scheduler").
-        ttl: Lock lifetime (default 10 s). A crashed leader is replaced within about this long.
+        ttl: Lock lifetime (default 2.5 s). A crashed leader is replaced within about this long.
         renew_interval: Time between renewals (default TTL/3; at most TTL/2). Each renewal must
             answer within half of it, or the leader steps down.
         retry_interval: Longest a standby waits between looks at the lock, and the pause after a

@@ -254,9 +254,7 @@ async def test_reconcile_rebuilds_a_flushed_dead_letter_queue_but_not_what_was_p
     await loops._reconcile(current)
 
     dead = (await queue.list_dead()).items
-    assert [(item.id, item.reason, item.priority) for item in dead] == [
-        (runs["kept"], "permanent: kept failed", 7)
-    ]
+    assert [(item.id, item.reason, item.priority) for item in dead] == [(runs["kept"], "permanent: kept failed", 7)]
     assert dead[0].data == b"test.echo"  # the handler, as enqueued items carry it
     states = await queue.states(runs.values())
     assert states[runs["requeued"]] is ItemState.READY  # its new attempt is queued: reconcile re-enqueued it
