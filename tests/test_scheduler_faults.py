@@ -7,6 +7,7 @@ in-process leader loops against the real stores where the fault must be forced (
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -17,11 +18,11 @@ import redis.asyncio as aioredis
 
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.leadership import LeadershipRepository, TermRecord
-from scheduler_grpc.errors import Fenced
+from scheduler_grpc.errors import Fenced, Unavailable
 from scheduler_grpc.jobs import ConcurrencyPolicy, JobSpec, ScheduleKind
 from scheduler_grpc.leader import Term
 from scheduler_grpc.queue import ItemState, Queue
-from scheduler_grpc.scheduler import LeaderLoops, LoopSettings
+from scheduler_grpc.scheduler import Backoff, LeaderLoops, LoopSettings
 from tests.engine_helpers import Role, Roles, eventually, wait_until_ready
 from tests.fault_proxy import FaultProxy
 
@@ -261,3 +262,22 @@ async def test_reconcile_rebuilds_a_flushed_dead_letter_queue_but_not_what_was_p
     assert states[runs["purged"]] is None
     await loops._reconcile(current)  # idempotent
     assert len((await queue.list_dead()).items) == 1
+
+
+# -- store errors back off and are logged once; a bug is raised with its traceback --------------------
+
+
+def test_a_loop_backs_off_on_store_errors_logs_once_and_raises_a_bug(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="scheduler_grpc.scheduler")
+    backoff = Backoff("scan")
+    delays = [backoff.failed(ConnectionRefusedError(111, "refused")) for _ in range(8)]
+    assert delays == sorted(delays)
+    assert delays[0] == pytest.approx(0.1)
+    assert delays[-1] == pytest.approx(5.0)
+    assert len([r for r in caplog.records if "failing" in r.getMessage()]) == 1
+    backoff.succeeded()
+    assert [r.getMessage() for r in caplog.records][-1] == "leader loop recovered"
+    assert backoff.failed(Unavailable("postgres down")) == pytest.approx(0.1)  # a new outage starts over
+    with pytest.raises(KeyError):
+        backoff.failed(KeyError("a bug"))
+    assert caplog.records[-1].exc_info is not None  # the bug's traceback is logged
