@@ -289,9 +289,11 @@ class LeaderLoops:
             # and the other loops run between jobs, so a big batch never starves them.
             await asyncio.sleep(0)
         queued = await self._executions.fire(term.token, plan.advances, plan.slots)
+        # `replace`: the earlier runs are cancelled before the new ones can be claimed, so the two
+        # overlap as little as possible (if this fails, reconcile enqueues the new runs later).
+        await self._replace_earlier_runs(term, planned, queued)
         await enqueue_runs(self._queues, queued, now)
         await self._announce(queued, plan.slots)
-        await self._replace_earlier_runs(term, planned, queued)
         metrics.SCAN_DURATION.observe(time.perf_counter() - began)
         return len(jobs) >= self._loop.scan_batch or len(planned) < len(jobs)
 
