@@ -26,7 +26,13 @@ One scheduler process in a deployment leads; the others stand by. How:
 Caveat: the lock alone cannot stop two processes from *believing* they lead at once if someone
 deletes the key or Redis loses its data (FLUSHALL, restart without persistence): the old leader only
 notices at its next renewal (within one renewal interval). The fencing token is what keeps writes
-correct in that window; leader loops must fence every write.
+correct in that window: the leader loops fence every PostgreSQL write (see `scheduler_grpc.scheduler`).
+That is also why the default TTL can be short (2.5 s): a leader that lost its lock without noticing
+cannot write under its stale term, so a fast takeover risks no double fire.
+
+Faults: a Redis or PostgreSQL error never ends `run()`: a failed campaign attempt is retried every
+`retry_interval` (logged when failures start, then at most once a minute), a failed renewal ends the
+term and campaigning resumes. Only a bug (any other exception, of `lead` included) propagates.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from scheduler_grpc.control import Control
+from scheduler_grpc.db.executions import ExecutionRepository
 from scheduler_grpc.db.leadership import LeadershipRepository, TermRecord
 from scheduler_grpc.errors import Fenced, Unavailable
 from scheduler_grpc.jobs import ConcurrencyPolicy, JobSpec, ScheduleKind
@@ -281,3 +282,20 @@ def test_a_loop_backs_off_on_store_errors_logs_once_and_raises_a_bug(caplog: pyt
     with pytest.raises(KeyError):
         backoff.failed(KeyError("a bug"))
     assert caplog.records[-1].exc_info is not None  # the bug's traceback is logged
+
+
+async def test_a_leader_stopped_inside_a_fenced_transaction_does_not_block_the_next_election(
+    pool: asyncpg.Pool,
+) -> None:
+    _, current = await _terms(pool)
+    leadership = LeadershipRepository(pool)
+    began = time.monotonic()
+    with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, OSError)):
+        async with ExecutionRepository(pool).fenced(current.token):
+            # This transaction now holds leader_state FOR SHARE and goes idle, as a SIGSTOPped or
+            # stalled leader's would: the next term must still be recorded, soon.
+            record = await leadership.begin_term("scheduler", "next-leader")
+    took = time.monotonic() - began
+    assert record is not None
+    assert record.term > current.token
+    assert took < 3.0, f"the election waited {took:.1f}s for an idle fenced transaction"

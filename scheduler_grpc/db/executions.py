@@ -26,6 +26,7 @@ _COLUMNS = """e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.status, e.
     e.created_at, e.worker_id, e.started_at, e.finished_at, e.error, e.result, e.term"""
 
 MAX_PAGE_SIZE = 1000
+_FENCED_IDLE_LIMIT = "SET LOCAL idle_in_transaction_session_timeout = '1s'"
 LOST_WORKER_ERROR = "worker lost: its lease expired before the attempt finished"
 
 
@@ -172,6 +173,10 @@ class ExecutionRepository:
         if not isinstance(self._pool, asyncpg.Pool):
             raise TypeError("fenced() needs a repository over a pool")
         async with self._pool.acquire() as conn, conn.transaction():
+            # The term check holds the leader_state row FOR SHARE until commit, which makes a new
+            # leader's begin_term wait: if this process stops between statements (SIGSTOP, a
+            # stalled loop), PostgreSQL ends the session after 1 s instead of blocking the election.
+            await conn.execute(_FENCED_IDLE_LIMIT)
             await assert_current_term(conn, self._scope, term)
             yield ExecutionRepository(conn, scope=self._scope)
 
