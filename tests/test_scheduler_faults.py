@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -299,3 +300,30 @@ async def test_a_leader_stopped_inside_a_fenced_transaction_does_not_block_the_n
     assert record is not None
     assert record.term > current.token
     assert took < 3.0, f"the election waited {took:.1f}s for an idle fenced transaction"
+
+
+async def test_a_standby_takes_over_from_a_leader_killed_during_a_postgresql_outage(  # noqa: PLR0917 - pytest fixtures
+    roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis, database_url: str,
+    pg_proxy: FaultProxy,
+) -> None:  # fmt: skip
+    url = pg_proxy.url(database_url)
+    schedulers = [roles.start("scheduler", DATABASE_URL=url), roles.start("scheduler", DATABASE_URL=url)]
+    await wait_until_ready(redis, workers=0)
+    job = await control.create_job(every_second("tick"))
+    await eventually(lambda: _fires_after(pool, job.id, job.created_at), within=15)
+    holder = await pool.fetchval("SELECT holder FROM leader_state WHERE scope = 'scheduler'")
+    [leader] = [role for role in schedulers if holder.startswith(f"{role.name}:")]
+    [standby] = [role for role in schedulers if role is not leader]
+    pg_proxy.cut()
+    leader.signal(signal.SIGKILL)
+
+    async def campaign_failing() -> bool:
+        return bool(_lines(standby, "leader campaign attempt failed"))
+
+    # The lock expires; the standby takes it but cannot record a term while PostgreSQL is away.
+    await eventually(campaign_failing, within=15)
+    pg_proxy.heal()
+    healed = await pool.fetchval("SELECT now()")
+    await eventually(lambda: _fires_after(pool, job.id, healed), within=15)
+    assert standby.process.poll() is None
+    assert len(_lines(standby, "leader campaign attempt failed")) == 1, "logged once, not once per attempt"
