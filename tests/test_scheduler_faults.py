@@ -6,10 +6,12 @@ in-process leader loops against the real stores where the fault must be forced (
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
 import time
+import traceback
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -24,8 +26,8 @@ from scheduler_grpc.errors import Fenced, Unavailable
 from scheduler_grpc.jobs import ConcurrencyPolicy, JobSpec, ScheduleKind
 from scheduler_grpc.leader import Term
 from scheduler_grpc.queue import ItemState, Queue
-from scheduler_grpc.scheduler import Backoff, LeaderLoops, LoopSettings
-from tests.engine_helpers import Role, Roles, eventually, wait_until_ready
+from scheduler_grpc.scheduler import Backoff, LeaderLoops, LoopSettings, run_scheduler
+from tests.engine_helpers import Role, Roles, eventually, make_settings, wait_until_ready
 from tests.fault_proxy import FaultProxy
 
 
@@ -327,3 +329,19 @@ async def test_a_standby_takes_over_from_a_leader_killed_during_a_postgresql_out
     await eventually(lambda: _fires_after(pool, job.id, healed), within=15)
     assert standby.process.poll() is None
     assert len(_lines(standby, "leader campaign attempt failed")) == 1, "logged once, not once per attempt"
+
+
+async def test_a_bug_in_a_leader_loop_ends_the_scheduler_with_status_1_and_its_traceback(
+    redis_url: str, database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def buggy_promote(self: LeaderLoops, term: Term) -> None:
+        raise KeyError("a bug, not a store error")
+
+    monkeypatch.setattr(LeaderLoops, "_promote", buggy_promote)
+    settings = make_settings(redis_url, database_url, SCHEDULER_METRICS_PORT="0")
+    async with asyncio.timeout(20):
+        status = await run_scheduler(settings, argparse.Namespace(), asyncio.Event())
+    assert status == 1
+    [failure] = [record for record in caplog.records if record.getMessage() == "scheduler failed with a bug; exiting"]
+    assert failure.exc_info is not None
+    assert "a bug, not a store error" in "".join(traceback.format_exception(*failure.exc_info))
