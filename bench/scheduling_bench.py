@@ -1,13 +1,18 @@
 """Scheduling lateness and leader failover, measured with real processes.
 
-    .venv/bin/python bench/scheduling_bench.py [--jobs 50] [--seconds 20]
+    .venv/bin/python bench/scheduling_bench.py [--jobs 50] [--seconds 20] [--kills 10] [--stops 5] [--ttl 2500ms]
 
 Starts embedded Valkey and PostgreSQL (or uses REDIS_URL / DATABASE_URL), two scheduler processes
 and one worker, creates `--jobs` per-second cron jobs, and prints:
 
 * lateness p50/p99/max of every slot: enqueue (row created - slot) and start (worker start - slot);
-* graceful failover: SIGTERM of the leader -> the standby holds a new term;
-* crash failover: SIGKILL of the leader -> the standby holds a new term (bounded by the TTL).
+* graceful failover, `--stops` times: SIGTERM of the leader -> the standby holds a new term, and ->
+  the next slot is fired (the first row created after the signal);
+* crash failover, `--kills` times: SIGKILL of the leader -> new term, and -> next slot fired.
+
+The leader TTL is the default of `SCHEDULER_LEADER_TTL` unless `--ttl` is given. Before each
+signal the killed process's replacement is a subscribed standby again (PUBSUB NUMSUB on the
+release channel), so every round measures the same thing: one leader, one ready standby.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from pathlib import Path
 
 import asyncpg
 import uvloop
+from redis.asyncio import Redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scheduler_grpc.config import SETTINGS  # noqa: E402
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.control import Control  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
@@ -37,8 +44,9 @@ from scheduler_grpc.db.pool import create_pool  # noqa: E402
 from scheduler_grpc.embedded import embedded_servers  # noqa: E402
 from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
 from scheduler_grpc.jobs import JobSpec, ScheduleKind  # noqa: E402
+from scheduler_grpc.keys import LeaderKeys  # noqa: E402
 
-TTL = "3s"
+DEFAULT_TTL = next(setting.default for setting in SETTINGS if setting.attr == "leader_ttl")
 
 
 def start(role: str, env: dict[str, str], log_dir: Path, name: str) -> subprocess.Popen[bytes]:
@@ -72,14 +80,53 @@ async def wait_new_term(pool: asyncpg.Pool, old_term: int, limit: float = 30.0) 
     raise SystemExit("no new leader")
 
 
+async def next_slot_fired(pool: asyncpg.Pool, since_epoch: float, limit: float = 30.0) -> float:
+    """Seconds from `since_epoch` (wall clock, this host) to the first scheduled row created after it."""
+    began = time.monotonic()
+    while time.monotonic() - began < limit:
+        first = await pool.fetchval(
+            """SELECT min(extract(epoch FROM created_at)) FROM job_executions
+               WHERE trigger = 'schedule' AND created_at > to_timestamp($1)""",
+            since_epoch,
+        )
+        if first is not None:
+            return float(first) - since_epoch
+        await asyncio.sleep(0.01)
+    raise SystemExit("no slot fired after the failover")
+
+
+async def standby_ready(redis: Redis, limit: float = 30.0) -> None:
+    """Wait until a standby is subscribed to the leader's release channel (it campaigns).
+
+    The leader stays subscribed while it leads, so two subscribers mean one leader and one standby.
+    """
+    began = time.monotonic()
+    while time.monotonic() - began < limit:
+        [(_, subscribers)] = await redis.pubsub_numsub(LeaderKeys("scheduler").released)
+        if subscribers >= 2:
+            return
+        await asyncio.sleep(0.05)
+    raise SystemExit("no standby")
+
+
+def summary(label: str, values: list[float]) -> str:
+    ms = [value * 1000 for value in values]
+    return (f"  {label:<34} p50 {statistics.median(ms):6.0f} ms   p99 {percentile(ms, 0.99):6.0f} ms"
+            f"   max {max(ms):6.0f} ms   (n={len(ms)})")  # fmt: skip
+
+
 async def main(args: argparse.Namespace, redis_url: str, database_url: str, log_dir: Path) -> None:
     pool = await create_pool(database_url, size=4, connect_timeout=timedelta(seconds=5))
     await migrate(pool)
     await pool.execute("TRUNCATE job_executions, jobs CASCADE")
     redis = redis_client(redis_url)
     await redis.flushdb()
-    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LEADER_TTL": TTL,
-           "SCHEDULER_LOG_LEVEL": "WARNING", "SCHEDULER_METRICS_PORT": "0"}  # fmt: skip
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
+           "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_METRICS_PORT": "0",
+           "SCHEDULER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING")}  # fmt: skip
+    if args.ttl:
+        env["SCHEDULER_LEADER_TTL"] = args.ttl
+    ttl = args.ttl or DEFAULT_TTL
     processes = {name: start(role, env, log_dir, name) for name, role in
                  (("scheduler-a", "scheduler"), ("scheduler-b", "scheduler"), ("worker", "worker"))}  # fmt: skip
     registry = default_registry(HandlerSettings())
@@ -103,17 +150,26 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str, log_
             print(f"  {label:<30} p50 {statistics.median(values):7.1f} ms   p99 {percentile(values, 0.99):7.1f} ms"
                   f"   max {max(values):7.1f} ms")  # fmt: skip
         await control.jobs.list_page()  # keep the connection warm for the failover timing
-        for how, signum in (("graceful (SIGTERM)", signal.SIGTERM), ("crash (SIGKILL)", signal.SIGKILL)):
+        rounds = [("graceful (SIGTERM)", signal.SIGTERM)] * args.stops
+        rounds += [("crash (SIGKILL)", signal.SIGKILL)] * args.kills
+        terms: dict[str, list[float]] = {}
+        fired: dict[str, list[float]] = {}
+        for how, signum in rounds:
+            await standby_ready(redis)
             current = await leader(pool)
             assert current is not None
             holder, term = current
             name = holder.split(":")[0]
+            signalled = time.time()
             processes[name].send_signal(signum)
-            took = await wait_new_term(pool, term)
-            print(f"failover {how:<20} {took * 1000:7.0f} ms  (TTL {TTL})")
+            terms.setdefault(how, []).append(await wait_new_term(pool, term))
+            fired.setdefault(how, []).append(await next_slot_fired(pool, signalled))
             processes[name].wait()
             processes[name] = start("scheduler", env, log_dir, name)
-            await asyncio.sleep(2)  # the restarted process is now a standby again
+        print(f"failover (TTL {ttl}, {args.jobs} per-second jobs):")
+        for how in dict.fromkeys(how for how, _ in rounds):
+            print(summary(f"{how} -> new term", terms[how]))
+            print(summary(f"{how} -> next slot fired", fired[how]))
     finally:
         for process in processes.values():
             process.send_signal(signal.SIGTERM)
@@ -128,6 +184,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--kills", type=int, default=10, help="SIGKILLs of the leader (crash failover)")
+    parser.add_argument("--stops", type=int, default=5, help="SIGTERMs of the leader (graceful failover)")
+    parser.add_argument("--ttl", default="", help="SCHEDULER_LEADER_TTL (default: the setting's default)")
     arguments = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as tmp,

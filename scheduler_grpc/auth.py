@@ -2,7 +2,9 @@
 
 * Sessions: `Login` checks an argon2id password hash (in a worker thread, never on the event loop)
   and returns a random token. Redis keeps only the token's SHA-256, under a key that expires with
-  the session; `Logout` deletes it.
+  the session; `Logout` deletes it. Sessions exist only in Redis: unlike the queue, they are not
+  rebuilt from PostgreSQL, so a Redis that loses its data (FLUSHALL, a restart without
+  persistence) ends every session and users log in again. API keys are unaffected.
 * API keys: random secrets shown once; PostgreSQL keeps only their SHA-256.
 * Tokens carry a kind prefix (`st_` session, `sk_` API key) so a call is checked against one store,
   and secret scanners can recognise leaked keys.

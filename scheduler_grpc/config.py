@@ -202,8 +202,10 @@ SETTINGS: tuple[Setting, ...] = (
         "leader_ttl",
         "SCHEDULER_LEADER_TTL",
         parse_duration,
-        "10s",
-        "Leader lock lifetime; renewed every TTL/3. A crashed leader is replaced within TTL + 1s.",
+        "2500ms",
+        "Leader lock lifetime; renewed every TTL/3, each renewal answered within TTL/6 or the leader steps "
+        "down. A crashed leader is replaced within about TTL (the standby wakes when the lock expires); "
+        "every leader write is fenced by its term, so a short TTL risks no double write.",
     ),
     Setting(
         "misfire_grace",

@@ -6,6 +6,7 @@ outbox order; the leader's reconcile loop repairs a crash in between).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -21,9 +22,18 @@ from scheduler_grpc.errors import FailedPrecondition, InvalidArgument
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution, Trigger
 from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
+from scheduler_grpc.queue import MAX_BATCH
 
 MAX_REQUEST_ID_LENGTH = 128
 DEFAULT_MISFIRE_GRACE = timedelta(seconds=60)  # SCHEDULER_MISFIRE_GRACE's default
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _check_request_id(request_id: str | None) -> str | None:
@@ -139,6 +149,32 @@ class Control:
         if runs:
             await self.queues.get(queue).requeue_dead([run.run_id for run in runs])
         return runs
+
+    async def purge_dead_runs(self, queue: str, run_ids: Sequence[str] | None) -> list[str]:
+        """Forget dead runs from the dead-letter queue (None: every dead item of `queue`).
+
+        PostgreSQL records the purge first (`mark_dead_letters_purged`), so the leader's rebuild of a
+        lost dead-letter queue does not bring the runs back; then Redis forgets them. Items that are
+        not runs (no UUID id) are purged from Redis only.
+
+        Returns:
+            The ids purged from Redis.
+        """
+        target = self.queues.get(queue)
+        if run_ids is not None:
+            await self.executions.mark_dead_letters_purged([i for i in run_ids if _is_uuid(i)])
+            return await target.purge_dead(run_ids)
+        purged: list[str] = []
+        token: str | None = None
+        while True:
+            # One page at a time: the page order is stable while items leave the dead set.
+            page = await target.list_dead(MAX_BATCH, token)
+            ids = [item.id for item in page.items]
+            await self.executions.mark_dead_letters_purged([i for i in ids if _is_uuid(i)])
+            purged += await target.purge_dead(ids)
+            if page.next_page_token is None:
+                return purged
+            token = page.next_page_token
 
     async def cancel_execution(self, execution_id: str) -> Execution:
         """Cancel the run of an execution: removed from the queue if waiting, stopped on its worker

@@ -62,14 +62,28 @@ async def enqueue_runs(queues: Queues, runs: Sequence[Queued], now: datetime | N
 
 
 async def cancel_runs(
-    redis: Redis, queues: Queues, executions: ExecutionRepository, queue: str, run_ids: Sequence[str]
+    redis: Redis,
+    queues: Queues,
+    executions: ExecutionRepository,
+    queue: str,
+    run_ids: Sequence[str],
+    *,
+    term: int | None = None,
 ) -> list[Execution]:
     """Cancel runs: queued ones leave the queue at once; running ones are cancelled by their workers
     (asked on the cancel channel; each records `cancelled` when its handler has stopped).
 
+    With `term` (the leader's `replace` policy) the PostgreSQL part is fenced by that leader term
+    and raises `Fenced` without changing anything once it is stale; the Redis moves follow only
+    what was committed.
+
     Returns the latest attempt of each run as it stands now.
     """
-    cancelled, running = await executions.cancel_runs(run_ids)
+    if term is None:
+        cancelled, running = await executions.cancel_runs(run_ids)
+    else:
+        async with executions.fenced(term) as fenced:
+            cancelled, running = await fenced.cancel_runs(run_ids)
     if cancelled:
         await queues.get(queue).remove_many([execution.run_id for execution in cancelled])
         await events.publish(redis, [

@@ -26,7 +26,13 @@ One scheduler process in a deployment leads; the others stand by. How:
 Caveat: the lock alone cannot stop two processes from *believing* they lead at once if someone
 deletes the key or Redis loses its data (FLUSHALL, restart without persistence): the old leader only
 notices at its next renewal (within one renewal interval). The fencing token is what keeps writes
-correct in that window; leader loops must fence every write.
+correct in that window: the leader loops fence every PostgreSQL write (see `scheduler_grpc.scheduler`).
+That is also why the default TTL can be short (2.5 s): a leader that lost its lock without noticing
+cannot write under its stale term, so a fast takeover risks no double fire.
+
+Faults: a Redis or PostgreSQL error never ends `run()`: a failed campaign attempt is retried every
+`retry_interval` (logged when failures start, then at most once a minute), a failed renewal ends the
+term and campaigning resumes. Only a bug (any other exception, of `lead` included) propagates.
 """
 
 from __future__ import annotations
@@ -52,13 +58,27 @@ from scheduler_grpc.keys import LeaderKeys
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TTL = timedelta(seconds=10)
+DEFAULT_TTL = timedelta(milliseconds=2500)
 """Lifetime of the leader lock (as `config.Settings.leader_ttl`)."""
 DEFAULT_RETRY_INTERVAL = timedelta(seconds=1)
 """Longest a standby waits between two looks at the lock, and the pause after a failed attempt."""
 
 # Errors of a Redis call (TimeoutError: our own asyncio.timeout around it).
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
+# A failed campaign attempt is logged when the failures start, then at most this often until one succeeds.
+_STILL_FAILING_LOG_S = 60.0
+
+
+def _is_store_fault(exc: BaseException) -> bool:
+    """Whether `exc` is a fault of Redis or PostgreSQL rather than a bug.
+
+    Beyond the usual errors, a connection torn down mid-call can surface as a RuntimeError of the
+    event loop's transport ("the handler is closed") raised inside redis-py: the raising library's
+    frames tell (`metrics.store_of`).
+    """
+    return isinstance(exc, (*_REDIS_ERRORS, Unavailable)) or metrics.store_of(exc) is not None
+
+
 # A standby wakes this long after the lock's PTTL, so its SET NX does not race the expiry itself.
 _EXPIRY_SLACK_S = 0.002
 # How often leader work that has not finished after a cancel is cancelled again.
@@ -168,7 +188,7 @@ class LeaderElector:
         holder: Name of this process in status and logs (host, pid ...); need not be unique, the
             lease id is.
         scope: Election scope; one per deployment (default "scheduler").
-        ttl: Lock lifetime (default 10 s). A crashed leader is replaced within about this long.
+        ttl: Lock lifetime (default 2.5 s). A crashed leader is replaced within about this long.
         renew_interval: Time between renewals (default TTL/3; at most TTL/2). Each renewal must
             answer within half of it, or the leader steps down.
         retry_interval: Longest a standby waits between looks at the lock, and the pause after a
@@ -304,8 +324,14 @@ class LeaderElector:
     # --- standing by -------------------------------------------------------------------------
 
     async def _campaign(self, pubsub: PubSub) -> Term:
-        """Try for the lock until it is ours and a term is recorded."""
+        """Try for the lock until it is ours and a term is recorded.
+
+        A store error is retried every `retry_interval`; it is logged when failures start and then at
+        most every minute, not once per attempt.
+        """
         subscribed = False
+        failures = 0
+        logged_at = 0.0
         while True:
             _raise_if_cancelled()
             try:
@@ -316,15 +342,23 @@ class LeaderElector:
                     _raise_if_cancelled()
                 term = await self._try_acquire()
                 if term is not None:
+                    if failures:
+                        log.info("leader campaign recovered", extra={"scope": self._scope, "failures": failures})
                     return term
                 wait = await self._until_lock_expires()
                 _raise_if_cancelled()
-            except (*_REDIS_ERRORS, Unavailable, _TermRefused) as exc:
+            except Exception as exc:
+                if not (_is_store_fault(exc) or isinstance(exc, _TermRefused)):
+                    raise
                 metrics.store_error(exc)
-                log.warning(
-                    "leader campaign attempt failed; retrying",
-                    extra={"scope": self._scope, "holder": self._holder, "error": repr(exc)},
-                )
+                failures += 1
+                now = time.monotonic()
+                if failures == 1 or now - logged_at >= _STILL_FAILING_LOG_S:
+                    logged_at = now
+                    log.warning(
+                        "leader campaign attempt failed; retrying",
+                        extra={"scope": self._scope, "holder": self._holder, "error": repr(exc), "failures": failures},
+                    )
                 # A plain pause, deaf to release messages: the failed attempt may have published
                 # one itself, and waking on it would turn retries into a busy loop.
                 await asyncio.sleep(self._retry_s)
@@ -409,7 +443,9 @@ class LeaderElector:
                 async with asyncio.timeout(remaining + self._call_timeout_s):
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=remaining)
                 _raise_if_cancelled()
-            except _REDIS_ERRORS as exc:
+            except Exception as exc:
+                if not _is_store_fault(exc):
+                    raise
                 log.warning(
                     "leader release channel failed; polling the lock instead",
                     extra={"scope": self._scope, "holder": self._holder, "error": repr(exc)},
@@ -513,7 +549,9 @@ class LeaderElector:
             except TimeoutError as exc:
                 metrics.store_error(exc, "redis")
                 return self._ended(term, f"renewal got no answer within {budget * 1000:.0f}ms")
-            except (RedisError, OSError) as exc:
+            except Exception as exc:
+                if not _is_store_fault(exc):
+                    raise
                 metrics.store_error(exc, "redis")
                 return self._ended(term, f"renewal failed: {exc!r}")
             _raise_if_cancelled()
@@ -533,7 +571,9 @@ class LeaderElector:
         try:
             async with asyncio.timeout(self._call_timeout_s):
                 released = await self._release_lock_script(keys=[self._keys.lock], args=[lease_id, self._keys.released])
-        except _REDIS_ERRORS as exc:
+        except Exception as exc:
+            if not _is_store_fault(exc):
+                raise
             log.warning(
                 "could not release the leader lock; it expires on its own",
                 extra={"scope": self._scope, "holder": self._holder, "error": repr(exc)},
@@ -545,7 +585,9 @@ class LeaderElector:
         try:
             async with asyncio.timeout(self._call_timeout_s):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-        except _REDIS_ERRORS as exc:
+        except Exception as exc:
+            if not _is_store_fault(exc):
+                raise
             log.debug("closing the leader pub/sub connection failed", extra={"error": repr(exc)})
 
     def _fields(self, term: Term) -> dict[str, Any]:

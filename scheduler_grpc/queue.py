@@ -276,6 +276,7 @@ class Queue:
         self._list_dead = op("list_dead", "dead priority data deliveries dead_reason")
         self._requeue_dead = op("requeue_dead", "dead ready priority deliveries dead_reason seq marker", once=True)
         self._purge_dead = op("purge_dead", "dead priority data deliveries lease owner dead_reason", once=True)
+        self._restore_dead = op("restore_dead", "dead priority data dead_reason")
         self._remove = op("remove", "ready delayed priority data deliveries")
         self._states = op("states", "ready processing delayed dead")
         self._rearm = op("rearm", "ready marker")
@@ -672,6 +673,24 @@ class Queue:
         """
         older_ms = -1 if older_than is None else _to_ms(older_than, "older_than")
         return await self._batched(self._purge_dead, ids, batch, (older_ms,))
+
+    async def restore_dead(self, items: Iterable[tuple[NewItem, str]]) -> int:
+        """Park items `(item, reason)` in the dead set directly, unless the queue knows them already.
+
+        The rebuild of a dead-letter queue that Redis lost: PostgreSQL knows which runs are dead
+        and why (see the scheduler's reconcile). `item.delay` is ignored.
+
+        Returns:
+            How many were parked (ids the queue knew, in any state, are skipped).
+        """
+        args: list[Any] = []
+        for index, (item, reason) in enumerate(items):
+            item_id, priority, _, data = _item_args(item, functools.partial("items[{}].{}".format, index))
+            args += [item_id, priority, data, str(reason)]
+        parked = 0
+        for start in range(0, len(args), 4 * MAX_BATCH):
+            parked += int(await self._run(self._restore_dead, args[start : start + 4 * MAX_BATCH]))
+        return parked
 
     async def _batched(self, op: _Op, ids: Iterable[str] | None, batch: int, extra: tuple[Any, ...]) -> list[str]:
         _check_count(batch, "batch")

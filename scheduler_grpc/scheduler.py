@@ -5,9 +5,23 @@
 * recover: expired leases back to ready; runs that stalled too often are dead-lettered.
 * promote: due retries move from the delayed set to ready.
 * reconcile: runs PostgreSQL has `queued` that Redis does not know (crash between commit and
-  enqueue, Redis restarted empty, FLUSHALL) are enqueued again.
+  enqueue, Redis restarted empty, FLUSHALL) are enqueued again, and dead runs (latest attempt
+  `dead`, not purged) that Redis does not know are parked in the dead-letter queue again.
 
 Every decision uses the database clock, so the scheduler hosts' clocks do not matter.
+
+Faults. No store error ends the role: a failing loop step (Redis or PostgreSQL down, slow, fenced)
+is counted, logged once when the loop starts failing and once when it recovers (with a reminder
+at most every `_STILL_FAILING_LOG_S` in between), and retried with exponential backoff; the other
+loops go on. Any other exception is a bug: its traceback is logged and the process exits with
+status 1, so a supervisor restarts it.
+
+Fencing. Every PostgreSQL write of the leader is fenced by its term in the write's own transaction:
+`fire` in its one statement, the stalled runs' `dead` marks and the `replace` cancels through
+`ExecutionRepository.fenced`. The Redis-only moves are not fenced, and need not be: recovering
+expired leases, promoting due retries and enqueueing runs (scan, reconcile, the DLQ rebuild) are
+idempotent and converge to the same state whichever leader (or both) makes them, and a deposed
+leader's dead-lettering that PostgreSQL refuses is undone (the items go back to ready).
 """
 
 from __future__ import annotations
@@ -24,16 +38,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-import asyncpg
 from redis.asyncio import Redis
 
 from scheduler_grpc import metrics
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Advance, ExecutionRepository, PlannedSlot, Queued
-from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL, JobRepository
+from scheduler_grpc.db.jobs import JobChanges, JobRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
-from scheduler_grpc.dispatch import Queues, cancel_runs, enqueue_runs
+from scheduler_grpc.db.pool import Pool
+from scheduler_grpc.dispatch import Queues, cancel_runs, enqueue_runs, queue_item
+from scheduler_grpc.errors import Fenced, Unavailable
 from scheduler_grpc.events import EventType, ExecutionEvent, publish
 from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.jobs import ConcurrencyPolicy, Job, MisfirePolicy, ScheduleKind
@@ -46,6 +61,67 @@ log = logging.getLogger(__name__)
 DEFAULT_METRICS_PORT = 9091
 METRICS_INTERVAL = timedelta(seconds=2)
 STALLED_REASON = "stalled: its lease expired {limit} times (the job kills or hangs its worker)"
+# A failing loop step is retried after 0.1 s, doubling up to 5 s; a step that does not finish
+# within _STEP_TIMEOUT_S (a store that accepts but never answers) counts as failed.
+_BACKOFF_FIRST_S = 0.1
+_BACKOFF_MAX_S = 5.0
+_STEP_TIMEOUT_S = 30.0
+_STILL_FAILING_LOG_S = 60.0
+
+
+def is_store_error(exc: BaseException) -> bool:
+    """Whether `exc` is a fault of Redis or PostgreSQL (or a fenced write), not a bug of ours."""
+    if isinstance(exc, (Unavailable, Fenced, OSError, TimeoutError)):
+        return True
+    return metrics.store_of(exc) is not None
+
+
+class Backoff:
+    """The failure state of one leader loop: backoff delays, and logging once per outage.
+
+    Args:
+        name: The loop, as logs name it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.failures = 0
+        self._since = 0.0
+        self._logged_at = 0.0
+
+    def failed(self, exc: Exception) -> float:
+        """Record a failed step; returns the seconds to wait before the next try.
+
+        Raises:
+            Exception: `exc` itself when it is a bug (not a store error), after logging it.
+        """
+        if not is_store_error(exc):
+            log.error("leader loop failed with a bug", exc_info=exc, extra={"loop": self.name})
+            raise exc
+        metrics.store_error(exc)
+        now = time.monotonic()
+        self.failures += 1
+        fields = {"loop": self.name, "error": repr(exc), "failures": self.failures}
+        if self.failures == 1:
+            self._since = self._logged_at = now
+            if isinstance(exc, Fenced):
+                log.info("leader write fenced: a newer term exists; this leader steps down", extra=fields)
+            else:
+                log.warning("leader loop failing; retrying with backoff", extra=fields)
+        elif now - self._logged_at >= _STILL_FAILING_LOG_S:
+            self._logged_at = now
+            log.warning("leader loop still failing", extra={**fields, "for_s": round(now - self._since, 1)})
+        return float(min(_BACKOFF_MAX_S, _BACKOFF_FIRST_S * 2.0 ** (self.failures - 1)))
+
+    def succeeded(self) -> None:
+        """Record a successful step (logs the recovery after failures)."""
+        if self.failures:
+            log.info(
+                "leader loop recovered",
+                extra={"loop": self.name, "failures": self.failures,
+                       "after_s": round(time.monotonic() - self._since, 1)},
+            )  # fmt: skip
+            self.failures = 0
 
 
 @dataclass(frozen=True)
@@ -54,7 +130,8 @@ class LoopSettings:
 
     scan_interval: timedelta = timedelta(seconds=1)  # longest sleep between scans [1 s]
     scan_batch: int = 500  # due jobs per scan statement [500]
-    max_slots_per_job: int = 1000  # catch-up slots one job records per scan [1000]
+    max_slots_per_job: int = 250  # catch-up slots one job records per scan (~12 ms of planning) [250]
+    max_slots_per_scan: int = 5000  # slots one scan plans and records (bounds its loop stalls) [5000]
     misfire_grace: timedelta = timedelta(seconds=60)  # [60 s]
     recover_interval: timedelta = timedelta(milliseconds=500)  # [500 ms]
     promote_interval: timedelta = timedelta(milliseconds=100)  # [100 ms]
@@ -123,26 +200,27 @@ def plan_job(job: Job, now: datetime, loop: LoopSettings, plan: Plan) -> None:
 class LeaderLoops:
     """The leader's work for one term; `lead` is what `LeaderElector.run` calls."""
 
-    def __init__(self, redis: Redis, pool: asyncpg.Pool, loop: LoopSettings, *, default_queue: str = "default"):
+    def __init__(self, redis: Redis, pool: Pool, loop: LoopSettings, *, default_queue: str = "default"):
         self._redis = redis
-        self._pool = pool
         self._loop = loop
         self._jobs = JobRepository(pool)
         self._executions = ExecutionRepository(pool)
+        self._changes = JobChanges(pool)
         self._queues = Queues(redis)
         self._queues.get(default_queue)
-        self._jobs_changed = asyncio.Event()
         self.scans = 0
 
     async def lead(self, term: Term) -> None:
-        """Run every leader loop until cancelled (leadership lost or shutdown)."""
+        """Run every leader loop until cancelled (leadership lost or shutdown).
+
+        Raises:
+            ExceptionGroup: a loop met a bug (never a store error: those are retried).
+        """
         log.info("leading", extra={"term": term.token})
         metrics.LEADER.set(1)
         metrics.LEADER_TERM.set(term.token)
         metrics.LEADERSHIP_CHANGES.inc()
-        listener = await self._pool.acquire()
         try:
-            await listener.add_listener(JOBS_CHANGED_CHANNEL, self._on_jobs_changed)
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._scan_loop(term), name="scan")
                 group.create_task(self._every(self._loop.recover_interval, self._recover, term), name="recover")
@@ -152,43 +230,44 @@ class LeaderLoops:
         finally:
             metrics.LEADER.set(0)
             metrics.LEADERSHIP_CHANGES.inc()
-            with contextlib.suppress(Exception):
-                await listener.remove_listener(JOBS_CHANGED_CHANNEL, self._on_jobs_changed)
-            await self._pool.release(listener)
-
-    def _on_jobs_changed(self, *args: object) -> None:
-        self._jobs_changed.set()
+            # Shielded: the elector cancels lead() repeatedly, and the connection must go back.
+            await asyncio.shield(self._changes.close())
 
     async def _every(self, interval: timedelta, step: Callable[[Term], Awaitable[None]], term: Term) -> None:
-        """Run `step` every `interval` while the term is valid; a failed step is logged, not fatal."""
+        """Run `step` every `interval` while the term is valid; a store error backs off, a bug raises."""
+        backoff = Backoff(step.__name__.lstrip("_"))
         while True:
+            delay = interval.total_seconds()
             if term.is_valid():
                 try:
-                    await step(term)
+                    async with asyncio.timeout(_STEP_TIMEOUT_S):
+                        await step(term)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    metrics.store_error(exc)
-                    log.exception("leader loop step failed", extra={"step": step.__name__})
-            await asyncio.sleep(interval.total_seconds())
+                    delay = max(delay, backoff.failed(exc))
+                else:
+                    backoff.succeeded()
+            await asyncio.sleep(delay)
 
     # -- scan ------------------------------------------------------------------------------------
 
     async def _scan_loop(self, term: Term) -> None:
+        backoff = Backoff("scan")
         while True:
-            self._jobs_changed.clear()
-            full = False
+            self._changes.changed.clear()
             try:
-                if term.is_valid():
-                    full = await self.scan_once(term)
+                async with asyncio.timeout(_STEP_TIMEOUT_S):
+                    await self._changes.listen()
+                    full = await self.scan_once(term) if term.is_valid() else False
+                if not full:
+                    await self._sleep_until_next_due()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                metrics.store_error(exc)
-                log.exception("scan failed")
-            if full:
-                continue  # more due jobs than one batch: go again at once
-            await self._sleep_until_next_due()
+                await asyncio.sleep(backoff.failed(exc))
+            else:
+                backoff.succeeded()
 
     async def scan_once(self, term: Term) -> bool:
         """One scan: record and enqueue what is due. Returns True if the batch was full."""
@@ -200,16 +279,25 @@ class LeaderLoops:
             metrics.SCAN_DURATION.observe(time.perf_counter() - began)
             return False
         plan = Plan()
+        planned: list[Job] = []
         for job in jobs:
+            if len(plan.slots) >= self._loop.max_slots_per_scan:
+                break  # the rest stay due (their next_run_time is unchanged): the next scan takes them
             plan_job(job, now, self._loop, plan)
+            planned.append(job)
+            # Planning a long catch-up is CPU work (~50 ms for 1000 slots): let the lease renewal
+            # and the other loops run between jobs, so a big batch never starves them.
+            await asyncio.sleep(0)
         queued = await self._executions.fire(term.token, plan.advances, plan.slots)
+        # `replace`: the earlier runs are cancelled before the new ones can be claimed, so the two
+        # overlap as little as possible (if this fails, reconcile enqueues the new runs later).
+        await self._replace_earlier_runs(term, planned, queued)
         await enqueue_runs(self._queues, queued, now)
         await self._announce(queued, plan.slots)
-        await self._replace_earlier_runs(jobs, queued)
         metrics.SCAN_DURATION.observe(time.perf_counter() - began)
-        return len(jobs) >= self._loop.scan_batch
+        return len(jobs) >= self._loop.scan_batch or len(planned) < len(jobs)
 
-    async def _replace_earlier_runs(self, jobs: Sequence[Job], queued: Sequence[Queued]) -> None:
+    async def _replace_earlier_runs(self, term: Term, jobs: Sequence[Job], queued: Sequence[Queued]) -> None:
         """`replace` concurrency policy: a new run cancels the job's runs still queued or running."""
         replacing = {job.id for job in jobs if job.concurrency_policy is ConcurrencyPolicy.REPLACE}
         fresh_by_queue: dict[str, list[Queued]] = {}
@@ -221,7 +309,7 @@ class LeaderLoops:
                 [run.job_id for run in fresh], excluding=[run.run_id for run in fresh]
             )
             if earlier:
-                await cancel_runs(self._redis, self._queues, self._executions, queue, earlier)
+                await cancel_runs(self._redis, self._queues, self._executions, queue, earlier, term=term.token)
                 log.info("replaced earlier runs", extra={"queue": queue, "runs": len(earlier)})
 
     async def _announce(self, queued: Sequence[Queued], slots: Sequence[PlannedSlot]) -> None:
@@ -241,7 +329,7 @@ class LeaderLoops:
         wait = cap if until_due is None else min(cap, max(0.0, until_due.total_seconds()))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
-                await self._jobs_changed.wait()
+                await self._changes.changed.wait()
 
     # -- recover, promote, reconcile ---------------------------------------------------------------
 
@@ -256,7 +344,15 @@ class LeaderLoops:
                     )
                 if recovered.dead:
                     reason = STALLED_REASON.format(limit=self._loop.max_stalls)
-                    dead = await self._executions.mark_runs_dead(recovered.dead, reason)
+                    try:
+                        async with self._executions.fenced(term.token) as fenced:
+                            dead = await fenced.mark_runs_dead(recovered.dead, reason)
+                    except BaseException:
+                        # PostgreSQL did not record them dead (fenced, failed, cancelled): put the
+                        # items back to ready rather than leave them dead in Redis only, where no
+                        # leader would ever find them; they stall again and are recorded then.
+                        await asyncio.shield(queue.requeue_dead(recovered.dead))
+                        raise
                     metrics.LEASE_RECOVERIES.labels(queue.name).inc(len(recovered.dead))
                     metrics.DEAD_LETTERED.labels("stalled").inc(len(recovered.dead))
                     await publish(self._redis, [
@@ -274,8 +370,7 @@ class LeaderLoops:
 
     async def _reconcile(self, term: Term) -> None:
         """Re-enqueue runs PostgreSQL has open but Redis does not know (the outbox repair)."""
-        names = await self._pool.fetch("SELECT DISTINCT queue FROM jobs")
-        self._queues.known(row["queue"] for row in names)
+        self._queues.known(await self._jobs.queue_names())
         after: str | None = None
         restored = 0
         while True:
@@ -291,6 +386,33 @@ class LeaderLoops:
         if restored:
             metrics.RECONCILE_REENQUEUED.inc(restored)
             log.warning("reconcile re-enqueued runs Redis had lost", extra={"runs": restored})
+        parked = await self._restore_dead_letters()
+        if parked:
+            log.warning("reconcile rebuilt dead letters Redis had lost", extra={"runs": parked})
+
+    async def _restore_dead_letters(self) -> int:
+        """Park again in the dead-letter queue the dead runs Redis does not know (it lost them).
+
+        PostgreSQL is the record: a run whose latest attempt is `dead` and that no operator purged
+        belongs in its queue's dead set, with that attempt's error as the reason. Only runs Redis
+        knows in no state are parked, so an item still on its way (a worker between recording
+        `dead` and dead-lettering it) is left alone. A purge racing this rebuild can see its runs
+        parked once more; the purge's mark stops any later rebuild, and a second purge removes them.
+        """
+        after: str | None = None
+        parked = 0
+        while True:
+            dead = await self._executions.dead_runs(after_run_id=after, limit=MAX_BATCH)
+            for name, group in itertools.groupby(sorted(dead, key=lambda d: d.run.queue), key=lambda d: d.run.queue):
+                batch = list(group)
+                queue = self._queues.get(name)
+                states = await queue.states(d.run.run_id for d in batch)
+                missing = [d for d in batch if states.get(d.run.run_id) is None]
+                if missing:
+                    parked += await queue.restore_dead((queue_item(d.run, d.run.due_at), d.reason) for d in missing)
+            if len(dead) < MAX_BATCH:
+                return parked
+            after = dead[-1].run.run_id
 
     async def _observe_queues(self, term: Term) -> None:
         for queue in self._queues.known():
@@ -309,7 +431,7 @@ class LeaderLoops:
             missing += [run for run in batch if states.get(run.run_id) is None]
         if not missing:
             return 0
-        now = await self._pool.fetchval("SELECT now()")
+        now = await self._jobs.database_now()
         return await enqueue_runs(self._queues, missing, now)
 
 
@@ -331,5 +453,11 @@ async def run_scheduler(settings: Settings, args: argparse.Namespace, stop: asyn
         stopper.cancel()
         campaign.cancel()  # the elector releases the lock gracefully: a standby takes over at once
         await asyncio.wait([campaign])
+        # The campaign never ends on its own but for a bug (store errors are retried in it): say
+        # so with the traceback, and exit non-zero so a supervisor restarts the process.
+        failure = None if campaign.cancelled() else campaign.exception()
+        if failure is not None:
+            log.critical("scheduler failed with a bug; exiting", exc_info=failure)
+            return 1
         log.info("scheduler stopped")
     return 0

@@ -28,7 +28,7 @@ class FaultProxy:
     """Forwards `127.0.0.1:<port>` to `target_host:target_port`, until told to misbehave.
 
     Faults:
-        refuse(): reset every open connection and every new one until `heal()`.
+        refuse() (or cut()): reset every open connection and every new one until `heal()`.
         drop_reply_to(marker): the next request containing `marker` reaches the server, but its
             reply is swallowed and the connection reset: the command ran, the client saw a
             ConnectionError.
@@ -44,15 +44,25 @@ class FaultProxy:
         self.dropped_replies = 0
 
     @classmethod
+    def for_url(cls, url: str) -> FaultProxy:
+        """A proxy (not started) to the server of `url`."""
+        parts = urlsplit(url)
+        return cls(parts.hostname or "127.0.0.1", parts.port or 0)
+
+    def url(self, url: str) -> str:
+        """`url` with its host and port replaced by the (started) proxy's."""
+        parts = urlsplit(url)
+        credentials = parts.netloc.rpartition("@")[0]
+        netloc = f"{credentials}@127.0.0.1:{self.port}" if credentials else f"127.0.0.1:{self.port}"
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    @classmethod
     async def to_url(cls, url: str) -> tuple[FaultProxy, str]:
         """A started proxy to the server of `url`, and the same URL through the proxy."""
         parts = urlsplit(url)
-        proxy = cls(parts.hostname or "127.0.0.1", parts.port or 0)
+        proxy = cls.for_url(url)
         await proxy.start()
-        netloc = parts.netloc.rsplit("@", 1)
-        host = f"127.0.0.1:{proxy.port}"
-        proxied = f"{netloc[0]}@{host}" if len(netloc) == 2 else host
-        return proxy, urlunsplit(parts._replace(netloc=proxied))
+        return proxy, proxy.url(url)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -66,9 +76,12 @@ class FaultProxy:
             await self._server.wait_closed()
 
     def refuse(self) -> None:
+        """Reset every open connection, and every new one until `heal()` (a stopped server)."""
         self._refusing = True
         for link in list(self._links):
             link.close()
+
+    cut = refuse
 
     def heal(self) -> None:
         self._refusing = False

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_defaults() -> None:
     settings = config.load({}, {})
     assert settings.env == "dev"
-    assert settings.leader_ttl == timedelta(seconds=10)
+    assert settings.leader_ttl == timedelta(milliseconds=2500)
     assert settings.redis_url is None
     assert settings.shell_enabled is False
 

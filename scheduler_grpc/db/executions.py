@@ -7,7 +7,8 @@ any size costs one round trip and commits atomically.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,6 +17,7 @@ import asyncpg
 import orjson
 
 from scheduler_grpc import pagetokens
+from scheduler_grpc.db.leadership import Connection, assert_current_term
 from scheduler_grpc.errors import Fenced, InvalidArgument, NotFound
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
 from scheduler_grpc.jobs import RetryPolicy
@@ -26,6 +28,7 @@ _COLUMNS = """e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.status, e.
 MAX_PAGE_SIZE = 1000
 # What a list without outputs selects (the basic view): no error, no result.
 _COLUMNS_WITHOUT_OUTPUT = _COLUMNS.replace("e.error, e.result", "NULL::text AS error, NULL::jsonb AS result")
+_FENCED_IDLE_LIMIT = "SET LOCAL idle_in_transaction_session_timeout = '1s'"
 LOST_WORKER_ERROR = "worker lost: its lease expired before the attempt finished"
 INTERRUPTED_ERROR = "interrupted: its worker stopped; the run goes on in a new attempt"
 CANCELLED_ERROR = "cancelled"
@@ -111,6 +114,14 @@ def _queued(row: asyncpg.Record) -> Queued:
 
 
 @dataclass(frozen=True)
+class DeadRun:
+    """A run whose latest attempt is `dead` and that no operator purged: it belongs in the DLQ."""
+
+    run: Queued
+    reason: str
+
+
+@dataclass(frozen=True)
 class Claim:
     """An attempt a worker now owns, with what it needs to run it."""
 
@@ -184,11 +195,38 @@ def _ids(values: Sequence[str]) -> list[uuid.UUID]:
 
 
 class ExecutionRepository:
-    """Reads and batched writes of `job_executions`."""
+    """Reads and batched writes of `job_executions`.
 
-    def __init__(self, pool: asyncpg.Pool, *, scope: str = "scheduler") -> None:
+    Over a pool (each call on a connection of its own) or, inside `fenced`, over the one connection
+    of a transaction (its methods use only `fetch`, `fetchrow`, `fetchval` and `execute`, which both
+    offer).
+    """
+
+    def __init__(self, pool: asyncpg.Pool | Connection, *, scope: str = "scheduler") -> None:
         self._pool = pool
         self._scope = scope
+
+    @asynccontextmanager
+    async def fenced(self, term: int) -> AsyncIterator[ExecutionRepository]:
+        """A repository whose writes commit together only while `term` is the current leader term.
+
+        The leader's writes other than `fire` (which fences itself in its one statement) run in
+        here: one transaction that first checks the term FOR SHARE (`assert_current_term`), so a
+        deposed leader changes nothing and a new term waits until the transaction ends. Keep the
+        block to PostgreSQL calls: Redis moves belong after it, once the writes are committed.
+
+        Raises:
+            Fenced: `term` is no longer current; nothing in the block was committed.
+        """
+        if not isinstance(self._pool, asyncpg.Pool):
+            raise TypeError("fenced() needs a repository over a pool")
+        async with self._pool.acquire() as conn, conn.transaction():
+            # The term check holds the leader_state row FOR SHARE until commit, which makes a new
+            # leader's begin_term wait: if this process stops between statements (SIGSTOP, a
+            # stalled loop), PostgreSQL ends the session after 1 s instead of blocking the election.
+            await conn.execute(_FENCED_IDLE_LIMIT)
+            await assert_current_term(conn, self._scope, term)
+            yield ExecutionRepository(conn, scope=self._scope)
 
     async def fire(self, term: int, advances: Sequence[Advance], slots: Sequence[PlannedSlot]) -> list[Queued]:
         """Record planned slots and advance their jobs, atomically, under leader term `term`.
@@ -668,6 +706,37 @@ class ExecutionRepository:
             limit,
         )
         return [_queued(row) for row in rows]
+
+    async def dead_runs(self, *, after_run_id: str | None, limit: int) -> list[DeadRun]:
+        """Runs whose latest attempt is `dead` and not purged from the dead-letter queue, by run id.
+
+        The reconcile loop pages through these to rebuild a dead-letter queue Redis lost. A requeued
+        run has a newer attempt, and a purged one is marked (`mark_dead_letters_purged`): neither
+        comes back.
+        """
+        rows = await self._pool.fetch(
+            f"""
+            SELECT e.run_id, e.job_id, e.priority, e.due_at, e.error, {_snapshot_of_run("e")}
+            FROM job_executions e JOIN jobs j ON j.id = e.job_id
+            WHERE e.status = 'dead' AND e.dlq_purged_at IS NULL AND ($1::uuid IS NULL OR e.run_id > $1)
+              AND NOT EXISTS (SELECT 1 FROM job_executions n WHERE n.run_id = e.run_id AND n.attempt > e.attempt)
+            ORDER BY e.run_id LIMIT $2
+            """,
+            uuid.UUID(after_run_id) if after_run_id else None,
+            limit,
+        )
+        return [DeadRun(_queued(row), row["error"] or "dead") for row in rows]
+
+    async def mark_dead_letters_purged(self, run_ids: Sequence[str]) -> int:
+        """Record that an operator purged these runs from the dead-letter queue (so no rebuild restores them)."""
+        if not run_ids:
+            return 0
+        result = await self._pool.execute(
+            """UPDATE job_executions SET dlq_purged_at = now()
+               WHERE run_id = ANY($1::uuid[]) AND status = 'dead' AND dlq_purged_at IS NULL""",
+            _ids(run_ids),
+        )
+        return int(result.split()[-1])
 
     async def get(self, execution_id: str) -> Execution:
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -154,6 +156,16 @@ class JobRepository:
         )
         return value
 
+    async def queue_names(self) -> list[str]:
+        """Every queue some job names (the leader's recover, promote and reconcile loops visit them)."""
+        rows = await self._pool.fetch("SELECT DISTINCT queue FROM jobs")
+        return [row["queue"] for row in rows]
+
+    async def database_now(self) -> datetime:
+        """The database clock, which every leader decision uses."""
+        now: datetime = await self._pool.fetchval("SELECT now()")
+        return now
+
     async def get(self, job_id: str) -> Job:
         row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE id = $1", _uuid(job_id))
         if row is None:
@@ -250,6 +262,66 @@ class JobRepository:
         result = await self._pool.execute("DELETE FROM jobs WHERE id = $1", _uuid(job_id))
         if result == "DELETE 0":
             raise NotFound(f"job {job_id} not found")
+
+
+class JobChanges:
+    """A LISTEN on `JOBS_CHANGED_CHANNEL` over a pooled connection of its own, re-opened after a failure.
+
+    `changed` is set by every notification; the leader clears it before a scan and waits on it
+    between scans. A notification sent while the connection is down is lost, which costs nothing:
+    the leader also wakes every scan interval, and `listen()` sets `changed` after re-opening.
+
+    Args:
+        pool: The process's asyncpg pool (one of its connections is held while listening).
+        timeout: Bound on acquiring and subscribing the connection.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, *, timeout: timedelta = timedelta(seconds=5)) -> None:
+        self._pool = pool
+        self._timeout = timeout.total_seconds()
+        self._conn: Any = None
+        self.changed = asyncio.Event()
+
+    def _on_notify(self, *args: object) -> None:
+        self.changed.set()
+
+    async def listen(self) -> None:
+        """Make sure the LISTEN connection is open; re-open it if PostgreSQL closed it.
+
+        Raises:
+            Exception: PostgreSQL errors (asyncpg, OSError, TimeoutError) when it cannot be opened;
+                the caller retries later.
+        """
+        if self._is_open():
+            return
+        await self.close()
+        async with asyncio.timeout(self._timeout):
+            conn = await self._pool.acquire()
+            try:
+                await conn.add_listener(JOBS_CHANGED_CHANNEL, self._on_notify)
+            except BaseException:
+                await self._pool.release(conn)
+                raise
+        self._conn = conn
+        self.changed.set()  # changes made while we were not listening: scan again at once
+
+    def _is_open(self) -> bool:
+        try:
+            return self._conn is not None and not self._conn.is_closed()
+        except asyncpg.InterfaceError:  # the pool took back the broken connection already
+            return False
+
+    async def close(self) -> None:
+        """Stop listening and give the connection back (a broken one is discarded by the pool)."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self._timeout):
+                await conn.remove_listener(JOBS_CHANGED_CHANNEL, self._on_notify)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self._timeout):
+                await self._pool.release(conn)
 
 
 def _uuid(value: str) -> str:

@@ -5,8 +5,11 @@ Both live in PostgreSQL, not Redis, so tokens keep increasing when Redis restart
 flushed. The record only ever moves up: a candidate whose term is older than the recorded one
 (it stalled between taking the term and recording it while a newer leader got in) is refused.
 
-Every write a leader makes checks its term inside its own transaction with `assert_current_term`,
-so a deposed leader (paused, partitioned, or simply slow to notice) cannot change anything.
+Every PostgreSQL write a leader makes checks its term inside its own transaction, so a deposed
+leader (paused, partitioned, or simply slow to notice) cannot change anything there: `fire` checks
+it in its one statement, every other leader write runs inside `ExecutionRepository.fenced`, which
+calls `assert_current_term` first. The leader's Redis moves are not fenced; `scheduler_grpc.scheduler`
+says why each is safe (idempotent, convergent moves).
 """
 
 from __future__ import annotations

@@ -100,5 +100,5 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self, request: queue_pb2.PurgeDeadLettersRequest, context: Context
     ) -> queue_pb2.PurgeDeadLettersResponse:
         queue = self._queue(request.queue)
-        purged = await queue.purge_dead(_selection(request.run_ids, request.all))
+        purged = await self._control.purge_dead_runs(queue.name, _selection(request.run_ids, request.all))
         return queue_pb2.PurgeDeadLettersResponse(run_ids=purged)

@@ -1,0 +1,347 @@
+"""The scheduler role under store faults: outages, a deposed leader, lost Redis state, big catch-ups.
+
+Real processes where a process can show it (an outage cut with a TCP proxy in front of the store),
+in-process leader loops against the real stores where the fault must be forced (a stale term).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import time
+import traceback
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from scheduler_grpc.control import Control
+from scheduler_grpc.db.executions import ExecutionRepository
+from scheduler_grpc.db.leadership import LeadershipRepository, TermRecord
+from scheduler_grpc.errors import Fenced, Unavailable
+from scheduler_grpc.jobs import ConcurrencyPolicy, JobSpec, ScheduleKind
+from scheduler_grpc.leader import Term
+from scheduler_grpc.queue import ItemState, Queue
+from scheduler_grpc.scheduler import Backoff, LeaderLoops, LoopSettings, run_scheduler
+from tests.engine_helpers import Role, Roles, eventually, make_settings, wait_until_ready
+from tests.fault_proxy import FaultProxy
+
+
+def every_second(name: str, **fields: object) -> JobSpec:
+    return JobSpec(name=name, handler="test.echo", schedule_kind=ScheduleKind.CRON, cron="* * * * * *", **fields)  # type: ignore[arg-type]
+
+
+async def _elapsed(since: float, seconds: float) -> bool:
+    return time.monotonic() - since >= seconds
+
+
+@pytest.fixture
+async def pg_proxy(database_url: str) -> AsyncIterator[FaultProxy]:
+    proxy = FaultProxy.for_url(database_url)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+
+
+@pytest.fixture
+async def redis_proxy(redis_url: str) -> AsyncIterator[FaultProxy]:
+    proxy = FaultProxy.for_url(redis_url)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+
+
+def _lines(role: Role, text: str) -> list[str]:
+    return [line for line in role.log_lines() if text in line]
+
+
+async def _fires_after(pool: asyncpg.Pool, job_id: str, since: object) -> bool:
+    count = await pool.fetchval(
+        "SELECT count(*) FROM job_executions WHERE job_id = $1 AND created_at > $2", job_id, since
+    )
+    return int(count) >= 2
+
+
+async def _outage(proxy: FaultProxy, scheduler: Role, seconds: float) -> None:
+    """Cut the link for `seconds`, checking the scheduler saw it and stays alive throughout."""
+    warnings_before = len(_lines(scheduler, '"level":"WARNING"'))
+    proxy.cut()
+    cut_at = time.monotonic()
+
+    async def noticed() -> bool:
+        warnings = len(_lines(scheduler, '"level":"WARNING"'))
+        return warnings > warnings_before or scheduler.process.poll() is not None
+
+    await eventually(noticed, within=10)
+    await eventually(lambda: _elapsed(cut_at, seconds), within=seconds + 5)
+    assert scheduler.process.poll() is None, f"the scheduler exited ({scheduler.process.poll()}) during the outage"
+    proxy.heal()
+
+
+async def test_the_leader_survives_two_postgresql_outages_and_fires_again(  # noqa: PLR0917 - pytest fixtures
+    roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis, database_url: str,
+    pg_proxy: FaultProxy,
+) -> None:  # fmt: skip
+    scheduler = roles.start("scheduler", DATABASE_URL=pg_proxy.url(database_url))
+    await wait_until_ready(redis, workers=0)
+    job = await control.create_job(every_second("tick"))
+    await eventually(lambda: _fires_after(pool, job.id, job.created_at), within=15)
+    for _ in range(2):
+        await _outage(pg_proxy, scheduler, 3.0)
+        healed = await pool.fetchval("SELECT now()")
+        await eventually(lambda since=healed: _fires_after(pool, job.id, since), within=20)
+    assert scheduler.process.poll() is None
+    # Logged once per outage and loop, not once per retry.
+    assert len(_lines(scheduler, "leader loop failing")) <= 2 * 5, "\n".join(_lines(scheduler, "failing"))
+    assert _lines(scheduler, "leader loop recovered")
+
+
+async def test_the_scheduler_survives_a_redis_outage_without_flooding_its_log(  # noqa: PLR0917 - pytest fixtures
+    roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis, redis_url: str,
+    redis_proxy: FaultProxy,
+) -> None:  # fmt: skip
+    scheduler = roles.start("scheduler", REDIS_URL=redis_proxy.url(redis_url))
+    await wait_until_ready(redis, workers=0)
+    job = await control.create_job(every_second("tick"))
+    await eventually(lambda: _fires_after(pool, job.id, job.created_at), within=15)
+    lines_before = len(scheduler.log_lines())
+    await _outage(redis_proxy, scheduler, 4.0)
+    healed = await pool.fetchval("SELECT now()")
+    await eventually(lambda: _fires_after(pool, job.id, healed), within=20)
+    assert scheduler.process.poll() is None
+    during = scheduler.log_lines()[lines_before:]
+    # A few lines per outage (failing, stepped down, campaign failing, recovered), never one per retry.
+    assert len(during) <= 25, "\n".join(during)
+    assert not [line for line in during if "Traceback" in line or '"exc_info"' in line], "\n".join(during)
+
+
+# -- fencing: a deposed leader changes nothing ------------------------------------------------------
+
+
+def _term(record: TermRecord) -> Term:
+    """A term object as its elector holds it, locally valid for a minute (the fence must still stop it)."""
+    term = Term(token=record.term, holder=record.holder, lease_id=f"{record.holder}:x",
+                acquired_at=record.acquired_at, scope=record.scope)  # fmt: skip
+    now = time.monotonic()
+    term._renewed(now, now + 60)
+    return term
+
+
+async def _terms(pool: asyncpg.Pool) -> tuple[Term, Term]:
+    """(a deposed leader's term, the current one)."""
+    leadership = LeadershipRepository(pool)
+    old = await leadership.begin_term("scheduler", "old-leader")
+    new = await leadership.begin_term("scheduler", "new-leader")
+    assert old is not None
+    assert new is not None
+    return _term(old), _term(new)
+
+
+async def _latest_status(pool: asyncpg.Pool, run_id: str) -> str:
+    status: str = await pool.fetchval(
+        "SELECT status FROM job_executions WHERE run_id = $1 ORDER BY attempt DESC LIMIT 1", run_id
+    )
+    return status
+
+
+async def test_a_deposed_leader_cannot_mark_stalled_runs_dead(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    stale, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings(max_stalls=1))
+    job = await control.create_job(JobSpec(name="stalls", handler="test.echo"))
+    [run] = await control.trigger_job(job.id)
+    queue = Queue(redis, "default")
+    await queue.dequeue("gone-worker", timedelta(milliseconds=1))
+
+    async def recovered_under_the_stale_term() -> bool:
+        try:
+            await loops._recover(stale)
+        except Fenced:
+            return True
+        return False  # the lease has not expired yet (Redis clock)
+
+    await eventually(recovered_under_the_stale_term, within=5)
+    assert await _latest_status(pool, run.run_id) == "queued", "a stale term recorded the run dead"
+    # Not left dead in Redis alone, where no leader would look: back to ready, for the real leader.
+    assert (await queue.states([run.run_id]))[run.run_id] is ItemState.READY
+    await queue.dequeue("gone-worker", timedelta(milliseconds=1))
+
+    async def recovered_under_the_current_term() -> bool:
+        await loops._recover(current)
+        return await _latest_status(pool, run.run_id) == "dead"
+
+    await eventually(recovered_under_the_current_term, within=5)
+
+
+async def test_a_deposed_leaders_replace_cancels_change_nothing(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    stale, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings())
+    job = await control.create_job(
+        JobSpec(name="replaces", handler="test.echo", concurrency_policy=ConcurrencyPolicy.REPLACE)
+    )
+    [earlier] = await control.trigger_job(job.id)
+    [fresh] = await control.trigger_job(job.id)
+    with pytest.raises(Fenced):
+        await loops._replace_earlier_runs(stale, [job], [fresh])
+    assert await _latest_status(pool, earlier.run_id) == "queued"
+    assert (await Queue(redis, "default").states([earlier.run_id]))[earlier.run_id] is ItemState.READY
+    await loops._replace_earlier_runs(current, [job], [fresh])
+    assert await _latest_status(pool, earlier.run_id) == "cancelled"
+    assert await _latest_status(pool, fresh.run_id) == "queued"
+
+
+# -- catch-up planning does not block the loop -------------------------------------------------------
+
+
+async def test_a_big_catch_up_never_stalls_the_leaders_event_loop(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    _, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings())
+    for index in range(100):
+        await control.create_job(every_second(f"late-{index}"))
+    # A 20-minute outage: 1000 slots of catch-up per job (the per-scan cap), ~50 ms of planning each.
+    await pool.execute("UPDATE jobs SET next_run_time = date_trunc('second', now()) - interval '20 minutes'")
+    stalls: list[float] = []
+
+    async def ticker() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.005)
+            now = time.monotonic()
+            stalls.append(now - last - 0.005)
+            last = now
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        full = await loops.scan_once(current)
+    finally:
+        ticking.cancel()
+    # The renewal runs every TTL/3 and must answer within TTL/6: no stall may come near it.
+    assert max(stalls) < 0.3, f"the loop stalled {max(stalls):.2f}s while planning"
+    recorded = await pool.fetchval("SELECT count(*) FROM job_executions")
+    assert recorded > 0
+    assert full, "a catch-up bigger than one scan's budget must ask for another scan at once"
+
+
+# -- the dead-letter queue is rebuilt from PostgreSQL -------------------------------------------------
+
+
+async def test_reconcile_rebuilds_a_flushed_dead_letter_queue_but_not_what_was_purged_or_requeued(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    _, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings(reconcile_grace=timedelta(0)))
+    job = await control.create_job(JobSpec(name="poison", handler="test.echo", priority=7))
+    queue = Queue(redis, "default")
+    runs = {}
+    for name in ("kept", "purged", "requeued"):
+        [run] = await control.trigger_job(job.id)
+        reason = f"permanent: {name} failed"
+        await control.executions.mark_runs_dead([run.run_id], reason)
+        assert await queue.dead_letter(run.run_id, None, reason)
+        runs[name] = run.run_id
+    assert await control.purge_dead_runs("default", [runs["purged"]]) == [runs["purged"]]
+    assert [run.run_id for run in await control.requeue_dead_runs("default", [runs["requeued"]])] == [runs["requeued"]]
+
+    await redis.flushall()
+    await loops._reconcile(current)
+
+    dead = (await queue.list_dead()).items
+    assert [(item.id, item.reason, item.priority) for item in dead] == [(runs["kept"], "permanent: kept failed", 7)]
+    assert dead[0].data == b"test.echo"  # the handler, as enqueued items carry it
+    states = await queue.states(runs.values())
+    assert states[runs["requeued"]] is ItemState.READY  # its new attempt is queued: reconcile re-enqueued it
+    assert states[runs["purged"]] is None
+    await loops._reconcile(current)  # idempotent
+    assert len((await queue.list_dead()).items) == 1
+
+
+# -- store errors back off and are logged once; a bug is raised with its traceback --------------------
+
+
+def test_a_loop_backs_off_on_store_errors_logs_once_and_raises_a_bug(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="scheduler_grpc.scheduler")
+    backoff = Backoff("scan")
+    delays = [backoff.failed(ConnectionRefusedError(111, "refused")) for _ in range(8)]
+    assert delays == sorted(delays)
+    assert delays[0] == pytest.approx(0.1)
+    assert delays[-1] == pytest.approx(5.0)
+    assert len([r for r in caplog.records if "failing" in r.getMessage()]) == 1
+    backoff.succeeded()
+    assert [r.getMessage() for r in caplog.records][-1] == "leader loop recovered"
+    assert backoff.failed(Unavailable("postgres down")) == pytest.approx(0.1)  # a new outage starts over
+    with pytest.raises(KeyError):
+        backoff.failed(KeyError("a bug"))
+    assert caplog.records[-1].exc_info is not None  # the bug's traceback is logged
+
+
+async def test_a_leader_stopped_inside_a_fenced_transaction_does_not_block_the_next_election(
+    pool: asyncpg.Pool,
+) -> None:
+    _, current = await _terms(pool)
+    leadership = LeadershipRepository(pool)
+    began = time.monotonic()
+    with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, OSError)):
+        async with ExecutionRepository(pool).fenced(current.token):
+            # This transaction now holds leader_state FOR SHARE and goes idle, as a SIGSTOPped or
+            # stalled leader's would: the next term must still be recorded, soon.
+            record = await leadership.begin_term("scheduler", "next-leader")
+    took = time.monotonic() - began
+    assert record is not None
+    assert record.term > current.token
+    assert took < 3.0, f"the election waited {took:.1f}s for an idle fenced transaction"
+
+
+async def test_a_standby_takes_over_from_a_leader_killed_during_a_postgresql_outage(  # noqa: PLR0917 - pytest fixtures
+    roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis, database_url: str,
+    pg_proxy: FaultProxy,
+) -> None:  # fmt: skip
+    url = pg_proxy.url(database_url)
+    schedulers = [roles.start("scheduler", DATABASE_URL=url), roles.start("scheduler", DATABASE_URL=url)]
+    await wait_until_ready(redis, workers=0)
+    job = await control.create_job(every_second("tick"))
+    await eventually(lambda: _fires_after(pool, job.id, job.created_at), within=15)
+    holder = await pool.fetchval("SELECT holder FROM leader_state WHERE scope = 'scheduler'")
+    [leader] = [role for role in schedulers if holder.startswith(f"{role.name}:")]
+    [standby] = [role for role in schedulers if role is not leader]
+    pg_proxy.cut()
+    leader.signal(signal.SIGKILL)
+
+    async def campaign_failing() -> bool:
+        return bool(_lines(standby, "leader campaign attempt failed"))
+
+    # The lock expires; the standby takes it but cannot record a term while PostgreSQL is away.
+    await eventually(campaign_failing, within=15)
+    pg_proxy.heal()
+    healed = await pool.fetchval("SELECT now()")
+    await eventually(lambda: _fires_after(pool, job.id, healed), within=15)
+    assert standby.process.poll() is None
+    assert len(_lines(standby, "leader campaign attempt failed")) == 1, "logged once, not once per attempt"
+
+
+async def test_a_bug_in_a_leader_loop_ends_the_scheduler_with_status_1_and_its_traceback(
+    redis_url: str, database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def buggy_promote(self: LeaderLoops, term: Term) -> None:
+        raise KeyError("a bug, not a store error")
+
+    monkeypatch.setattr(LeaderLoops, "_promote", buggy_promote)
+    settings = make_settings(redis_url, database_url, SCHEDULER_METRICS_PORT="0")
+    async with asyncio.timeout(20):
+        status = await run_scheduler(settings, argparse.Namespace(), asyncio.Event())
+    assert status == 1
+    [failure] = [record for record in caplog.records if record.getMessage() == "scheduler failed with a bug; exiting"]
+    assert failure.exc_info is not None
+    assert "a bug, not a store error" in "".join(traceback.format_exception(*failure.exc_info))
