@@ -31,6 +31,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass

@@ -59,7 +59,6 @@ class FaultProxy:
     @classmethod
     async def to_url(cls, url: str) -> tuple[FaultProxy, str]:
         """A started proxy to the server of `url`, and the same URL through the proxy."""
-        parts = urlsplit(url)
         proxy = cls.for_url(url)
         await proxy.start()
         return proxy, proxy.url(url)
