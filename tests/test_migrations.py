@@ -77,8 +77,10 @@ async def test_schema_checks_match_the_rules(pool: asyncpg.Pool) -> None:
            WHERE contype = 'c' AND conrelid::regclass::text IN ('jobs', 'job_executions')"""
     )
     checks = [(row["tbl"], row["def"]) for row in rows]
-    queue_checks = [d for _, d in checks if "queue ~" in d]
-    assert queue_checks == [f"CHECK ((queue ~ '^{rules.QUEUE_NAME_PATTERN}$'::text))"]
+    # The job's queue, and the queue a run was fired into (its snapshot).
+    assert sorted(table for table, d in checks if "queue ~" in d) == ["job_executions", "jobs"]
+    queue_check = f"CHECK ((queue ~ '^{rules.QUEUE_NAME_PATTERN}$'::text))"
+    assert [d for _, d in checks if "queue ~" in d] == [queue_check, queue_check]
     bounds = f"CHECK (((priority >= '{rules.PRIORITY_MIN}'::integer) AND (priority <= {rules.PRIORITY_MAX})))"
     assert sorted(table for table, d in checks if "priority" in d) == ["job_executions", "jobs"]
     assert [d for _, d in checks if "priority" in d] == [bounds, bounds]
