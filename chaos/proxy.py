@@ -77,6 +77,7 @@ class FaultProxy:
         self.stats = LinkStats()
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
+        self._handlers: set[asyncio.Task[object]] = set()
         self._open = asyncio.Event()
         self._open.set()
         self._latency = (0.0, 0.0)
@@ -106,6 +107,10 @@ class FaultProxy:
         if self._server is not None:
             self._server.close()
             self._abort_all()
+            for handler in self._handlers:
+                handler.cancel()
+            if self._handlers:
+                await asyncio.wait(self._handlers, timeout=2)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2):
                     await self._server.wait_closed()
@@ -151,6 +156,10 @@ class FaultProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.stats.accepted += 1
+        me = asyncio.current_task()
+        if me is not None:
+            self._handlers.add(me)
+            me.add_done_callback(self._handlers.discard)
         if self._refuse:
             _abort(writer)
             self.stats.reset += 1
