@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint bench migrate readme clean
+.PHONY: run test lint bench chaos migrate readme clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py
 	$(BIN)/python bench/scheduling_bench.py
 	$(BIN)/python bench/throughput_bench.py
+
+# The fault suite: every scenario against real processes and servers, one table at the end;
+# exits non-zero on a duplicate, a lost slot, a stuck run, a stale-term write or a dead role.
+chaos: $(STAMP)
+	$(BIN)/python -m chaos
 
 readme: $(STAMP)
 	$(BIN)/python scripts/readme_tables.py

@@ -124,6 +124,18 @@ class RoleProcess:
                 self.process.wait()
         return self.process.returncode
 
+    def wait_exit(self, timeout: float = 40.0) -> int | None:
+        """Wait for the process to exit on its own (after a signal); SIGKILL past `timeout`."""
+        if self.process is None:
+            return None
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.ended_by_suite = "SIGKILL: did not exit in time"
+            self.process.kill()
+            self.process.wait()
+        return self.process.returncode
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -41,7 +42,7 @@ async def _ping(port: int, within: float) -> float:
 
 
 async def test_proxy_injects_latency_blackhole_and_reset(redis_url: str) -> None:
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    port = int(urlsplit(redis_url).port or 6379)
     proxy = await FaultProxy("test/redis", "127.0.0.1", port).start()
     try:
         assert await _ping(proxy.port, 2) < 0.3
@@ -226,4 +227,5 @@ async def test_scenario_worker_cut_off_past_its_lease_has_its_late_completion_re
     outcome = await run_scenario(scenario, chaos_servers, tmp_path)
     assert outcome.ok, (outcome.error, outcome.report.violations)
     assert any("#1 abandoned" in note for note in outcome.notes), outcome.notes
-    assert outcome.report.recovery and outcome.report.recovery[0] is not None
+    assert outcome.report.recovery
+    assert outcome.report.recovery[0] is not None
