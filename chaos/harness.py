@@ -329,6 +329,9 @@ async def run_scenario(scenario: Scenario, servers: Servers, work_dir: Path) -> 
         if scenario.target_p99 is not None and p99 is not None and p99 > scenario.target_p99:
             outcome.notes.append(f"recovery p99 {p99:.2f}s misses the {scenario.target_p99:g}s target")
         _judge_roles(stage)
+        refused = sum(line.count("is no longer current") for r in cluster.of("scheduler") for line in r.log_lines())
+        if refused:
+            outcome.notes.append(f"{refused} leader writes attempted under a stale term were refused (fenced)")
     except Exception as exc:
         log.exception("%s: scenario error", scenario.name)
         outcome.error = f"{type(exc).__name__}: {exc}"

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from chaos.harness import Outcome
 
 COLUMNS = ("scenario", "faults", "expected", "fired", "policy", "dup", "lost", "unfinished", "stuck", "stale",
            "recovery p50", "recovery p99", "roles alive", "result")  # fmt: skip
+
+
+# "scheduler-2/redis" -> "scheduler/redis": the table counts kinds of faults, the notes name roles.
+_ROLE = re.compile(r"\b(scheduler|worker|server)-\d+(/\w+)?")
 
 
 def _seconds(value: float | None) -> str:
@@ -22,7 +27,7 @@ def _faults(outcome: Outcome) -> str:
     kinds: dict[str, int] = {}
     for fault in outcome.faults:
         kind = fault.split(" (")[0]
-        kind = " ".join(word for word in kind.split() if not word.startswith(("scheduler-", "worker-")))
+        kind = _ROLE.sub(lambda m: m.group(1) + (m.group(2) or ""), kind)
         kinds[kind] = kinds.get(kind, 0) + 1
     return "; ".join(f"{kind} x{count}" if count > 1 else kind for kind, count in kinds.items()) or "-"
 

@@ -106,11 +106,10 @@ class ChaosRedis:
         await self._call("CONFIG", "SET", "appendonly", "yes")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            info = await self._call("INFO", "persistence")
-            text = info.decode() if isinstance(info, bytes) else str(info)
-            fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-            idle = fields.get("aof_rewrite_in_progress") == "0" and fields.get("aof_rewrite_scheduled") == "0"
-            if idle and fields.get("aof_enabled") == "1":
+            fields = await self._call("INFO", "persistence")  # parsed by redis-py into a dict
+            assert isinstance(fields, dict)
+            idle = fields.get("aof_rewrite_in_progress") == 0 and fields.get("aof_rewrite_scheduled") == 0
+            if idle and fields.get("aof_enabled") == 1 and fields.get("aof_rewrites", 0) >= 1:
                 return
             await asyncio.sleep(0.05)
         raise TimeoutError("the append-only file was not written within 20s")
