@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    # The suite's own pool retries through the outages it causes: its reconnect warnings are noise.
+    logging.getLogger("asyncpg").setLevel(logging.ERROR)
     root = Path(os.environ.get("SCHEDULER_DATA_DIR") or ROOT / ".data") / "chaos"
     root.mkdir(parents=True, exist_ok=True)
     sweep_stale_runs(root)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -380,6 +381,17 @@ async def _settle(stage: Stage, end: datetime, within: float) -> None:
         await eventually(settled, within=within + 3, interval=0.25)
 
 
+def _message(lines: Sequence[str]) -> str:
+    """The `message` of the last JSON log line (or the raw line)."""
+    if not lines:
+        return "-"
+    last = lines[-1]
+    try:
+        return str(json.loads(last).get("message", last))[:120]
+    except ValueError:
+        return last[:120]
+
+
 def _judge_roles(stage: Stage) -> None:
     """Every role must run at the end, unless the suite ended it or the scenario lets it die."""
     outcome = stage.outcome
@@ -391,8 +403,13 @@ def _judge_roles(stage: Stage) -> None:
         if role.ended_by_suite:
             continue
         code = role.returncode()
-        traceback = '"exception"' in role.log_text() or "Traceback" in role.log_text()
-        died = f"{role.name} exited {code} ({'traceback logged' if traceback else 'NO traceback logged'})"
+        # A crash ends its log with the traceback (the uncaught one, or the one logged on the way out).
+        tail = role.log_text().rsplit("=== start #", 1)[-1].strip().splitlines()[-3:]
+        traceback = any("Traceback" in line for line in tail)
+        if code == 0:
+            died = f"{role.name} exited 0 on its own (a silent exit; last log: {_message(tail)})"
+        else:
+            died = f"{role.name} exited {code} ({'traceback logged' if traceback else 'NO traceback logged'})"
         if role.name.startswith(stage.may_die) and stage.may_die and code != 0:
             outcome.notes.append(f"{died}, allowed by the scenario")
             continue
