@@ -16,6 +16,9 @@ import time
 from pathlib import Path
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from scheduler_grpc.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
 
@@ -88,7 +91,13 @@ class ChaosRedis:
             self._server = None
 
     def client(self) -> aioredis.Redis:
-        return aioredis.Redis.from_url(self.url, socket_connect_timeout=2)
+        """A client that reconnects after a restart (a dropped connection is retried on a new one)."""
+        return aioredis.Redis.from_url(
+            self.url,
+            socket_connect_timeout=2,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=5),
+            retry_on_error=[RedisConnectionError],
+        )
 
     async def _call(self, *args: object) -> object:
         client = self.client()

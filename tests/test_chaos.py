@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError
 
 from chaos.checker import check, install_term_history
 from chaos.harness import Scenario, Servers, run_scenario
@@ -191,28 +192,30 @@ async def test_valkey_restart_with_and_without_aof(chaos_servers: Servers) -> No
         await chaos_servers.run(lambda: redis.start(persistent=False))
         assert await client.get("kept") is None
         await redis.refuse_writes_oom()
-        with pytest.raises(Exception, match="OOM"):
+        with pytest.raises(OutOfMemoryError):
             await client.set("x", "1")
         await redis.accept_writes()
         await redis.become_replica()
-        with pytest.raises(Exception, match="READONLY"):
+        with pytest.raises(ReadOnlyError):
             await client.set("x", "1")
         await redis.become_master()
         assert await client.set("x", "1")
     finally:
+        await redis.accept_writes()  # the servers are shared by the module's other tests
+        await redis.become_master()
         await client.aclose()
 
 
 async def test_scenario_leader_kill9_loses_and_duplicates_nothing(chaos_servers: Servers, tmp_path: Path) -> None:
     scenario = Scenario(
-        "quick-leader-kill9", functools.partial(leader_kill9, times=2), env={"SCHEDULER_LEADER_TTL": "2s"},
+        "quick-leader-kill9", functools.partial(leader_kill9, times=1), env={"SCHEDULER_LEADER_TTL": "2s"},
         cron_jobs=3, workers=1, settle=15, budget=40,
     )  # fmt: skip
     outcome = await run_scenario(scenario, chaos_servers, tmp_path)
     assert outcome.ok, (outcome.error, outcome.report.violations)
-    assert outcome.report.expected >= 15
+    assert outcome.report.expected >= 9
     assert outcome.report.fired == outcome.report.expected
-    assert len(outcome.report.recovery) == 2
+    assert len(outcome.report.recovery) == 1
     assert all(r is not None and r < 5 for r in outcome.report.recovery), outcome.report.recovery
     assert outcome.roles_alive == outcome.roles_total == 3
 
