@@ -7,7 +7,9 @@
   PostgreSQL through proxies of its own.
 * `chaos.checker`: reads PostgreSQL after healing and counts duplicates, holes, stuck runs and
   writes accepted under a stale leader term.
-* `chaos.scenarios` and `chaos.__main__`: the scenarios and the table `make chaos` prints.
+* `chaos.harness`: one scenario's life (fresh database, roles, jobs, faults, settling, the check).
+* `chaos.scenarios`: the scenarios; `chaos.report` and `chaos.__main__`: the table `make chaos`
+  prints (`python -m chaos NAME ...` runs some of them; `--keep` keeps the role logs).
 
 Everything runs on loopback with real processes; nothing here is imported by the service.
 """

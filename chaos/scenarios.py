@@ -414,9 +414,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("valkey-restart", valkey_restart_empty, budget=60, description="kill -9 Valkey, restart empty"),
     Scenario("valkey-aof", valkey_restart_aof, budget=90, description="kill -9 Valkey, restart from its AOF"),
     Scenario("redis-slow", redis_slow_leader_link, budget=60, description="2-5 s latency on the leader's Redis"),
-    # Busy workers with short leases: their lease extensions meet the refused writes.
-    Scenario("redis-readonly-oom", redis_refuses_writes, env=FAST_WORKERS, handler="test.delay", payload=BUSY,
-             budget=60, description="OOM, then READONLY"),
+    # Runs in flight when the writes start failing, with short leases: their extensions meet the errors.
+    Scenario("redis-readonly-oom", redis_refuses_writes, env=FAST_WORKERS, handler="test.delay",
+             payload={"seconds": 1.5}, cron_jobs=10, budget=60, description="OOM, then READONLY"),
     Scenario("leader-no-redis", leader_loses_redis, budget=60, description="leader reaches PG, not Redis"),
     Scenario("leader-no-pg", leader_loses_postgres, budget=60, description="leader reaches Redis, not PG"),
     Scenario("pg-down-twice", postgres_down_twice, budget=120, settle=40, description="PG fast stop 10 s, twice"),
