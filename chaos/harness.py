@@ -404,8 +404,11 @@ def _judge_roles(stage: Stage) -> None:
             continue
         code = role.returncode()
         # A crash ends its log with the traceback (the uncaught one, or the one logged on the way out).
-        tail = role.log_text().rsplit("=== start #", 1)[-1].strip().splitlines()[-3:]
-        traceback = any("Traceback" in line for line in tail)
+        lines = role.log_text().rsplit("=== start #", 1)[-1].strip().splitlines()
+        tail = lines[-3:]
+        heads = ("Traceback", "Exception Group Traceback")
+        printed = any(line.lstrip(" |+").startswith(heads) for line in lines[-400:])
+        traceback = printed or any('"exception"' in line for line in tail)
         if code == 0:
             died = f"{role.name} exited 0 on its own (a silent exit; last log: {_message(tail)})"
         else:
