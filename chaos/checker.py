@@ -187,10 +187,10 @@ async def check(
     duplicated = [
         f"{_slot(r['job_id'], r['scheduled_for'])} x{r['runs']}"
         for r in await pool.fetch(
+            # Every job, not only the window's: one-shot herds and catch-ups count too.
             """SELECT job_id, scheduled_for, count(DISTINCT run_id) AS runs FROM job_executions
-               WHERE job_id = ANY($1::uuid[]) AND trigger <> 'manual'
-               GROUP BY job_id, scheduled_for HAVING count(DISTINCT run_id) > 1""",
-            job_ids,
+               WHERE trigger <> 'manual'
+               GROUP BY job_id, scheduled_for HAVING count(DISTINCT run_id) > 1"""
         )
     ]
     twice = [

@@ -316,6 +316,17 @@ async def poison(stage: Stage) -> None:
     if not set(runs) <= listed:
         stage.violation("poison run missing from the dead-letter queue", f"{set(runs) - listed}")
     stage.note(f"poison runs dead after at most {attempts} attempts")
+    # PostgreSQL knows they are dead: the dead-letter queue must come back after Redis lost it.
+    await stage.servers.redis.flushall()
+    stage.fault("FLUSHALL after dead-lettering")
+
+    async def relisted() -> bool:
+        return set(runs) <= {item.id for item in (await Queue(stage.redis).list_dead()).items}
+
+    try:
+        await eventually(relisted, within=20, interval=0.5, what="the dead-letter queue rebuilt from PostgreSQL")
+    except TimeoutError as exc:
+        stage.violation("dead-letter queue lost with Redis", str(exc))
 
 
 async def handler_kills_worker(stage: Stage) -> None:
@@ -350,6 +361,97 @@ async def handler_kills_worker(stage: Stage) -> None:
             stage.restarted += 1
         await stage.role_ready(worker)
     stage.note(f"{deaths} worker deaths by test.crash")
+    await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+async def cancel_while_reconnecting(stage: Stage) -> None:
+    """Cancel a running run while its worker's pub/sub connection is being re-established."""
+    job = await stage.control.create_job(JobSpec(name="long-one", handler="test.delay", payload={"seconds": 20}))
+    run = (await stage.control.trigger_job(job.id))[0]
+
+    async def running_on() -> str | None:
+        return await stage.pool.fetchval(  # type: ignore[no-any-return]
+            "SELECT worker_id FROM job_executions WHERE run_id = $1 AND status = 'running'", run.run_id
+        )
+
+    worker = stage.cluster.by_worker_id(await eventually(running_on, within=20, what="the long run started"))
+    assert worker is not None
+    # The worker's Redis connections are reset and refused for 2 s: its cancel listener is between
+    # subscriptions when the request is published.
+    worker.redis_link.reset(refuse=True)
+    stage.fault(f"reset {worker.redis_link.name} 2s, cancel meanwhile")
+    at = now()
+    await stage.control.cancel_execution(run.run_id)
+    await stage.sleep_until(at + timedelta(seconds=2))
+    worker.redis_link.heal()
+
+    async def cancelled() -> bool:
+        status = await stage.pool.fetchval(
+            "SELECT status FROM job_executions WHERE run_id = $1 ORDER BY attempt DESC LIMIT 1", run.run_id
+        )
+        return bool(status == "cancelled")
+
+    try:
+        await eventually(cancelled, within=8, what="the running run cancelled")
+        stage.note(f"cancelled {(now() - at).total_seconds():.2f}s after the request")
+    except TimeoutError as exc:
+        stage.violation("cancellation lost", str(exc))
+
+
+async def catch_up(stage: Stage, jobs: int = 300, behind_s: int = 1000) -> None:
+    """`jobs` per-second jobs `behind_s` seconds behind (as after an outage): the leader plans the
+    catch-up without losing its lease, and runs every slot still within the misfire grace.
+
+    How the misfired slots are recorded (a row each, or one per run of misfires) is the planner's
+    business: only the slots that must run are counted here."""
+    terms_before = await stage.pool.fetchval("SELECT count(*) FROM chaos_term_history")
+    rows = await stage.pool.fetch(
+        """INSERT INTO jobs (name, handler, schedule_kind, cron, next_run_time, misfire_policy)
+           SELECT 'catch-up-' || i, 'test.echo', 'cron', '* * * * * *',
+                  date_trunc('second', now()) - make_interval(secs => $2), 'skip'
+           FROM generate_series(1, $1) AS i RETURNING id, next_run_time""",
+        jobs,
+        behind_s,
+    )
+    await stage.pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
+    behind_from = rows[0]["next_run_time"]
+    stage.fault(f"{jobs} jobs {behind_s}s behind")
+    at = now()
+
+    async def caught_up() -> bool:
+        late = await stage.pool.fetchval(
+            "SELECT count(*) FROM jobs WHERE name LIKE 'catch-up-%' AND next_run_time < now() - interval '5 seconds'"
+        )
+        return bool(late == 0)
+
+    try:
+        await eventually(caught_up, within=60, interval=0.5, what="the catch-up planned")
+    except TimeoutError as exc:
+        stage.violation("catch-up not planned", str(exc))
+    stage.note(f"caught up {(now() - at).total_seconds():.1f}s after the jobs appeared")
+    # Only the catch-up is under test: stop these jobs' steady load once it is planned.
+    await stage.pool.execute("UPDATE jobs SET status = 'paused', next_run_time = NULL WHERE name LIKE 'catch-up-%'")
+    # Slots this recent were within the grace however long the planning took (bounded above).
+    until = at.replace(microsecond=0)
+    recent = until - timedelta(seconds=30)
+    ran = await stage.pool.fetchval(
+        """SELECT count(DISTINCT (e.job_id, e.scheduled_for)) FROM job_executions e JOIN jobs j ON j.id = e.job_id
+           WHERE j.name LIKE 'catch-up-%' AND e.scheduled_for >= $1 AND e.scheduled_for < $2
+             AND e.status NOT IN ('missed', 'skipped')""",
+        recent,
+        until,
+    )
+    expected = jobs * 30
+    if ran < expected:
+        stage.violation("catch-up slots lost", f"{expected - ran} of {expected} slots within the grace did not run")
+    missed = await stage.pool.fetchval(
+        """SELECT count(*) FROM job_executions e JOIN jobs j ON j.id = e.job_id
+           WHERE j.name LIKE 'catch-up-%' AND e.status = 'missed'"""
+    )
+    stage.note(f"catch-up from {behind_from:%H:%M:%S}: {missed} rows recorded missed")
+    new_terms = await stage.pool.fetchval("SELECT count(*) FROM chaos_term_history") - terms_before
+    if new_terms:
+        stage.violation("leadership lost during catch-up", f"{new_terms} new terms while planning (no fault)")
     await stage.sleep_until(now() + timedelta(seconds=3))
 
 
@@ -425,5 +527,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("poison", poison, budget=60, description="always-failing and always-hanging jobs"),
     Scenario("handler-kills-worker", handler_kills_worker, env={**FAST_WORKERS, "SCHEDULER_MAX_STALLS": "2"},
              budget=90, description="test.crash SIGKILLs its worker"),
+    Scenario("cancel-reconnect", cancel_while_reconnecting, budget=60,
+             description="cancel a running run while its worker resubscribes"),
+    Scenario("catch-up", catch_up, budget=150, settle=60, description="300 per-second jobs 1000 s behind"),
     Scenario("herd-10k", thundering_herd, budget=150, settle=40, description="10,000 jobs due in the same second"),
 )  # fmt: skip
