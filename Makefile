@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint bench migrate readme clean
+.PHONY: run test lint bench chaos migrate readme clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/catchup_bench.py --jobs 200 --minutes 10
 	$(BIN)/python bench/throughput_bench.py
 	$(BIN)/python bench/api_load_bench.py
+
+# The fault suite: every scenario against real processes and servers, one table at the end;
+# exits non-zero on a duplicate, a lost slot, a stuck run, a stale-term write or a dead role.
+chaos: $(STAMP)
+	$(BIN)/python -m chaos
 
 readme: $(STAMP)
 	$(BIN)/python scripts/readme_tables.py

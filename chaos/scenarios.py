@@ -1,0 +1,534 @@
+"""The scenarios of `make chaos`: every fault of issue 8, each bounded in count and time.
+
+Each body injects its faults against a running topology (2 schedulers, 2 workers, 20 per-second
+cron jobs unless it says otherwise), heals them, and records the instants recovery is measured
+from. Waits are on observable state (who holds the lock, what PostgreSQL recorded, which worker
+runs what); the only plain waits are fault durations ("PostgreSQL down 10 s") and letting slots
+pass. Failover scenarios use the service's DEFAULT leader TTL; others shorten only what they are
+not about (the visibility timeout of worker faults), and say so in `env`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from chaos.harness import Scenario, Stage, eventually, now
+from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL
+from scheduler_grpc.jobs import JobSpec, RetryPolicy
+from scheduler_grpc.queue import Queue
+
+DEFAULT_TTL_S = 10.0  # scheduler_grpc.leader.DEFAULT_TTL: the failover scenarios run with it
+FAST_WORKERS = {"SCHEDULER_VISIBILITY_TIMEOUT": "3s"}  # worker faults are not about the lease length
+BUSY = {"seconds": 0.8}  # per-second jobs that keep both workers busy
+
+
+# -- leader ------------------------------------------------------------------------------------------
+
+
+async def leader_kill9(stage: Stage, times: int = 10) -> None:
+    """kill -9 of the leader, `times` times; the killed process is restarted as a standby."""
+    for _ in range(times):
+        leader = await stage.leader()
+        term = await stage.term()
+        at = now()
+        leader.kill9()
+        stage.fault(f"kill -9 {leader.name}")
+        stage.mark(f"kill -9 {leader.name}", at, after_term=term)
+        await stage.wait_fired_after(at, after_term=term, within=40)
+        await stage.restart(leader)
+
+
+async def leader_sigterm(stage: Stage, times: int = 5) -> None:
+    """Graceful stop of the leader (SIGTERM), `times` times; restarted as a standby."""
+    for _ in range(times):
+        leader = await stage.leader()
+        term = await stage.term()
+        at = now()
+        leader.signal(15, ends=True)
+        stage.fault(f"SIGTERM {leader.name}")
+        stage.mark(f"SIGTERM {leader.name}", at, after_term=term)
+        await stage.wait_fired_after(at, after_term=term, within=40)
+        code = await asyncio.to_thread(leader.wait_exit)
+        if code != 0:
+            stage.violation("graceful stop", f"{leader.name} exited {code} on SIGTERM")
+        await stage.restart(leader)
+
+
+async def zombie_leader(stage: Stage) -> None:
+    """SIGSTOP the leader past its TTL while another takes over, then SIGCONT it."""
+    zombie = await stage.leader()
+    term = await stage.term()
+    at = now()
+    zombie.pause()
+    stage.fault(f"SIGSTOP {zombie.name} {DEFAULT_TTL_S * 1.5:g}s")
+    stage.mark(f"SIGSTOP {zombie.name}", at, after_term=term)
+    await stage.wait_fired_after(at, after_term=term, within=40)
+    await stage.sleep_until(at + timedelta(seconds=DEFAULT_TTL_S * 1.5))
+    zombie.resume()
+
+    async def stepped_down() -> bool:
+        return zombie.logged("stepped down") > 0 or not zombie.alive()
+
+    try:
+        await eventually(stepped_down, within=15, what=f"{zombie.name} stepped down")
+    except TimeoutError as exc:
+        stage.violation("zombie leader did not step down", str(exc))
+    await stage.sleep_until(now() + timedelta(seconds=3))  # the resumed zombie lives among slots
+
+
+# -- workers -----------------------------------------------------------------------------------------
+
+
+async def worker_kill9(stage: Stage, times: int = 10) -> None:
+    """kill -9 of the busiest worker, `times` times; restarted at once."""
+    for _ in range(times):
+        worker, runs = await stage.busiest_worker()
+        at = now()
+        worker.kill9()
+        stage.fault(f"kill -9 {worker.name} ({len(runs)} running)")
+        stage.mark(f"kill -9 {worker.name}", at, run_ids=runs)
+        await stage.restart(worker)
+
+
+async def worker_sigterm(stage: Stage, times: int = 3) -> None:
+    """SIGTERM of the busiest worker (it drains), `times` times; restarted after it exited."""
+    for _ in range(times):
+        worker, runs = await stage.busiest_worker()
+        at = now()
+        worker.signal(15, ends=True)
+        stage.fault(f"SIGTERM {worker.name} ({len(runs)} running)")
+        stage.mark(f"SIGTERM {worker.name}", at, run_ids=runs)
+        code = await asyncio.to_thread(worker.wait_exit)
+        if code != 0:
+            stage.violation("graceful stop", f"{worker.name} exited {code} on SIGTERM")
+        await stage.restart(worker)
+
+
+async def worker_cut_off(stage: Stage) -> None:
+    """A worker loses Redis past its visibility timeout mid-run: the run goes on elsewhere and the
+    cut-off worker's late completion (PostgreSQL still reachable) must be refused."""
+    job = await stage.control.create_job(JobSpec(name="slow-one", handler="test.delay", payload={"seconds": 6}))
+    stage.succeeding.append(job.id)
+    run = (await stage.control.trigger_job(job.id))[0]
+
+    async def running_on() -> str | None:
+        return await stage.pool.fetchval(  # type: ignore[no-any-return]
+            "SELECT worker_id FROM job_executions WHERE run_id = $1 AND status = 'running'", run.run_id
+        )
+
+    worker = stage.cluster.by_worker_id(await eventually(running_on, within=20, what="the slow run started"))
+    assert worker is not None
+    at = now()
+    worker.redis_link.blackhole()
+    stage.fault(f"blackhole {worker.redis_link.name} 9s (visibility 2s)")
+    stage.mark(f"cut {worker.name} from Redis", at, run_ids=[run.run_id])
+
+    async def late_completion_seen() -> bool:
+        row = await stage.pool.fetchrow(
+            "SELECT count(*) FILTER (WHERE status = 'succeeded') AS ok, count(*) AS attempts "
+            "FROM job_executions WHERE run_id = $1",
+            run.run_id,
+        )
+        return row is not None and row["ok"] >= 1 and row["attempts"] >= 2
+
+    try:
+        await eventually(late_completion_seen, within=25, what="the run completed elsewhere")
+    except TimeoutError as exc:
+        stage.violation("cut-off worker's run not taken over", str(exc))
+    await stage.sleep_until(at + timedelta(seconds=9))  # past the first attempt's own end (6 s)
+    worker.redis_link.heal()
+    rows = await stage.pool.fetch(
+        "SELECT attempt, status, worker_id FROM job_executions WHERE run_id = $1 ORDER BY attempt", run.run_id
+    )
+    stage.note("cut-off run: " + ", ".join(f"#{r['attempt']} {r['status']}" for r in rows))
+    first = rows[0] if rows else None
+    if first is not None and first["status"] == "succeeded" and len(rows) > 1:
+        stage.violation("late completion accepted", f"attempt 1 of run {run.run_id[:8]} succeeded after its lease")
+
+
+# -- Redis -------------------------------------------------------------------------------------------
+
+
+async def flushall(stage: Stage, times: int = 2) -> None:
+    for _ in range(times):
+        at = now()
+        await stage.servers.redis.flushall()
+        stage.fault("FLUSHALL")
+        stage.mark("FLUSHALL", at)
+        await stage.wait_fired_after(at + timedelta(seconds=1), within=30)
+        await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+async def valkey_restart_empty(stage: Stage) -> None:
+    await stage.servers.run(stage.servers.redis.kill)
+    stage.fault("kill -9 Valkey, restart empty")
+    await stage.servers.run(lambda: stage.servers.redis.start(persistent=False))
+    at = now()
+    stage.mark("Valkey back (empty)", at)
+    await stage.wait_fired_after(at, within=40)
+    await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+async def valkey_restart_aof(stage: Stage) -> None:
+    await stage.servers.redis.enable_aof()
+    await stage.sleep_until(now() + timedelta(seconds=2))  # traffic written through the AOF
+    await stage.servers.run(stage.servers.redis.kill)
+    stage.fault("kill -9 Valkey, restart from AOF")
+    await stage.servers.run(lambda: stage.servers.redis.start(persistent=True))
+    at = now()
+    stage.mark("Valkey back (AOF)", at)
+    await stage.wait_fired_after(at, within=40)
+    await stage.sleep_until(now() + timedelta(seconds=3))
+    # Leave the server as the other scenarios expect it: no AOF.
+    await stage.servers.run(stage.servers.redis.stop)
+    await stage.servers.run(lambda: stage.servers.redis.start(persistent=False))
+    await stage.sleep_until(now() + timedelta(seconds=2))
+
+
+async def redis_slow_leader_link(stage: Stage) -> None:
+    """2-5 s latency on the leader's Redis link for 10 s."""
+    leader = await stage.leader()
+    at = now()
+    leader.redis_link.latency(2.0, 5.0)
+    stage.fault(f"latency 2-5s on {leader.redis_link.name} 10s")
+    stage.mark(f"slow Redis for {leader.name}", at)
+    await stage.sleep_until(at + timedelta(seconds=10))
+    leader.redis_link.heal()
+    await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+async def redis_refuses_writes(stage: Stage) -> None:
+    """Valkey answers OOM to every write for 6 s, then READONLY (demoted replica) for 6 s."""
+    redis = stage.servers.redis
+    await redis.refuse_writes_oom()
+    stage.fault("OOM on writes 6s")
+    await stage.sleep_until(now() + timedelta(seconds=6))
+    await redis.accept_writes()
+    stage.mark("OOM healed", now())
+    await stage.sleep_until(now() + timedelta(seconds=3))
+    await redis.become_replica()
+    stage.fault("READONLY (replica) 6s")
+    await stage.sleep_until(now() + timedelta(seconds=6))
+    await redis.become_master()
+    stage.mark("READONLY healed", now())
+    await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+# -- partitions ----------------------------------------------------------------------------------------
+
+
+async def leader_loses_redis(stage: Stage) -> None:
+    """The leader reaches PostgreSQL but not Redis for 12 s."""
+    leader = await stage.leader()
+    term = await stage.term()
+    at = now()
+    leader.redis_link.blackhole()
+    stage.fault(f"blackhole {leader.redis_link.name} 12s")
+    stage.mark(f"{leader.name} cut from Redis", at, after_term=term)
+    await stage.sleep_until(at + timedelta(seconds=12))
+    leader.redis_link.heal()
+    await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+async def leader_loses_postgres(stage: Stage) -> None:
+    """The leader reaches Redis but not PostgreSQL for 12 s."""
+    leader = await stage.leader()
+    at = now()
+    leader.pg_link.blackhole()
+    stage.fault(f"blackhole {leader.pg_link.name} 12s")
+    stage.mark(f"{leader.name} cut from PostgreSQL", at)
+    await stage.sleep_until(at + timedelta(seconds=12))
+    leader.pg_link.heal()
+    await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------------------
+
+
+async def _pg_outage(stage: Stage, mode: str, seconds: float) -> None:
+    postgres = stage.servers.postgres
+    await postgres.shutdown(mode)
+    stage.fault(f"PostgreSQL {mode} stop {seconds:g}s")
+    await asyncio.sleep(seconds)  # the fault's length: nothing to observe while the server is down
+    await stage.servers.run(postgres.start)
+    at = now()
+    stage.mark(f"PostgreSQL back ({mode})", at)
+    try:
+        await stage.wait_fired_after(at, within=40)
+    except TimeoutError as exc:
+        stage.violation("no slot fired after PostgreSQL came back", str(exc))
+
+
+async def postgres_down_twice(stage: Stage) -> None:
+    await _pg_outage(stage, "fast", 10)
+    await _pg_outage(stage, "fast", 10)
+    await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+async def postgres_immediate(stage: Stage) -> None:
+    await _pg_outage(stage, "immediate", 5)
+    await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+async def postgres_sigstop(stage: Stage) -> None:
+    postgres = stage.servers.postgres
+    stopped = postgres.freeze()
+    stage.fault(f"SIGSTOP PostgreSQL ({stopped} processes) 10s")
+    await asyncio.sleep(10)  # the fault's length
+    postgres.cont()
+    at = now()
+    stage.mark("PostgreSQL resumed", at)
+    await stage.wait_fired_after(at, within=40)
+    await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+# -- jobs that misbehave -------------------------------------------------------------------------------
+
+
+async def poison(stage: Stage) -> None:
+    """A job that always fails and one that always hangs: dead-lettered after their retry budget."""
+    retry = RetryPolicy(max_retries=2, initial_backoff=timedelta(milliseconds=200),
+                        max_backoff=timedelta(milliseconds=400), jitter=False)  # fmt: skip
+    failing = await stage.control.create_job(JobSpec(name="poison-fail", handler="test.fail", retry=retry))
+    hanging = await stage.control.create_job(JobSpec(
+        name="poison-hang", handler="test.delay", payload={"seconds": 3600}, retry=retry,
+        timeout=timedelta(seconds=1)))  # fmt: skip
+    runs = [(await stage.control.trigger_job(job.id))[0].run_id for job in (failing, hanging)]
+    stage.fault("poison jobs: always fails, always hangs (max_retries 2)")
+
+    async def dead() -> bool:
+        count = await stage.pool.fetchval(
+            """SELECT count(*) FROM (SELECT DISTINCT ON (run_id) status FROM job_executions
+               WHERE run_id = ANY($1::uuid[]) ORDER BY run_id, attempt DESC) l WHERE status = 'dead'""",
+            runs,
+        )
+        return bool(count == len(runs))
+
+    try:
+        await eventually(dead, within=30, what="both poison runs dead")
+    except TimeoutError as exc:
+        stage.violation("poison job not dead-lettered", str(exc))
+    attempts = await stage.pool.fetchval("SELECT max(attempt) FROM job_executions WHERE run_id = ANY($1::uuid[])", runs)
+    if attempts is not None and attempts > retry.max_retries + 1:
+        stage.violation("poison job retried past its budget", f"{attempts} attempts for max_retries 2")
+    listed = {item.id for item in (await Queue(stage.redis).list_dead()).items}
+    if not set(runs) <= listed:
+        stage.violation("poison run missing from the dead-letter queue", f"{set(runs) - listed}")
+    stage.note(f"poison runs dead after at most {attempts} attempts")
+    # PostgreSQL knows they are dead: the dead-letter queue must come back after Redis lost it.
+    await stage.servers.redis.flushall()
+    stage.fault("FLUSHALL after dead-lettering")
+
+    async def relisted() -> bool:
+        return set(runs) <= {item.id for item in (await Queue(stage.redis).list_dead()).items}
+
+    try:
+        await eventually(relisted, within=20, interval=0.5, what="the dead-letter queue rebuilt from PostgreSQL")
+    except TimeoutError as exc:
+        stage.violation("dead-letter queue lost with Redis", str(exc))
+
+
+async def handler_kills_worker(stage: Stage) -> None:
+    """A handler that SIGKILLs its worker: dead-lettered as stalled after MAX_STALLS; the workers
+    it killed are restarted by the suite (by design) and everything else keeps flowing."""
+    stage.may_die = ("worker",)
+    crash = await stage.control.create_job(JobSpec(name="crash", handler="test.crash"))
+    run = (await stage.control.trigger_job(crash.id))[0]
+    stage.fault("test.crash (kills its worker)")
+    deaths = 0
+
+    async def dead_and_supervised() -> bool:
+        nonlocal deaths
+        for worker in stage.cluster.of("worker"):
+            if not worker.alive():
+                deaths += 1
+                stage.note(f"{worker.name} died (exit {worker.returncode()}); restarted by design")
+                worker.start()
+                stage.restarted += 1
+        status = await stage.pool.fetchval(
+            "SELECT status FROM job_executions WHERE run_id = $1 ORDER BY attempt DESC LIMIT 1", run.run_id
+        )
+        return bool(status == "dead")
+
+    try:
+        await eventually(dead_and_supervised, within=60, interval=0.25, what="the crashing run dead-lettered")
+    except TimeoutError as exc:
+        stage.violation("crashing job not dead-lettered", str(exc))
+    for worker in stage.cluster.of("worker"):
+        if not worker.alive():
+            worker.start()
+            stage.restarted += 1
+        await stage.role_ready(worker)
+    stage.note(f"{deaths} worker deaths by test.crash")
+    await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+async def cancel_while_reconnecting(stage: Stage) -> None:
+    """Cancel a running run while its worker's pub/sub connection is being re-established."""
+    job = await stage.control.create_job(JobSpec(name="long-one", handler="test.delay", payload={"seconds": 20}))
+    run = (await stage.control.trigger_job(job.id))[0]
+
+    async def running_on() -> str | None:
+        return await stage.pool.fetchval(  # type: ignore[no-any-return]
+            "SELECT worker_id FROM job_executions WHERE run_id = $1 AND status = 'running'", run.run_id
+        )
+
+    worker = stage.cluster.by_worker_id(await eventually(running_on, within=20, what="the long run started"))
+    assert worker is not None
+    # The worker's Redis connections are reset and refused for 2 s: its cancel listener is between
+    # subscriptions when the request is published.
+    worker.redis_link.reset(refuse=True)
+    stage.fault(f"reset {worker.redis_link.name} 2s, cancel meanwhile")
+    at = now()
+    await stage.control.cancel_execution(run.run_id)
+    await stage.sleep_until(at + timedelta(seconds=2))
+    worker.redis_link.heal()
+
+    async def cancelled() -> bool:
+        status = await stage.pool.fetchval(
+            "SELECT status FROM job_executions WHERE run_id = $1 ORDER BY attempt DESC LIMIT 1", run.run_id
+        )
+        return bool(status == "cancelled")
+
+    try:
+        await eventually(cancelled, within=8, what="the running run cancelled")
+        stage.note(f"cancelled {(now() - at).total_seconds():.2f}s after the request")
+    except TimeoutError as exc:
+        stage.violation("cancellation lost", str(exc))
+
+
+async def catch_up(stage: Stage, jobs: int = 300, behind_s: int = 1000) -> None:
+    """`jobs` per-second jobs `behind_s` seconds behind (as after an outage): the leader plans the
+    catch-up without losing its lease, and runs every slot still within the misfire grace.
+
+    How the misfired slots are recorded (a row each, or one per run of misfires) is the planner's
+    business: only the slots that must run are counted here."""
+    terms_before = await stage.pool.fetchval("SELECT count(*) FROM chaos_term_history")
+    rows = await stage.pool.fetch(
+        """INSERT INTO jobs (name, handler, schedule_kind, cron, next_run_time, misfire_policy)
+           SELECT 'catch-up-' || i, 'test.echo', 'cron', '* * * * * *',
+                  date_trunc('second', now()) - make_interval(secs => $2), 'skip'
+           FROM generate_series(1, $1) AS i RETURNING id, next_run_time""",
+        jobs,
+        behind_s,
+    )
+    await stage.pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
+    behind_from = rows[0]["next_run_time"]
+    stage.fault(f"{jobs} jobs {behind_s}s behind")
+    at = now()
+
+    async def caught_up() -> bool:
+        late = await stage.pool.fetchval(
+            "SELECT count(*) FROM jobs WHERE name LIKE 'catch-up-%' AND next_run_time < now() - interval '5 seconds'"
+        )
+        return bool(late == 0)
+
+    try:
+        await eventually(caught_up, within=60, interval=0.5, what="the catch-up planned")
+    except TimeoutError as exc:
+        stage.violation("catch-up not planned", str(exc))
+    stage.note(f"caught up {(now() - at).total_seconds():.1f}s after the jobs appeared")
+    # Only the catch-up is under test: stop these jobs' steady load once it is planned.
+    await stage.pool.execute("UPDATE jobs SET status = 'paused', next_run_time = NULL WHERE name LIKE 'catch-up-%'")
+    # Slots this recent were within the grace however long the planning took (bounded above).
+    until = at.replace(microsecond=0)
+    recent = until - timedelta(seconds=30)
+    ran = await stage.pool.fetchval(
+        """SELECT count(DISTINCT (e.job_id, e.scheduled_for)) FROM job_executions e JOIN jobs j ON j.id = e.job_id
+           WHERE j.name LIKE 'catch-up-%' AND e.scheduled_for >= $1 AND e.scheduled_for < $2
+             AND e.status NOT IN ('missed', 'skipped')""",
+        recent,
+        until,
+    )
+    expected = jobs * 30
+    if ran < expected:
+        stage.violation("catch-up slots lost", f"{expected - ran} of {expected} slots within the grace did not run")
+    missed = await stage.pool.fetchval(
+        """SELECT count(*) FROM job_executions e JOIN jobs j ON j.id = e.job_id
+           WHERE j.name LIKE 'catch-up-%' AND e.status = 'missed'"""
+    )
+    stage.note(f"catch-up from {behind_from:%H:%M:%S}: {missed} rows recorded missed")
+    new_terms = await stage.pool.fetchval("SELECT count(*) FROM chaos_term_history") - terms_before
+    if new_terms:
+        stage.violation("leadership lost during catch-up", f"{new_terms} new terms while planning (no fault)")
+    await stage.sleep_until(now() + timedelta(seconds=3))
+
+
+async def thundering_herd(stage: Stage, count: int = 10_000) -> None:
+    """`count` one-shot jobs due in the same second; each must fire once and succeed."""
+    due = (now() + timedelta(seconds=8)).replace(microsecond=0)
+    ids = await stage.pool.fetch(
+        """INSERT INTO jobs (name, handler, schedule_kind, run_at, next_run_time, max_retries)
+           SELECT 'herd-' || i, 'test.echo', 'once', $1, $1, 3 FROM generate_series(1, $2) AS i
+           RETURNING id""",
+        due,
+        count,
+    )
+    await stage.pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
+    stage.fault(f"{count} jobs due at {due:%H:%M:%S}")
+    herd = [str(row["id"]) for row in ids]
+    stage.succeeding.extend(herd)
+
+    async def all_done() -> bool:
+        done = await stage.pool.fetchval(
+            """SELECT count(*) FROM job_executions e JOIN jobs j ON j.id = e.job_id
+               WHERE j.name LIKE 'herd-%' AND e.status = 'succeeded'"""
+        )
+        return bool(done >= count)
+
+    await stage.sleep_until(due)
+    try:
+        await eventually(all_done, within=90, interval=0.5, what=f"{count} herd runs succeeded")
+    except TimeoutError as exc:
+        stage.violation("herd not drained", str(exc))
+    row = await stage.pool.fetchrow(
+        """SELECT count(*) AS runs, count(DISTINCT e.job_id) AS jobs,
+                  percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - e.scheduled_for))
+                      AS fire_p50,
+                  max(extract(epoch FROM e.created_at - e.scheduled_for)) AS fire_max,
+                  max(extract(epoch FROM e.finished_at - e.scheduled_for)) AS drained
+           FROM job_executions e JOIN jobs j ON j.id = e.job_id WHERE j.name LIKE 'herd-%' AND e.attempt = 1"""
+    )
+    assert row is not None
+    stage.note(
+        f"herd: {row['jobs']} jobs, {row['runs']} first attempts; fired p50 {row['fire_p50'] or 0:.2f}s, "
+        f"last {row['fire_max'] or 0:.2f}s after due; all finished {row['drained'] or 0:.1f}s after due"
+    )
+    if row["runs"] != count or row["jobs"] != count:
+        stage.violation("herd fired wrong", f"{row['runs']} runs for {row['jobs']} of {count} jobs")
+    stage.mark("herd due", due)
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("leader-kill9", leader_kill9, budget=240, target_p99=3.0,
+             description="kill -9 of the leader x10, default TTL"),
+    Scenario("leader-sigterm", leader_sigterm, budget=120, target_p99=1.0,
+             description="SIGTERM of the leader x5, default TTL"),
+    Scenario("zombie-leader", zombie_leader, budget=90, description="SIGSTOP the leader 15 s, then SIGCONT"),
+    Scenario("worker-kill9", worker_kill9, env=FAST_WORKERS, handler="test.delay", payload=BUSY, budget=150,
+             description="kill -9 of the busiest worker x10"),
+    Scenario("worker-sigterm", worker_sigterm, env=FAST_WORKERS, handler="test.delay", payload=BUSY, budget=120,
+             description="SIGTERM of the busiest worker x3"),
+    Scenario("worker-cut-off", worker_cut_off, env={"SCHEDULER_VISIBILITY_TIMEOUT": "2s"}, budget=60,
+             description="a worker loses Redis past its visibility timeout"),
+    Scenario("flushall", flushall, budget=90, description="FLUSHALL x2"),
+    Scenario("valkey-restart", valkey_restart_empty, budget=60, description="kill -9 Valkey, restart empty"),
+    Scenario("valkey-aof", valkey_restart_aof, budget=90, description="kill -9 Valkey, restart from its AOF"),
+    Scenario("redis-slow", redis_slow_leader_link, budget=60, description="2-5 s latency on the leader's Redis"),
+    # Runs in flight when the writes start failing, with short leases: their extensions meet the errors.
+    Scenario("redis-readonly-oom", redis_refuses_writes, env=FAST_WORKERS, handler="test.delay",
+             payload={"seconds": 1.5}, cron_jobs=10, budget=60, description="OOM, then READONLY"),
+    Scenario("leader-no-redis", leader_loses_redis, budget=60, description="leader reaches PG, not Redis"),
+    Scenario("leader-no-pg", leader_loses_postgres, budget=60, description="leader reaches Redis, not PG"),
+    Scenario("pg-down-twice", postgres_down_twice, budget=120, settle=40, description="PG fast stop 10 s, twice"),
+    Scenario("pg-immediate", postgres_immediate, budget=60, description="PG immediate stop 5 s"),
+    Scenario("pg-sigstop", postgres_sigstop, budget=60, description="SIGSTOP PG and its backends 10 s"),
+    Scenario("poison", poison, budget=60, description="always-failing and always-hanging jobs"),
+    Scenario("handler-kills-worker", handler_kills_worker, env={**FAST_WORKERS, "SCHEDULER_MAX_STALLS": "2"},
+             budget=90, description="test.crash SIGKILLs its worker"),
+    Scenario("cancel-reconnect", cancel_while_reconnecting, budget=60,
+             description="cancel a running run while its worker resubscribes"),
+    Scenario("catch-up", catch_up, budget=150, settle=60, description="300 per-second jobs 1000 s behind"),
+    Scenario("herd-10k", thundering_herd, budget=150, settle=40, description="10,000 jobs due in the same second"),
+)  # fmt: skip
