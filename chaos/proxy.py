@@ -10,6 +10,9 @@ Each role reaches Redis and PostgreSQL through proxies of its own, so a fault ca
   `heal()` whatever the peers still wait for arrives. Clients see silence and time out.
 * `reset()`: every open connection is aborted with an RST, both ways; with `refuse=True` new
   connections are reset at once until `heal()` (a server that is down).
+* `drop_reply_to(marker)`: the next request containing `marker` reaches the server, but its reply
+  is swallowed and the connection reset: the command ran, the client saw a connection error (what
+  makes a client's auto-retry resend a command).
 
 Loopback only: `tc` and toxiproxy are not available on the machines this runs on.
 """
@@ -23,6 +26,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 _CHUNK = 65536
 
@@ -35,6 +39,7 @@ class LinkStats:
     reset: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
+    dropped_replies: int = 0
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:
@@ -51,6 +56,7 @@ class _Connection:
     client: asyncio.StreamWriter
     upstream: asyncio.StreamWriter | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    swallow_reply: bool = False  # set by a request carrying the `drop_reply_to` marker
 
     def abort(self) -> None:
         _abort(self.client)
@@ -82,7 +88,27 @@ class FaultProxy:
         self._open.set()
         self._latency = (0.0, 0.0)
         self._refuse = False
+        self._drop_marker: bytes | None = None
         self._rng = random.Random(seed)
+
+    @classmethod
+    def for_url(cls, url: str, *, name: str = "proxy") -> FaultProxy:
+        """A proxy (not started) in front of the server of a `redis://` or `postgresql://` URL."""
+        parts = urlsplit(url)
+        return cls(name, parts.hostname or "127.0.0.1", parts.port or 0)
+
+    @classmethod
+    async def to_url(cls, url: str, *, name: str = "proxy") -> tuple[FaultProxy, str]:
+        """A started proxy in front of the server of `url`, and the same URL through the proxy."""
+        proxy = await cls.for_url(url, name=name).start()
+        return proxy, proxy.url(url)
+
+    def url(self, url: str) -> str:
+        """`url` with its host and port replaced by this (started) proxy's."""
+        parts = urlsplit(url)
+        credentials = parts.netloc.rpartition("@")[0]
+        netloc = f"{credentials}@{self.url_host_port}" if credentials else self.url_host_port
+        return urlunsplit(parts._replace(netloc=netloc))
 
     @property
     def url_host_port(self) -> str:
@@ -135,6 +161,10 @@ class FaultProxy:
         self._refuse = refuse
         return self._abort_all()
 
+    def drop_reply_to(self, marker: bytes) -> None:
+        """Swallow the reply to the next request that contains `marker`, then reset its connection."""
+        self._drop_marker = marker
+
     def heal(self) -> None:
         """Back to a plain pipe: no latency, held bytes flow, new connections accepted."""
         self._latency = (0.0, 0.0)
@@ -176,8 +206,8 @@ class FaultProxy:
                 return
             connection.upstream = up_writer
             connection.tasks = [
-                asyncio.create_task(self._pump(reader, up_writer, up=True)),
-                asyncio.create_task(self._pump(up_reader, writer, up=False)),
+                asyncio.create_task(self._pump(reader, up_writer, connection, up=True)),
+                asyncio.create_task(self._pump(up_reader, writer, connection, up=False)),
             ]
             # One side closing ends the connection: close the other side too.
             await asyncio.wait(connection.tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -189,7 +219,9 @@ class FaultProxy:
                     side.close()
             self._connections.discard(connection)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, up: bool) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection, *, up: bool
+    ) -> None:
         """Copy one direction; a reader task and a delivering loop, so latency keeps throughput."""
         # Bounded: a held (blackholed) link pushes back on the sender, as a full TCP window does.
         pending: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=256)
@@ -222,7 +254,13 @@ class FaultProxy:
                     return
                 if up:
                     self.stats.bytes_up += len(data)
+                    if self._drop_marker is not None and self._drop_marker in data:
+                        self._drop_marker, connection.swallow_reply = None, True
                 else:
+                    if connection.swallow_reply:
+                        self.stats.dropped_replies += 1
+                        connection.abort()
+                        return
                     self.stats.bytes_down += len(data)
                 writer.write(data)
                 await writer.drain()

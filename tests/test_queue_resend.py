@@ -11,11 +11,11 @@ from datetime import timedelta
 
 import redis.asyncio as aioredis
 
+from chaos.proxy import FaultProxy
 from scheduler_grpc import events
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.queue import NewItem, Queue
-from tests.fault_proxy import FaultProxy
 
 
 async def test_a_resent_dequeue_returns_the_first_batch_and_orphans_nothing(
@@ -29,7 +29,7 @@ async def test_a_resent_dequeue_returns_the_first_batch_and_orphans_nothing(
         await queue.enqueue_many([NewItem("a"), NewItem("b"), NewItem("c")])
         proxy.drop_reply_to(b"EVALSHA")
         leases = await queue.dequeue("w", timedelta(seconds=30), 1)
-        assert proxy.dropped_replies == 1  # the script ran, its reply was lost, the client resent it
+        assert proxy.stats.dropped_replies == 1  # the script ran, its reply was lost, the client resent it
         assert [lease.id for lease in leases] == ["a"]
         stats = await Queue(redis).stats()
         assert (stats.ready, stats.processing) == (2, 1)  # b is still ready, nothing orphaned
@@ -50,7 +50,7 @@ async def test_a_resent_event_publish_appends_each_event_once(redis: aioredis.Re
             ExecutionEvent(EventType.SUCCEEDED, "e1", "r1", "job", 1),
         ]
         ids = await events.publish(client, sent)
-        assert proxy.dropped_replies == 1
+        assert proxy.stats.dropped_replies == 1
         stored = [event for event in await events.read_after(redis) if event.run_id == "r1"]
         assert [event.type for event in stored] == [EventType.STARTED, EventType.SUCCEEDED]
         assert len(ids) == 2

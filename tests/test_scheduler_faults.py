@@ -19,6 +19,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from chaos.proxy import FaultProxy
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.executions import ExecutionRepository
 from scheduler_grpc.db.leadership import LeadershipRepository, TermRecord
@@ -28,7 +29,6 @@ from scheduler_grpc.leader import Term
 from scheduler_grpc.queue import ItemState, Queue
 from scheduler_grpc.scheduler import Backoff, LeaderLoops, LoopSettings, run_scheduler
 from tests.engine_helpers import Role, Roles, eventually, make_settings, wait_until_ready
-from tests.fault_proxy import FaultProxy
 
 
 def every_second(name: str, **fields: object) -> JobSpec:
@@ -73,7 +73,7 @@ async def _fires_after(pool: asyncpg.Pool, job_id: str, since: object) -> bool:
 async def _outage(proxy: FaultProxy, scheduler: Role, seconds: float) -> None:
     """Cut the link for `seconds`, checking the scheduler saw it and stays alive throughout."""
     warnings_before = len(_lines(scheduler, '"level":"WARNING"'))
-    proxy.cut()
+    proxy.reset(refuse=True)
     cut_at = time.monotonic()
 
     async def noticed() -> bool:
@@ -316,7 +316,7 @@ async def test_a_standby_takes_over_from_a_leader_killed_during_a_postgresql_out
     holder = await pool.fetchval("SELECT holder FROM leader_state WHERE scope = 'scheduler'")
     [leader] = [role for role in schedulers if holder.startswith(f"{role.name}:")]
     [standby] = [role for role in schedulers if role is not leader]
-    pg_proxy.cut()
+    pg_proxy.reset(refuse=True)
     leader.signal(signal.SIGKILL)
 
     async def campaign_failing() -> bool:

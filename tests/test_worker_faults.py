@@ -20,6 +20,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from chaos.proxy import FaultProxy
 from scheduler_grpc import events, metrics
 from scheduler_grpc.breakers import Breakers
 from scheduler_grpc.connections import redis_client
@@ -41,7 +42,6 @@ from scheduler_grpc.jobs import JobSpec, RetryPolicy, ScheduleKind
 from scheduler_grpc.queue import Queue
 from scheduler_grpc.worker import Worker, is_store_error
 from tests.engine_helpers import eventually, make_settings
-from tests.fault_proxy import FaultProxy
 
 _SETTINGS = HandlerSettings(
     shell_enabled=False, dev_mode=True, webhook_allowlist=(ipaddress.ip_network("127.0.0.1/32"),)
@@ -233,7 +233,7 @@ async def test_a_postgres_outage_during_completion_records_the_outcome_without_r
             await eventually(lambda: _true(gate.started.is_set()))
             first_deadline = await redis.zscore(queue.keys.processing, run.run_id)
             assert first_deadline is not None
-            proxy.refuse()
+            proxy.reset(refuse=True)
             before = store_errors("postgres")
             gate.gate.set()  # the handler finishes while PostgreSQL is unreachable
 
