@@ -14,7 +14,9 @@ The scheduler and `PreviewSchedule` both use `fire_times`, so a preview is exact
 
 from __future__ import annotations
 
+import copy
 import enum
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,7 +145,16 @@ def parse_cron(
 
 
 def _walk(schedule: CronSchedule, start_local: datetime) -> croniter:
-    return croniter(schedule.expression, start_local, second_at_beginning=schedule.seconds)
+    # Parsing the expression costs more than a few steps of the walk, and catch-up planning starts
+    # several walks per job: copy a parsed walker (croniter copies its fields before each step).
+    walker = copy.copy(_parsed(schedule.expression, schedule.seconds))
+    walker.set_current(start_local, force=True)
+    return walker
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(expression: str, seconds: bool) -> croniter:
+    return croniter(expression, datetime(2000, 1, 1), second_at_beginning=seconds)
 
 
 def _instant(local: datetime, zone: ZoneInfo, fold: int) -> datetime:
@@ -212,3 +223,100 @@ def fire_times(schedule: CronSchedule, after: datetime) -> Iterator[FireTime]:
 def next_fire_time(schedule: CronSchedule, after: datetime) -> FireTime | None:
     """The first fire time strictly after `after`, or None if the schedule never fires again."""
     return next(fire_times(schedule, after), None)
+
+
+def last_fire_before(schedule: CronSchedule, first: datetime, bound: datetime) -> datetime:
+    """The last fire time in `[first, bound)`, where `first` is a fire time earlier than `bound`.
+
+    Walks back from `bound` in doubling windows (1 s, 2 s, 4 s, ...) and walks forward only inside
+    the first window that holds a fire time (or from `first`, once a window reaches it); a
+    fixed-period schedule (see `fixed_period`) needs no walk at all. The window
+    before it held none, so for a regular schedule this costs a few croniter steps per doubling:
+    O(log(bound - first)), whatever the number of slots in between. It relies on `fire_times`
+    yielding from any start exactly what a walk from an earlier start yields after it (DST
+    policies included).
+    """
+    if first >= bound:
+        raise ValueError("first must be earlier than bound")
+    period = fixed_period(schedule)
+    if period is not None:  # no walk at all: the slots are first + k * period
+        return first + (bound - first - timedelta(microseconds=1)) // period * period
+    reach = timedelta(seconds=1)
+    while True:
+        start = bound - reach
+        found: datetime | None = None
+        if start <= first:
+            start = found = first
+        for fire in fire_times(schedule, start):
+            if fire.instant >= bound:
+                break
+            found = fire.instant
+        if found is not None:
+            return found
+        reach *= 2
+
+
+# Time zones whose UTC offset never changes: a fixed-period wall-clock schedule is fixed-period in
+# UTC there too (elsewhere a DST change can drop or repeat slots).
+_FIXED_ZONES = frozenset({"UTC", "Etc/UTC", "Etc/UCT", "UCT", "GMT", "Etc/GMT", "Etc/Universal", "Universal",
+                          "Etc/Zulu", "Zulu", "Etc/Greenwich", "Greenwich", "GMT0", "Etc/GMT0"})  # fmt: skip
+_FIXED_ZONE = re.compile(r"^Etc/GMT[+-]\d{1,2}$")
+# (seconds per step, values per cycle) of the second, minute and hour fields.
+_UNITS = ((1, 60), (60, 60), (3600, 24))
+
+
+@functools.lru_cache(maxsize=4096)
+def fixed_period(schedule: CronSchedule) -> timedelta | None:
+    """The period between consecutive fire instants, if it is the same everywhere; else None.
+
+    True of schedules like `*/5 * * * * *`, `30 */5 * * * *`, `*/15 * * * *`, `@hourly` or
+    `0 3 * * *` (a field stepping evenly through its whole cycle, every smaller field fixed, every
+    larger one `*`) in a time zone whose offset never changes (UTC, `Etc/GMT+N`).
+    """
+    if schedule.time_zone not in _FIXED_ZONES and not _FIXED_ZONE.match(schedule.time_zone):
+        return None
+    expanded = _walk(schedule, datetime(2000, 1, 1)).expanded
+    minute, hour, day, month, weekday = expanded[:5]
+    if any(field != ["*"] for field in (day, month, weekday)):
+        return None
+    fields = [expanded[5] if schedule.seconds else [0], minute, hour]
+    for index, ((unit, cycle), values) in enumerate(zip(_UNITS, fields, strict=True)):
+        if len(values) == 1 and values != ["*"]:
+            continue  # fixed: the period is set by a larger field
+        step = 1 if values == ["*"] else _even_step(values, cycle)
+        if step is None or any(field != ["*"] for field in fields[index + 1 :]):
+            return None
+        return timedelta(seconds=unit * step)
+    return timedelta(days=1)
+
+
+def _even_step(values: list[object], cycle: int) -> int | None:
+    """`k` when `values` is exactly 0, k, 2k, ... through a whole cycle (k dividing it); else None."""
+    if not all(isinstance(value, int) for value in values) or len(values) < 2:
+        return None
+    step = int(str(values[1])) - int(str(values[0]))
+    if step <= 0 or cycle % step or values != list(range(0, cycle, step)):
+        return None
+    return step
+
+
+def count_fires(schedule: CronSchedule, first: datetime, last: datetime, *, walk_limit: int) -> int | None:
+    """How many fire times lie in `[first, last]` (both fire times), or None if not cheaply known.
+
+    Arithmetic for a fixed-period schedule (see `fixed_period`); otherwise by walking, if the
+    range holds at most `walk_limit` fire times. Elsewhere (a long range of a schedule in a DST
+    zone, or an irregular one) the answer is None rather than a walk over every slot.
+    """
+    if last < first:
+        return 0
+    period = fixed_period(schedule)
+    if period is not None:
+        return (last - first) // period + 1
+    count = 1
+    for fire in fire_times(schedule, first):
+        if fire.instant > last:
+            return count
+        count += 1
+        if count > walk_limit:
+            return None
+    return count
