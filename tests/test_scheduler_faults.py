@@ -394,3 +394,26 @@ async def test_a_bug_in_a_leader_loop_ends_the_scheduler_with_status_1_and_its_t
     [failure] = [record for record in caplog.records if record.getMessage() == "scheduler failed with a bug; exiting"]
     assert failure.exc_info is not None
     assert "a bug, not a store error" in "".join(traceback.format_exception(*failure.exc_info))
+
+
+async def test_no_run_can_be_backfilled_into_a_missed_range(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    _, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings(misfire_grace=timedelta(seconds=1)))
+    job = await control.create_job(every_second("late", misfire_policy=MisfirePolicy.SKIP))
+    began = await pool.fetchval(
+        "UPDATE jobs SET next_run_time = date_trunc('second', now()) - interval '10 minutes' RETURNING next_run_time"
+    )
+    await loops.scan_once(current)
+    through = await pool.fetchval("SELECT missed_through FROM job_executions WHERE status = 'missed'")
+    assert through - began > timedelta(minutes=9)
+    # Each slot of the range has its record (the range's row), as when each had a row of its own.
+    inside = [began, began + timedelta(seconds=1), began + timedelta(minutes=5), through]
+    before = began - timedelta(seconds=1)
+    created = await control.backfill_job(job.id, [*inside, before])
+    assert len(created) == 1
+    slots = await pool.fetch(
+        "SELECT scheduled_for FROM job_executions WHERE job_id = $1 AND trigger = 'backfill'", job.id
+    )
+    assert [row["scheduled_for"] for row in slots] == [before]

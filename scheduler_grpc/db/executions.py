@@ -325,7 +325,11 @@ class ExecutionRepository:
         request_id: str | None = None,
         due_at: datetime | None = None,
     ) -> list[Queued]:
-        """Create runs outside the schedule (manual trigger, backfill), idempotent per slot / request_id."""
+        """Create runs outside the schedule (manual trigger, backfill), idempotent per slot / request_id.
+
+        A slot inside a `missed` range already has its record (the range's row), as it had when
+        each missed slot had its own row: no run is created for it.
+        """
         ids = [uuid.uuid4() for _ in slots]
         rows = await self._pool.fetch(
             f"""
@@ -335,6 +339,13 @@ class ExecutionRepository:
             SELECT s.id, s.id, job.id, s.slot, 1, 'queued', $2, coalesce($5, now()), job.priority, $4,
                    {_snapshot("job")}
             FROM job, unnest($3::uuid[], $6::timestamptz[]) AS s(id, slot)
+            WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
+                SELECT 1 FROM (
+                    SELECT m.missed_through FROM job_executions m
+                    WHERE m.job_id = job.id AND m.status = 'missed' AND m.scheduled_for <= s.slot
+                    ORDER BY m.scheduled_for DESC LIMIT 1
+                ) AS range WHERE range.missed_through >= s.slot
+            )
             ON CONFLICT DO NOTHING
             RETURNING id AS run_id, job_id, priority, due_at, handler, queue, payload
             """,

@@ -15,3 +15,6 @@ ALTER TABLE job_executions
         CHECK (missed_count IS NULL OR (status = 'missed' AND missed_count >= 1)),
     ADD CONSTRAINT job_executions_missed_range_ordered
         CHECK (missed_through IS NULL OR missed_through >= scheduled_for);
+
+-- A backfill looks up the range that may cover a slot (the latest one starting by it).
+CREATE INDEX job_executions_missed_ranges_idx ON job_executions (job_id, scheduled_for) WHERE status = 'missed';
