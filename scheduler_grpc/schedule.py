@@ -239,8 +239,9 @@ def last_fire_before(schedule: CronSchedule, first: datetime, bound: datetime) -
     if first >= bound:
         raise ValueError("first must be earlier than bound")
     period = fixed_period(schedule)
-    if period is not None:  # no walk at all: the slots are first + k * period
-        return first + (bound - first - timedelta(microseconds=1)) // period * period
+    if period is not None:  # no walk at all: the slots are anchor + k * period
+        anchor = _anchor(schedule)
+        return max(first, anchor + (bound - anchor - timedelta(microseconds=1)) // period * period)
     reach = timedelta(seconds=1)
     while True:
         start = bound - reach
@@ -290,6 +291,14 @@ def fixed_period(schedule: CronSchedule) -> timedelta | None:
     return timedelta(days=1)
 
 
+@functools.lru_cache(maxsize=4096)
+def _anchor(schedule: CronSchedule) -> datetime:
+    """A fire time of a fixed-period schedule: every other one is a whole number of periods away."""
+    fire = next_fire_time(schedule, datetime(2000, 1, 1, tzinfo=UTC))
+    assert fire is not None  # a fixed-period schedule fires forever
+    return fire.instant
+
+
 def _even_step(values: list[object], cycle: int) -> int | None:
     """`k` when `values` is exactly 0, k, 2k, ... through a whole cycle (k dividing it); else None."""
     if not all(isinstance(value, int) for value in values) or len(values) < 2:
@@ -310,8 +319,9 @@ def count_fires(schedule: CronSchedule, first: datetime, last: datetime, *, walk
     if last < first:
         return 0
     period = fixed_period(schedule)
-    if period is not None:
-        return (last - first) // period + 1
+    if period is not None:  # `first` and every slot of the grid in (first, last]
+        anchor = _anchor(schedule)
+        return 1 + (last - anchor) // period - (first - anchor) // period
     count = 1
     for fire in fire_times(schedule, first):
         if fire.instant > last:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -139,19 +138,24 @@ _DST_SCHEDULES = [
     "schedule", _DST_SCHEDULES, ids=lambda s: f"{s.expression}-{s.time_zone}-{s.gap_policy}-{s.fold_policy}"
 )
 def test_the_last_misfire_and_the_count_match_a_walk_of_every_slot_across_dst(schedule: CronSchedule) -> None:
-    # Both 2026 transitions of Europe/Paris (a skipped and a repeated hour), bounds every 10 minutes;
-    # in UTC, the arithmetic of fixed-period schedules against the same walk.
+    # Both 2026 transitions of Europe/Paris (a skipped and a repeated hour, both at 01:00 UTC), with
+    # bounds every 10 minutes for 5 hours; in UTC, the arithmetic of fixed-period schedules against
+    # the same walk. A next_run_time off the schedule's grid (7 s late) counts as a slot, as a walk
+    # from it would.
     for night in (datetime(2026, 3, 28, 22, tzinfo=UTC), datetime(2026, 10, 24, 22, tzinfo=UTC)):
-        fires = [fire.instant for fire in itertools.islice(fire_times(schedule, night - timedelta(days=1)), 400)]
-        first = fires[0]
-        for step in range(1, 60):
-            bound = night + timedelta(minutes=10 * step)
-            walked = [instant for instant in fires if instant < bound]
-            if walked[-1] >= fires[-1]:
-                break
-            assert last_fire_before(schedule, first, bound) == walked[-1], bound
-            assert count_fires(schedule, first, walked[-1], walk_limit=1000) == len(walked)
-            assert count_fires(schedule, first, walked[-1], walk_limit=2) in (len(walked), None)
+        for late in (timedelta(0), timedelta(seconds=7)):
+            start = night - timedelta(hours=6) + late
+            fires = [start]
+            for fire in fire_times(schedule, start):
+                if fire.instant >= night + timedelta(hours=6):
+                    break
+                fires.append(fire.instant)
+            for step in range(1, 31):
+                bound = night + timedelta(minutes=10 * step)
+                walked = [instant for instant in fires if instant < bound]
+                assert last_fire_before(schedule, start, bound) == walked[-1], bound
+                assert count_fires(schedule, start, walked[-1], walk_limit=1000) == len(walked)
+                assert count_fires(schedule, start, walked[-1], walk_limit=2) in (len(walked), None)
 
 
 def test_a_one_shot_fires_once_and_is_done() -> None:
