@@ -228,33 +228,53 @@ def next_fire_time(schedule: CronSchedule, after: datetime) -> FireTime | None:
 def last_fire_before(schedule: CronSchedule, first: datetime, bound: datetime) -> datetime:
     """The last fire time in `[first, bound)`, where `first` is a fire time earlier than `bound`.
 
-    Walks back from `bound` in doubling windows (1 s, 2 s, 4 s, ...) and walks forward only inside
-    the first window that holds a fire time (or from `first`, once a window reaches it); a
-    fixed-period schedule (see `fixed_period`) needs no walk at all. The window
-    before it held none, so for a regular schedule this costs a few croniter steps per doubling:
-    O(log(bound - first)), whatever the number of slots in between. It relies on `fire_times`
-    yielding from any start exactly what a walk from an earlier start yields after it (DST
-    policies included).
+    Never walks every slot in between. A fixed-period schedule (see `fixed_period`) needs no walk
+    at all. Otherwise: look back from `bound` in doubling windows (1 s, 2 s, 4 s, ...: one croniter
+    step each) for the first one that holds a fire time, walk forward inside it at most
+    `_WALK_BEFORE_BISECTING` steps, and if the window holds more (a burst of slots after a long
+    quiet stretch, such as `* * 0 * * *`) bisect it. O(log(bound - first)) croniter steps in
+    all. It relies on `fire_times` yielding from any start exactly what a walk from an earlier
+    start yields after it (DST policies included).
     """
     if first >= bound:
         raise ValueError("first must be earlier than bound")
     period = fixed_period(schedule)
-    if period is not None:  # no walk at all: the slots are anchor + k * period
+    if period is not None:  # the slots are anchor + k * period
         anchor = _anchor(schedule)
         return max(first, anchor + (bound - anchor - timedelta(microseconds=1)) // period * period)
-    reach = timedelta(seconds=1)
-    while True:
+
+    def next_before_bound(after: datetime) -> datetime | None:
+        """The first fire time after `after`, if it is earlier than `bound`."""
+        fire = next_fire_time(schedule, after)
+        return fire.instant if fire is not None and fire.instant < bound else None
+
+    # Invariants: `low` is `first` or a fire time earlier than `bound`, and no fire time lies in
+    # (high, bound); so the answer is in [low, high].
+    low, high, reach = first, bound, timedelta(seconds=1)
+    while bound - reach > first:
         start = bound - reach
-        found: datetime | None = None
-        if start <= first:
-            start = found = first
-        for fire in fire_times(schedule, start):
-            if fire.instant >= bound:
-                break
-            found = fire.instant
+        found = next_before_bound(start)
         if found is not None:
-            return found
+            low = found
+            break
+        high = start
         reach *= 2
+    for _ in range(_WALK_BEFORE_BISECTING):
+        found = next_before_bound(low)
+        if found is None:
+            return low
+        low = found
+    while (found := next_before_bound(low)) is not None:
+        middle = low + (high - low) // 2  # floor: every round moves low up or high down
+        further = next_before_bound(middle)
+        if further is None:
+            high = middle
+        else:
+            low = max(found, further)
+    return low
+
+
+_WALK_BEFORE_BISECTING = 16
 
 
 # Time zones whose UTC offset never changes: a fixed-period wall-clock schedule is fixed-period in

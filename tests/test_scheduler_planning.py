@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from croniter import croniter
 
 from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.jobs import Job, MisfirePolicy, ScheduleKind
@@ -165,3 +167,27 @@ def test_a_one_shot_fires_once_and_is_done() -> None:
     plan_job(job, NOW, LoopSettings(), plan)
     assert statuses(plan) == ["queued"]
     assert plan.advances[0].new is None
+
+
+def test_the_last_misfire_of_a_burst_schedule_is_found_in_few_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every second of local hour 0, then 23 quiet hours: walking the window that holds the burst
+    # would be 3,600 steps; the bisection takes about a hundred at most.
+    schedule = parse_cron("* * 0 * * *", "Europe/Paris")
+    steps = 0
+    real = croniter.get_next
+
+    def counted(walker: croniter, *args: Any, **kwargs: Any) -> Any:
+        nonlocal steps
+        steps += 1
+        return real(walker, *args, **kwargs)
+
+    monkeypatch.setattr(croniter, "get_next", counted)
+    first = datetime(2026, 5, 31, 22, 0, tzinfo=UTC)  # 00:00 in Paris (UTC+2)
+    for bound, expected in [
+        (datetime(2026, 6, 1, 18, tzinfo=UTC), datetime(2026, 5, 31, 22, 59, 59, tzinfo=UTC)),
+        (datetime(2026, 5, 31, 22, 30, 0, 500, tzinfo=UTC), datetime(2026, 5, 31, 22, 30, tzinfo=UTC)),
+        (datetime(2026, 6, 2, 21, tzinfo=UTC), datetime(2026, 6, 1, 22, 59, 59, tzinfo=UTC)),
+    ]:
+        steps = 0
+        assert last_fire_before(schedule, first, bound) == expected
+        assert steps < 200, f"{steps} croniter steps"  # O(log): a walk takes 3,600+
