@@ -10,6 +10,8 @@ wall-clock slot to UTC instants itself, so DST behaviour is ours and documented:
   croniter alone gets wrong: it fires `30 1 * * *` twice on the fall-back night.
 
 The scheduler and `PreviewSchedule` both use `fire_times`, so a preview is exactly what will fire.
+Catch-up planning finds the end of a run of misfires with `last_fire_before` and counts it with
+`count_fires`: both agree with `fire_times` but never walk every slot of a long outage.
 """
 
 from __future__ import annotations
