@@ -25,7 +25,9 @@ class ExecutionStatus(enum.StrEnum):
     ABANDONED = "abandoned"  # its worker was lost (lease expired); the run goes on in a new attempt
     INTERRUPTED = "interrupted"  # its worker stopped it (graceful shutdown); a new attempt, no budget spent
     SKIPPED = "skipped"  # not run: the concurrency policy forbade overlapping the previous run
-    MISSED = "missed"  # not run: the misfire policy dropped a slot missed while no leader ran
+    # Not run: the misfire policy dropped slots missed while no leader ran. One row is a whole run
+    # of such slots: scheduled_for .. missed_through, missed_count of them (None: not counted).
+    MISSED = "missed"
 
     @property
     def finished(self) -> bool:
@@ -60,3 +62,5 @@ class Execution:
     error: str | None = None
     result: Any = None
     term: int | None = None
+    missed_through: datetime | None = None  # `missed` only: the last slot of the range not run
+    missed_count: int | None = None  # `missed` only: slots in the range (None: not counted)

@@ -36,8 +36,9 @@ class ScheduleKind(enum.StrEnum):
 class MisfirePolicy(enum.StrEnum):
     """What to do with slots that passed while no leader ran (later than the misfire grace)."""
 
-    RUN_ONCE = "run_once"  # coalesce a run of missed slots into one run (the latest); the rest are `missed`
-    SKIP = "skip"  # record every missed slot as `missed`, run none
+    # A run of missed slots is one `missed` row (a range; see scheduler.plan_job) under these two:
+    RUN_ONCE = "run_once"  # run the latest missed slot; the range is the ones before it
+    SKIP = "skip"  # run none; the range is all of them
     RUN_ALL = "run_all"  # run every missed slot (bounded per scan)
 
 

@@ -10,11 +10,15 @@ wall-clock slot to UTC instants itself, so DST behaviour is ours and documented:
   croniter alone gets wrong: it fires `30 1 * * *` twice on the fall-back night.
 
 The scheduler and `PreviewSchedule` both use `fire_times`, so a preview is exactly what will fire.
+Catch-up planning finds the end of a run of misfires with `last_fire_before` and counts it with
+`count_fires`: both agree with `fire_times` but never walk every slot of a long outage.
 """
 
 from __future__ import annotations
 
+import copy
 import enum
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,7 +147,16 @@ def parse_cron(
 
 
 def _walk(schedule: CronSchedule, start_local: datetime) -> croniter:
-    return croniter(schedule.expression, start_local, second_at_beginning=schedule.seconds)
+    # Parsing the expression costs more than a few steps of the walk, and catch-up planning starts
+    # several walks per job: copy a parsed walker (croniter copies its fields before each step).
+    walker = copy.copy(_parsed(schedule.expression, schedule.seconds))
+    walker.set_current(start_local, force=True)
+    return walker
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(expression: str, seconds: bool) -> croniter:
+    return croniter(expression, datetime(2000, 1, 1), second_at_beginning=seconds)
 
 
 def _instant(local: datetime, zone: ZoneInfo, fold: int) -> datetime:
@@ -212,3 +225,130 @@ def fire_times(schedule: CronSchedule, after: datetime) -> Iterator[FireTime]:
 def next_fire_time(schedule: CronSchedule, after: datetime) -> FireTime | None:
     """The first fire time strictly after `after`, or None if the schedule never fires again."""
     return next(fire_times(schedule, after), None)
+
+
+def last_fire_before(schedule: CronSchedule, first: datetime, bound: datetime) -> datetime:
+    """The last fire time in `[first, bound)`, where `first` is a fire time earlier than `bound`.
+
+    Never walks every slot in between. A fixed-period schedule (see `fixed_period`) needs no walk
+    at all. Otherwise: look back from `bound` in doubling windows (1 s, 2 s, 4 s, ...: one croniter
+    step each) for the first one that holds a fire time, walk forward inside it at most
+    `_WALK_BEFORE_BISECTING` steps, and if the window holds more (a burst of slots after a long
+    quiet stretch, such as `* * 0 * * *`) bisect it. O(log(bound - first)) croniter steps in
+    all. It relies on `fire_times` yielding from any start exactly what a walk from an earlier
+    start yields after it (DST policies included).
+    """
+    if first >= bound:
+        raise ValueError("first must be earlier than bound")
+    period = fixed_period(schedule)
+    if period is not None:  # the slots are anchor + k * period
+        anchor = _anchor(schedule)
+        return max(first, anchor + (bound - anchor - timedelta(microseconds=1)) // period * period)
+
+    def next_before_bound(after: datetime) -> datetime | None:
+        """The first fire time after `after`, if it is earlier than `bound`."""
+        fire = next_fire_time(schedule, after)
+        return fire.instant if fire is not None and fire.instant < bound else None
+
+    # Invariants: `low` is `first` or a fire time earlier than `bound`, and no fire time lies in
+    # (high, bound); so the answer is in [low, high].
+    low, high, reach = first, bound, timedelta(seconds=1)
+    while bound - reach > first:
+        start = bound - reach
+        found = next_before_bound(start)
+        if found is not None:
+            low = found
+            break
+        high = start
+        reach *= 2
+    for _ in range(_WALK_BEFORE_BISECTING):
+        found = next_before_bound(low)
+        if found is None:
+            return low
+        low = found
+    while (found := next_before_bound(low)) is not None:
+        middle = low + (high - low) // 2  # floor: every round moves low up or high down
+        further = next_before_bound(middle)
+        if further is None:
+            high = middle
+        else:
+            low = max(found, further)
+    return low
+
+
+_WALK_BEFORE_BISECTING = 16
+
+
+# Time zones whose UTC offset never changes: a fixed-period wall-clock schedule is fixed-period in
+# UTC there too (elsewhere a DST change can drop or repeat slots).
+_FIXED_ZONES = frozenset({"UTC", "Etc/UTC", "Etc/UCT", "UCT", "GMT", "Etc/GMT", "Etc/Universal", "Universal",
+                          "Etc/Zulu", "Zulu", "Etc/Greenwich", "Greenwich", "GMT0", "Etc/GMT0"})  # fmt: skip
+_FIXED_ZONE = re.compile(r"^Etc/GMT[+-]\d{1,2}$")
+# (seconds per step, values per cycle) of the second, minute and hour fields.
+_UNITS = ((1, 60), (60, 60), (3600, 24))
+
+
+@functools.lru_cache(maxsize=4096)
+def fixed_period(schedule: CronSchedule) -> timedelta | None:
+    """The period between consecutive fire instants, if it is the same everywhere; else None.
+
+    True of schedules like `*/5 * * * * *`, `30 */5 * * * *`, `*/15 * * * *`, `@hourly` or
+    `0 3 * * *` (a field stepping evenly through its whole cycle, every smaller field fixed, every
+    larger one `*`) in a time zone whose offset never changes (UTC, `Etc/GMT+N`).
+    """
+    if schedule.time_zone not in _FIXED_ZONES and not _FIXED_ZONE.match(schedule.time_zone):
+        return None
+    expanded = _walk(schedule, datetime(2000, 1, 1)).expanded
+    minute, hour, day, month, weekday = expanded[:5]
+    if any(field != ["*"] for field in (day, month, weekday)):
+        return None
+    fields = [expanded[5] if schedule.seconds else [0], minute, hour]
+    for index, ((unit, cycle), values) in enumerate(zip(_UNITS, fields, strict=True)):
+        if len(values) == 1 and values != ["*"]:
+            continue  # fixed: the period is set by a larger field
+        step = 1 if values == ["*"] else _even_step(values, cycle)
+        if step is None or any(field != ["*"] for field in fields[index + 1 :]):
+            return None
+        return timedelta(seconds=unit * step)
+    return timedelta(days=1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _anchor(schedule: CronSchedule) -> datetime:
+    """A fire time of a fixed-period schedule: every other one is a whole number of periods away."""
+    fire = next_fire_time(schedule, datetime(2000, 1, 1, tzinfo=UTC))
+    assert fire is not None  # a fixed-period schedule fires forever
+    return fire.instant
+
+
+def _even_step(values: list[object], cycle: int) -> int | None:
+    """`k` when `values` is exactly 0, k, 2k, ... through a whole cycle (k dividing it); else None."""
+    if not all(isinstance(value, int) for value in values) or len(values) < 2:
+        return None
+    step = int(str(values[1])) - int(str(values[0]))
+    if step <= 0 or cycle % step or values != list(range(0, cycle, step)):
+        return None
+    return step
+
+
+def count_fires(schedule: CronSchedule, first: datetime, last: datetime, *, walk_limit: int) -> int | None:
+    """How many fire times lie in `[first, last]` (both fire times), or None if not cheaply known.
+
+    Arithmetic for a fixed-period schedule (see `fixed_period`); otherwise by walking, if the
+    range holds at most `walk_limit` fire times. Elsewhere (a long range of a schedule in a DST
+    zone, or an irregular one) the answer is None rather than a walk over every slot.
+    """
+    if last < first:
+        return 0
+    period = fixed_period(schedule)
+    if period is not None:  # `first` and every slot of the grid in (first, last]
+        anchor = _anchor(schedule)
+        return 1 + (last - anchor) // period - (first - anchor) // period
+    count = 1
+    for fire in fire_times(schedule, first):
+        if fire.instant > last:
+            return count
+        count += 1
+        if count > walk_limit:
+            return None
+    return count

@@ -34,7 +34,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -54,7 +54,7 @@ from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.jobs import ConcurrencyPolicy, Job, MisfirePolicy, ScheduleKind
 from scheduler_grpc.leader import LeaderElector, Term
 from scheduler_grpc.queue import MAX_BATCH
-from scheduler_grpc.schedule import fire_times
+from scheduler_grpc.schedule import CronSchedule, count_fires, fire_times, last_fire_before
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,7 @@ class LoopSettings:
     scan_batch: int = 500  # due jobs per scan statement [500]
     max_slots_per_job: int = 250  # catch-up slots one job records per scan (~12 ms of planning) [250]
     max_slots_per_scan: int = 5000  # slots one scan plans and records (bounds its loop stalls) [5000]
+    missed_count_walk: int = 32  # slots walked at most to count a missed range exactly (else NULL) [32]
     misfire_grace: timedelta = timedelta(seconds=60)  # [60 s]
     recover_interval: timedelta = timedelta(milliseconds=500)  # [500 ms]
     promote_interval: timedelta = timedelta(milliseconds=100)  # [100 ms]
@@ -162,39 +163,65 @@ class Plan:
 def plan_job(job: Job, now: datetime, loop: LoopSettings, plan: Plan) -> None:
     """Decide the due slots of one job at `now` (database clock) and its next run time.
 
-    A slot later than the misfire grace follows the misfire policy: `run_once` runs only the last
-    slot of a run of misfires (its successor is not itself misfired), `skip` runs none, `run_all`
-    runs them all. Slots not run are recorded `missed`. At most `max_slots_per_job` slots are
-    recorded per scan; the next scan continues from there, so an outage of any length is bounded
-    work per tick and still leaves one row per slot.
+    A slot older than `now - misfire_grace` is a misfire and follows the misfire policy; younger
+    slots run as usual. `skip` and `run_once` plan a run of misfires arithmetically, so recovery
+    after an outage of any length costs O(1) per job, not O(slots):
+
+    * the last misfire L is found by walking back from `now - misfire_grace` (`last_fire_before`),
+      never by walking every slot from `next_run_time`;
+    * the misfires not run become ONE `missed` row: `scheduled_for` = the first of them
+      (`next_run_time`), `missed_through` = the last, `missed_count` = how many, or None when not
+      cheaply known (`count_fires`: arithmetic for fixed-period schedules in fixed-offset zones,
+      a walk of at most `missed_count_walk` slots otherwise; the count is informational);
+    * `skip` runs none of them (the range is first..L); `run_once` runs exactly one, the LAST
+      misfire L (the one whose successor is not a misfire), with its own `queued` row
+      (scheduled_for = L), and the range is first..the slot before L (none when L is the first).
+
+    The slots inside a range get no row of their own: the range's row and the compare-and-set of
+    `next_run_time` past them (see `ExecutionRepository.fire`) make a later row for them impossible.
+
+    `run_all` records and runs every slot, at most `max_slots_per_job` per scan (and
+    `max_slots_per_scan` per scan over all jobs): after a long outage it catches up at that
+    bounded rate, the next scan continuing where this one stopped.
     """
     assert job.next_run_time is not None
     first = job.next_run_time
-    if job.schedule_kind is ScheduleKind.ONCE:
-        due, following = [first], None
-    else:
-        schedule = job.cron_schedule
-        assert schedule is not None
-        upcoming = (fire.instant for fire in fire_times(schedule, first))
-        due = [first]
-        following = None
-        for instant in upcoming:
-            if instant > now or len(due) >= loop.max_slots_per_job:
-                following = instant
-                break
-            due.append(instant)
     misfire_before = now - loop.misfire_grace
-    for index, slot in enumerate(due):
-        status = ExecutionStatus.QUEUED
-        if slot < misfire_before:
-            successor = due[index + 1] if index + 1 < len(due) else following
-            successor_misfired = successor is not None and successor < misfire_before
-            if job.misfire_policy is MisfirePolicy.SKIP or (
-                job.misfire_policy is MisfirePolicy.RUN_ONCE and successor_misfired
-            ):
-                status = ExecutionStatus.MISSED
-        plan.slots.append(PlannedSlot(job.id, slot, status, slot))
+    if job.schedule_kind is ScheduleKind.ONCE:
+        if first < misfire_before and job.misfire_policy is MisfirePolicy.SKIP:
+            plan.slots.append(PlannedSlot(job.id, first, ExecutionStatus.MISSED, first, first, 1))
+        else:
+            plan.slots.append(PlannedSlot(job.id, first, ExecutionStatus.QUEUED, first))
+        plan.advances.append(Advance(job.id, first, None))
+        return
+    schedule = job.cron_schedule
+    assert schedule is not None
+    # The slots that run, in order: after a coalesced run of misfires, from its last slot
+    # (`run_once`) or the slot after it (`skip`); otherwise from next_run_time itself.
+    upcoming: Iterator[datetime] = itertools.chain([first], _instants(schedule, first))
+    if job.misfire_policy is not MisfirePolicy.RUN_ALL and first < misfire_before:
+        last_missed = last_fire_before(schedule, first, misfire_before)
+        through: datetime | None = last_missed
+        upcoming = _instants(schedule, last_missed)
+        if job.misfire_policy is MisfirePolicy.RUN_ONCE:
+            through = last_fire_before(schedule, first, last_missed) if last_missed > first else None
+            upcoming = itertools.chain([last_missed], upcoming)
+        if through is not None:
+            count = count_fires(schedule, first, through, walk_limit=loop.missed_count_walk)
+            plan.slots.append(PlannedSlot(job.id, first, ExecutionStatus.MISSED, first, through, count))
+    due: list[datetime] = []
+    following: datetime | None = None
+    for instant in upcoming:
+        if instant > now or len(due) >= loop.max_slots_per_job:
+            following = instant
+            break
+        due.append(instant)
+    plan.slots.extend(PlannedSlot(job.id, slot, ExecutionStatus.QUEUED, slot) for slot in due)
     plan.advances.append(Advance(job.id, first, following))
+
+
+def _instants(schedule: CronSchedule, after: datetime) -> Iterator[datetime]:
+    return (fire.instant for fire in fire_times(schedule, after))
 
 
 class LeaderLoops:
@@ -317,9 +344,10 @@ class LeaderLoops:
             ExecutionEvent(EventType.CREATED, run.run_id, run.run_id, run.job_id, 1, handler=run.handler)
             for run in queued
         ]
-        missed = sum(1 for slot in slots if slot.status is ExecutionStatus.MISSED)
+        ranges = [slot for slot in slots if slot.status is ExecutionStatus.MISSED]
+        missed = sum(slot.missed_count or 1 for slot in ranges)
         if missed:
-            log.warning("slots missed (misfire policy)", extra={"missed": missed})
+            log.warning("slots missed (misfire policy)", extra={"missed": missed, "ranges": len(ranges)})
         if events:
             await publish(self._redis, events)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import grpc
@@ -98,6 +99,41 @@ async def test_get_list_and_cancel(api: Harness) -> None:  # noqa: F811
             grpc.StatusCode.INVALID_ARGUMENT,
             field,
         )
+
+
+async def test_a_missed_range_shows_its_last_slot_and_count(api: Harness, pool: asyncpg.Pool) -> None:  # noqa: F811
+    job = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job()), metadata=api.admin)).job
+    # What the scheduler records for a run of misfires (migration 0004): one row per range.
+    insert = """INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, finished_at,
+                                            missed_through, missed_count)
+                VALUES ($1, $1, $2, $3::timestamptz, 1, 'missed', 'schedule', now(), $3::timestamptz + $4, $5)"""
+    await pool.execute(insert, uuid.uuid4(), uuid.UUID(job.id), datetime(2026, 1, 1, tzinfo=UTC), timedelta(0), 1)
+    await pool.execute(
+        insert, uuid.uuid4(), uuid.UUID(job.id), datetime(2026, 1, 2, tzinfo=UTC), timedelta(hours=1), 3601
+    )
+    await pool.execute(
+        insert, uuid.uuid4(), uuid.UUID(job.id), datetime(2026, 1, 3, tzinfo=UTC), timedelta(hours=1), None
+    )
+    listed = await api.executions.ListExecutions(
+        executions_pb2.ListExecutionsRequest(job_id=job.id, states=[executions_pb2.EXECUTION_STATE_MISSED]),
+        metadata=api.viewer,
+    )
+    ranges = sorted(
+        (e.schedule_time.ToDatetime(UTC), e.missed_through.ToDatetime(UTC), e.missed_count) for e in listed.executions
+    )
+    assert ranges == [
+        (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC), 1),
+        (datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 2, 1, tzinfo=UTC), 3601),
+        (datetime(2026, 1, 3, tzinfo=UTC), datetime(2026, 1, 3, 1, tzinfo=UTC), 0),  # 0: not counted
+    ]
+    got = await api.executions.GetExecution(
+        executions_pb2.GetExecutionRequest(id=listed.executions[0].id), metadata=api.viewer
+    )
+    assert got.execution == listed.executions[0]
+    trigger = jobs_pb2.TriggerJobRequest(id=job.id)
+    run = (await api.jobs.TriggerJob(trigger, metadata=api.operator)).execution
+    assert not run.HasField("missed_through")
+    assert run.missed_count == 0
 
 
 async def test_a_resumed_stream_gets_exactly_the_missed_events(api: Harness, redis: Redis) -> None:  # noqa: F811

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -84,3 +85,27 @@ async def test_schema_checks_match_the_rules(pool: asyncpg.Pool) -> None:
     bounds = f"CHECK (((priority >= '{rules.PRIORITY_MIN}'::integer) AND (priority <= {rules.PRIORITY_MAX})))"
     assert sorted(table for table, d in checks if "priority" in d) == ["job_executions", "jobs"]
     assert [d for _, d in checks if "priority" in d] == [bounds, bounds]
+
+
+async def test_a_missed_range_is_only_on_missed_rows_and_well_formed(pool: asyncpg.Pool) -> None:
+    """Migration 0004: a `missed` row is a range scheduled_for..missed_through of missed_count slots."""
+    job_id = await pool.fetchval(
+        "INSERT INTO jobs (name, handler, schedule_kind) VALUES ('m', 'test.echo', 'manual') RETURNING id"
+    )
+    insert = """INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger,
+                                            finished_at, missed_through, missed_count)
+                VALUES ($1, $1, $2, $3, 1, $4, 'schedule', now(), $5, $6)"""
+    slot = datetime(2026, 1, 1, tzinfo=UTC)
+    later = slot + timedelta(minutes=5)
+    await pool.execute(insert, uuid.uuid4(), job_id, slot, "missed", later, 6)
+    await pool.execute(insert, uuid.uuid4(), job_id, later, "missed", later, None)  # count unknown
+    bad = [
+        ("missed", None, None),  # a missed row without its range
+        ("skipped", later, 1),  # a range on another status
+        ("skipped", None, 1),
+        ("missed", later, 0),  # an empty range
+        ("missed", slot - timedelta(seconds=1), 1),  # ending before it starts
+    ]
+    for offset, (status, through, count) in enumerate(bad, start=1):
+        with pytest.raises(asyncpg.CheckViolationError):
+            await pool.execute(insert, uuid.uuid4(), job_id, later + timedelta(hours=offset), status, through, count)

@@ -24,7 +24,7 @@ from scheduler_grpc.control import Control
 from scheduler_grpc.db.executions import ExecutionRepository
 from scheduler_grpc.db.leadership import LeadershipRepository, TermRecord
 from scheduler_grpc.errors import Fenced, Unavailable
-from scheduler_grpc.jobs import ConcurrencyPolicy, JobSpec, ScheduleKind
+from scheduler_grpc.jobs import ConcurrencyPolicy, JobSpec, MisfirePolicy, ScheduleKind
 from scheduler_grpc.leader import Term
 from scheduler_grpc.queue import ItemState, Queue
 from scheduler_grpc.scheduler import Backoff, LeaderLoops, LoopSettings, run_scheduler
@@ -210,8 +210,8 @@ async def test_a_big_catch_up_never_stalls_the_leaders_event_loop(
     _, current = await _terms(pool)
     loops = LeaderLoops(redis, pool, LoopSettings())
     for index in range(100):
-        await control.create_job(every_second(f"late-{index}"))
-    # A 20-minute outage: 1000 slots of catch-up per job (the per-scan cap), ~50 ms of planning each.
+        await control.create_job(every_second(f"late-{index}", misfire_policy=MisfirePolicy.RUN_ALL))
+    # A 20-minute outage of `run_all` jobs: every slot is recorded and run, 250 per job per scan.
     await pool.execute("UPDATE jobs SET next_run_time = date_trunc('second', now()) - interval '20 minutes'")
     stalls: list[float] = []
 
@@ -230,9 +230,58 @@ async def test_a_big_catch_up_never_stalls_the_leaders_event_loop(
         ticking.cancel()
     # The renewal runs every TTL/3 and must answer within TTL/6: no stall may come near it.
     assert max(stalls) < 0.3, f"the loop stalled {max(stalls):.2f}s while planning"
-    recorded = await pool.fetchval("SELECT count(*) FROM job_executions")
-    assert recorded > 0
+    recorded = await pool.fetch("SELECT status, count(*) FROM job_executions GROUP BY status")
+    assert [tuple(row) for row in recorded] == [("queued", 5000)], "run_all: one row per slot, 5000 per scan"
     assert full, "a catch-up bigger than one scan's budget must ask for another scan at once"
+
+
+async def test_a_long_outage_of_500_jobs_is_one_missed_row_each_and_the_current_slots_fire_at_once(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    _, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings(misfire_grace=timedelta(seconds=1)))
+    policies = {}
+    for index in range(500):
+        policy = MisfirePolicy.SKIP if index % 2 else MisfirePolicy.RUN_ONCE
+        job = await control.create_job(every_second(f"late-{index}", misfire_policy=policy))
+        policies[job.id] = policy
+    # A 20-minute outage: 1,200 per-second slots per job, 600,000 in all, nearly all misfires.
+    outage_began = await pool.fetchval(
+        "UPDATE jobs SET next_run_time = date_trunc('second', now()) - interval '20 minutes' RETURNING next_run_time"
+    )
+    began = time.perf_counter()
+    await loops.scan_once(current)  # one batch (500 jobs): the whole outage, every job
+    took = time.perf_counter() - began
+    print(f"first scan after the outage: {took:.3f}s")
+    assert took < 1.0, f"the first scan after the outage took {took:.2f}s"
+    rows = await pool.fetch(
+        """SELECT e.job_id::text, e.run_id::text, e.status, e.scheduled_for, e.missed_through, e.missed_count,
+                  j.next_run_time
+           FROM job_executions e JOIN jobs j ON j.id = e.job_id ORDER BY e.job_id, e.scheduled_for"""
+    )
+    by_job: dict[str, list[asyncpg.Record]] = {}
+    for row in rows:
+        by_job.setdefault(row["job_id"], []).append(row)
+    assert by_job.keys() == policies.keys()
+    second = timedelta(seconds=1)
+    ready = await Queue(redis, "default").states(row["run_id"] for row in rows if row["status"] == "queued")
+    for job_id, history in by_job.items():
+        missed, *ran = history
+        assert missed["status"] == "missed"
+        assert missed["scheduled_for"] == outage_began
+        assert missed["missed_count"] == (missed["missed_through"] - outage_began) // second + 1
+        assert missed["missed_count"] >= 1100
+        assert [row["status"] for row in ran] == ["queued"] * len(ran)
+        # The slots that ran follow the range without a hole, up to the current slot, now enqueued.
+        assert [row["scheduled_for"] for row in ran] == [
+            missed["missed_through"] + second * step for step in range(1, len(ran) + 1)
+        ]
+        assert ran[-1]["scheduled_for"] == ran[-1]["next_run_time"] - second
+        assert all(ready[row["run_id"]] is ItemState.READY for row in ran)
+        # `run_once` runs exactly one misfire (the first slot run is older than the 1 s grace and
+        # the range's last slot before it); `skip` none (its runs are all within the grace).
+        within_grace = 2 if policies[job_id] is MisfirePolicy.SKIP else 3
+        assert 1 <= len(ran) <= within_grace + 1, [row["scheduled_for"] for row in ran]
 
 
 # -- the dead-letter queue is rebuilt from PostgreSQL -------------------------------------------------
@@ -345,3 +394,26 @@ async def test_a_bug_in_a_leader_loop_ends_the_scheduler_with_status_1_and_its_t
     [failure] = [record for record in caplog.records if record.getMessage() == "scheduler failed with a bug; exiting"]
     assert failure.exc_info is not None
     assert "a bug, not a store error" in "".join(traceback.format_exception(*failure.exc_info))
+
+
+async def test_no_run_can_be_backfilled_into_a_missed_range(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    _, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings(misfire_grace=timedelta(seconds=1)))
+    job = await control.create_job(every_second("late", misfire_policy=MisfirePolicy.SKIP))
+    began = await pool.fetchval(
+        "UPDATE jobs SET next_run_time = date_trunc('second', now()) - interval '10 minutes' RETURNING next_run_time"
+    )
+    await loops.scan_once(current)
+    through = await pool.fetchval("SELECT missed_through FROM job_executions WHERE status = 'missed'")
+    assert through - began > timedelta(minutes=9)
+    # Each slot of the range has its record (the range's row), as when each had a row of its own.
+    inside = [began, began + timedelta(seconds=1), began + timedelta(minutes=5), through]
+    before = began - timedelta(seconds=1)
+    created = await control.backfill_job(job.id, [*inside, before])
+    assert len(created) == 1
+    slots = await pool.fetch(
+        "SELECT scheduled_for FROM job_executions WHERE job_id = $1 AND trigger = 'backfill'", job.id
+    )
+    assert [row["scheduled_for"] for row in slots] == [before]

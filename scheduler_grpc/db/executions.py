@@ -23,7 +23,8 @@ from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
 from scheduler_grpc.jobs import RetryPolicy
 
 _COLUMNS = """e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.status, e.trigger, e.due_at, e.priority,
-    e.created_at, e.worker_id, e.started_at, e.finished_at, e.error, e.result, e.term"""
+    e.created_at, e.worker_id, e.started_at, e.finished_at, e.error, e.result, e.term, e.missed_through,
+    e.missed_count"""
 
 MAX_PAGE_SIZE = 1000
 # What a list without outputs selects (the basic view): no error, no result.
@@ -70,17 +71,26 @@ def execution_from_row(row: asyncpg.Record) -> Execution:
         error=row["error"],
         result=row["result"],
         term=row["term"],
+        # .get: not every statement that builds an Execution selects the range columns.
+        missed_through=row.get("missed_through"),
+        missed_count=row.get("missed_count"),
     )
 
 
 @dataclass(frozen=True)
 class PlannedSlot:
-    """A slot the scheduler decided about: `queued` (to run) or `missed` (misfire policy)."""
+    """A slot the scheduler decided about: `queued` (to run) or `missed` (misfire policy).
+
+    A `missed` slot is a range of slots not run (migration 0004): from `scheduled_for` through
+    `missed_through`, `missed_count` slots (None: not counted).
+    """
 
     job_id: str
     scheduled_for: datetime
     status: ExecutionStatus
     due_at: datetime
+    missed_through: datetime | None = None
+    missed_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -234,7 +244,9 @@ class ExecutionRepository:
         One statement: the fence (the term must still be current; FOR SHARE makes a concurrent
         term change wait for us), the compare-and-set of each job's next_run_time (a job whose
         next_run_time moved meanwhile is left alone, and so are its slots), and the inserts
-        (`ON CONFLICT DO NOTHING` on (job, slot, attempt): a slot can never fire twice). A job with
+        (`ON CONFLICT DO NOTHING` on (job, slot, attempt): a slot can never fire twice; a `missed`
+        range's row holds its first slot, and the compare-and-set moves next_run_time past its
+        last, so no later row can be made for a slot inside it). A job with
         `concurrency_policy = forbid` and a run still open records the slot as `skipped`.
 
         Returns:
@@ -261,14 +273,17 @@ class ExecutionRepository:
                                 SELECT 1 FROM job_executions o
                                 WHERE o.job_id = p.job_id AND o.status IN ('queued', 'running'))
                             THEN 'skipped' ELSE p.status END AS final_status
-                FROM unnest($6::uuid[], $7::uuid[], $8::timestamptz[], $9::text[], $10::timestamptz[])
-                     AS p(id, job_id, scheduled_for, status, due_at)
+                FROM unnest($6::uuid[], $7::uuid[], $8::timestamptz[], $9::text[], $10::timestamptz[],
+                            $11::timestamptz[], $12::integer[])
+                     AS p(id, job_id, scheduled_for, status, due_at, missed_through, missed_count)
                 JOIN advanced a ON a.id = p.job_id
             ), inserted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                            priority, term, finished_at, {_SNAPSHOT_COLUMNS})
+                                            priority, term, finished_at, missed_through, missed_count,
+                                            {_SNAPSHOT_COLUMNS})
                 SELECT id, id, job_id, scheduled_for, 1, final_status, 'schedule', due_at, priority, $2,
-                       CASE WHEN final_status = 'queued' THEN NULL ELSE now() END, {_SNAPSHOT_COLUMNS}
+                       CASE WHEN final_status = 'queued' THEN NULL ELSE now() END, missed_through, missed_count,
+                       {_SNAPSHOT_COLUMNS}
                 FROM planned
                 ON CONFLICT DO NOTHING
                 RETURNING id, job_id, status, priority, due_at
@@ -289,6 +304,8 @@ class ExecutionRepository:
             [slot.scheduled_for for slot in slots],
             [slot.status.value for slot in slots],
             [slot.due_at for slot in slots],
+            [slot.missed_through for slot in slots],
+            [slot.missed_count for slot in slots],
         )
         if not rows or rows[0]["fenced_in"] == 0:
             raise Fenced(f"leader term {term} is no longer current")
@@ -308,7 +325,11 @@ class ExecutionRepository:
         request_id: str | None = None,
         due_at: datetime | None = None,
     ) -> list[Queued]:
-        """Create runs outside the schedule (manual trigger, backfill), idempotent per slot / request_id."""
+        """Create runs outside the schedule (manual trigger, backfill), idempotent per slot / request_id.
+
+        A slot inside a `missed` range already has its record (the range's row), as it had when
+        each missed slot had its own row: no run is created for it.
+        """
         ids = [uuid.uuid4() for _ in slots]
         rows = await self._pool.fetch(
             f"""
@@ -318,6 +339,13 @@ class ExecutionRepository:
             SELECT s.id, s.id, job.id, s.slot, 1, 'queued', $2, coalesce($5, now()), job.priority, $4,
                    {_snapshot("job")}
             FROM job, unnest($3::uuid[], $6::timestamptz[]) AS s(id, slot)
+            WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
+                SELECT 1 FROM (
+                    SELECT m.missed_through FROM job_executions m
+                    WHERE m.job_id = job.id AND m.status = 'missed' AND m.scheduled_for <= s.slot
+                    ORDER BY m.scheduled_for DESC LIMIT 1
+                ) AS range WHERE range.missed_through >= s.slot
+            )
             ON CONFLICT DO NOTHING
             RETURNING id AS run_id, job_id, priority, due_at, handler, queue, payload
             """,

@@ -488,6 +488,8 @@ def execution_to_proto(execution: Execution) -> executions_pb2.Execution:
         start_time=timestamp(execution.started_at),
         end_time=timestamp(execution.finished_at),
         error=execution.error or "",
+        missed_through=timestamp(execution.missed_through),
+        missed_count=execution.missed_count or 0,
     )
     if execution.result is not None:
         message.result.CopyFrom(json_value(execution.result))
