@@ -5,7 +5,9 @@ Invariants (each violation is reported with the slots or runs it concerns):
 * duplicate slot: more than one run for one (job, scheduled slot) -- a slot fired twice;
 * duplicate success: more than one `succeeded` attempt of one run -- a late completion accepted;
 * lost slot (hole): a slot the schedule expects in the window with no row at all; a slot recorded
-  `missed` or `skipped` is explained by the job's misfire or concurrency policy and counted apart;
+  `missed` or `skipped` is explained by the job's misfire or concurrency policy and counted apart,
+  and so is a slot inside a recorded run of misfires (one `missed` row from `scheduled_for` through
+  `missed_through`); a slot inside such a range that also has a run of its own is a duplicate;
 * failed: a fired run of a job that always succeeds whose last attempt ended otherwise (dead,
   cancelled, abandoned ...): the run was fired but never completed;
 * stuck: a run whose last attempt is still `queued` or `running` after healing and settling;
@@ -170,17 +172,31 @@ async def check(
         end,
     )
     recorded: dict[tuple[str, datetime], asyncpg.Record] = {(str(r["job_id"]), r["scheduled_for"]): r for r in rows}
+    ranges: dict[str, list[tuple[datetime, datetime]]] = {}
+    for r in await pool.fetch(
+        """SELECT job_id, scheduled_for, missed_through FROM job_executions
+           WHERE job_id = ANY($1::uuid[]) AND status = 'missed' AND missed_through > scheduled_for
+             AND missed_through >= $2 AND scheduled_for <= $3""",
+        job_ids,
+        start,
+        end,
+    ):
+        ranges.setdefault(str(r["job_id"]), []).append((r["scheduled_for"], r["missed_through"]))
     lost: list[str] = []
+    inside_range_and_run: list[str] = []
     for job in jobs:
         for slot in expected_slots(job, start, end):
             report.expected += 1
             row = recorded.get((job.id, slot))
-            if row is None:
+            in_range = any(first <= slot <= through for first, through in ranges.get(job.id, ()))
+            if row is None and not in_range:
                 lost.append(_slot(job.id, slot))
-            elif set(row["first_status"] or ()) <= set(POLICY):
+            elif row is None or set(row["first_status"] or ()) <= set(POLICY):
                 report.explained += 1
             else:
                 report.fired += 1
+                if in_range:
+                    inside_range_and_run.append(_slot(job.id, slot))
     report.lost = len(lost)
     report.add("lost slot (expected, never recorded)", lost)
 
@@ -200,8 +216,9 @@ async def check(
                WHERE status = 'succeeded' GROUP BY run_id HAVING count(*) > 1"""
         )
     ]
-    report.duplicated = len(duplicated) + len(twice)
+    report.duplicated = len(duplicated) + len(twice) + len(inside_range_and_run)
     report.add("duplicate slot (one slot, several runs)", duplicated)
+    report.add("duplicate slot (recorded missed in a range, and run)", inside_range_and_run)
     report.add("duplicate success (several succeeded attempts of one run)", twice)
 
     latest = await pool.fetch(

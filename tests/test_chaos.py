@@ -90,23 +90,24 @@ async def test_checker_reports_a_planted_duplicate_hole_stuck_run_and_stale_writ
     )
     await pool.execute("UPDATE jobs SET status = 'paused', next_run_time = NULL")
     base = datetime(2030, 1, 1, tzinfo=UTC)
-    slots = [base + timedelta(seconds=i) for i in range(8)]
+    slots = [base + timedelta(seconds=i) for i in range(12)]
     await pool.execute("INSERT INTO leader_state (scope, term, holder) VALUES ('scheduler', 1, 'a')")
     await pool.execute("UPDATE leader_state SET term = 2, holder = 'b'")
 
     async def row(slot: datetime, status: str, *, run_id: uuid.UUID | None = None, attempt: int = 1,
-                  term: int | None = 2) -> uuid.UUID:  # fmt: skip
+                  term: int | None = 2, missed_through: datetime | None = None) -> uuid.UUID:  # fmt: skip
         row_id = uuid.uuid4()
         running = status in ("running", "succeeded", "failed")
         await pool.execute(
             """INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, term,
-                   worker_id, started_at, finished_at, claim_token)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)""",
+                   worker_id, started_at, finished_at, claim_token, missed_through)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)""",
             row_id, run_id or row_id, uuid.UUID(job.id), slot, attempt, status,
             "schedule" if attempt == 1 else "retry", term if attempt == 1 else None,
             "w:1:x" if running else None, slot if running else None,
             None if status in ("queued", "running") else slot + timedelta(milliseconds=10),
             "token" if status == "running" else None,
+            (missed_through or slot) if status == "missed" else None,
         )  # fmt: skip
         return row_id
 
@@ -121,14 +122,17 @@ async def test_checker_reports_a_planted_duplicate_hole_stuck_run_and_stale_writ
     await row(slots[5], "running")  # stuck
     await row(slots[6], "missed")  # explained by the misfire policy
     await row(slots[7], "succeeded", term=1)  # written under term 1 after term 2 was recorded
+    await row(slots[8], "missed", missed_through=slots[10])  # one row for a run of three misfires
+    await row(slots[9], "succeeded")  # ... one of which also ran: a second fire of that slot
+    await row(slots[11], "succeeded")
 
     try:
         report = await check(pool, jobs=[await control.jobs.get(job.id)], start=slots[0], end=slots[-1])
     finally:  # the session database is shared: leave leader_state as the other tests expect it
         await pool.execute("DROP TRIGGER chaos_term_history ON leader_state; DROP TABLE chaos_term_history")
 
-    assert (report.expected, report.fired, report.explained, report.lost) == (8, 6, 1, 1)
-    assert report.duplicated == 2
+    assert (report.expected, report.fired, report.explained, report.lost) == (12, 8, 3, 1)
+    assert report.duplicated == 3
     assert report.stuck == 1
     assert report.stale == 1
     assert report.failed == 0
@@ -136,6 +140,7 @@ async def test_checker_reports_a_planted_duplicate_hole_stuck_run_and_stale_writ
     assert f"{job.id[:8]}@00:00:02.000" in invariants["lost slot (expected, never recorded)"]
     assert f"{job.id[:8]}@00:00:03.000 x2" in invariants["duplicate slot (one slot, several runs)"]
     assert "attempts [1, 2]" in invariants["duplicate success (several succeeded attempts of one run)"]
+    assert f"{job.id[:8]}@00:00:09.000" in invariants["duplicate slot (recorded missed in a range, and run)"]
     assert "running" in invariants["stuck (not final after settling)"]
     assert "term 1 < 2" in invariants["write accepted under a stale term"]
 
