@@ -321,6 +321,12 @@ class LeaderElector:
         self._resign.set()
         await self._idle.wait()
 
+    def resign(self) -> None:
+        """Ask to step down as `release()` does, without waiting: for the leader's own work, which
+        `run()` cancels as a consequence (so it cannot await the release itself)."""
+        if self._term is not None:
+            self._resign.set()
+
     # --- standing by -------------------------------------------------------------------------
 
     async def _campaign(self, pubsub: PubSub) -> Term:

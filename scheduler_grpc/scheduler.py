@@ -140,6 +140,8 @@ class LoopSettings:
     reconcile_grace: timedelta = timedelta(seconds=2)  # rows younger than this may be mid-enqueue [2 s]
     max_stalls: int = 3  # [3]
     stale_running_grace: timedelta = timedelta(seconds=30)  # running past timeout + this: worker gone [30 s]
+    # A leader whose scan has made no progress this long hands over [2 x leader TTL, at least 3 scans].
+    step_down_after: timedelta = timedelta(seconds=5)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LoopSettings:
@@ -149,6 +151,7 @@ class LoopSettings:
             reconcile_interval=settings.reconcile_interval,
             max_stalls=settings.max_stalls,
             stale_running_grace=settings.visibility_timeout,
+            step_down_after=max(2 * settings.leader_ttl, 3 * settings.scan_interval),
         )
 
 
@@ -225,11 +228,32 @@ def _instants(schedule: CronSchedule, after: datetime) -> Iterator[datetime]:
 
 
 class LeaderLoops:
-    """The leader's work for one term; `lead` is what `LeaderElector.run` calls."""
+    """The leader's work for one term; `lead` is what `LeaderElector.run` calls.
 
-    def __init__(self, redis: Redis, pool: Pool, loop: LoopSettings, *, default_queue: str = "default"):
+    Args:
+        redis: The queues, events and the DLQ.
+        pool: PostgreSQL.
+        loop: Timings.
+        default_queue: A queue to look after even before any job names it.
+        step_down: Hands leadership over (`LeaderElector.resign`); called when the scan has made no
+            progress for `loop.step_down_after` (this process cannot reach PostgreSQL or Redis
+            while a standby may), so a standby that can takes over within milliseconds instead of
+            the leader holding the lock through the partition. None: never.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        pool: Pool,
+        loop: LoopSettings,
+        *,
+        default_queue: str = "default",
+        step_down: Callable[[], None] | None = None,
+    ):
         self._redis = redis
         self._loop = loop
+        self._step_down = step_down
+        self._scanned_at = time.monotonic()
         self._jobs = JobRepository(pool)
         self._executions = ExecutionRepository(pool)
         self._changes = JobChanges(pool)
@@ -247,9 +271,12 @@ class LeaderLoops:
         metrics.LEADER.set(1)
         metrics.LEADER_TERM.set(term.token)
         metrics.LEADERSHIP_CHANGES.inc()
+        self._scanned_at = time.monotonic()
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._scan_loop(term), name="scan")
+                if self._step_down is not None:
+                    group.create_task(self._watch_progress(term, self._step_down), name="progress")
                 group.create_task(self._every(self._loop.recover_interval, self._recover, term), name="recover")
                 group.create_task(self._every(self._loop.promote_interval, self._promote, term), name="promote")
                 group.create_task(self._every(self._loop.reconcile_interval, self._reconcile, term), name="reconcile")
@@ -287,6 +314,7 @@ class LeaderLoops:
                 async with asyncio.timeout(_STEP_TIMEOUT_S):
                     await self._changes.listen()
                     full = await self.scan_once(term) if term.is_valid() else False
+                self._scanned_at = time.monotonic()
                 if not full:
                     await self._sleep_until_next_due()
             except asyncio.CancelledError:
@@ -295,6 +323,25 @@ class LeaderLoops:
                 await asyncio.sleep(backoff.failed(exc))
             else:
                 backoff.succeeded()
+
+    async def _watch_progress(self, term: Term, step_down: Callable[[], None]) -> None:
+        """Hand leadership over when the scan makes no progress (see `step_down` in the constructor).
+
+        A leader cut off from PostgreSQL but not from Redis would otherwise renew its lock through
+        the whole partition and fire nothing; a standby that reaches both can lead instead. If no
+        scheduler reaches the stores, leadership just changes hands until one does.
+        """
+        limit = self._loop.step_down_after.total_seconds()
+        while True:
+            await asyncio.sleep(min(limit / 4, 0.5))
+            stalled = time.monotonic() - self._scanned_at
+            if stalled > limit:
+                log.warning(
+                    "leader makes no progress; handing leadership over",
+                    extra={"term": term.token, "stalled_s": round(stalled, 1)},
+                )
+                step_down()
+                return
 
     async def scan_once(self, term: Term) -> bool:
         """One scan: record and enqueue what is due. Returns True if the batch was full."""
@@ -474,7 +521,10 @@ async def run_scheduler(settings: Settings, args: argparse.Namespace, stop: asyn
         elector = LeaderElector(
             conns.redis, LeadershipRepository(conns.pool), holder=holder_name(), ttl=settings.leader_ttl
         )
-        loops = LeaderLoops(conns.redis, conns.pool, LoopSettings.from_settings(settings), default_queue=settings.queue)
+        loops = LeaderLoops(
+            conns.redis, conns.pool, LoopSettings.from_settings(settings),
+            default_queue=settings.queue, step_down=elector.resign,
+        )  # fmt: skip
         campaign = asyncio.create_task(elector.run(loops.lead), name="campaign")
         stopper = asyncio.create_task(stop.wait(), name="stop")
         await asyncio.wait([campaign, stopper], return_when=asyncio.FIRST_COMPLETED)

@@ -25,6 +25,7 @@ from scheduler_grpc.db.executions import ExecutionRepository
 from scheduler_grpc.db.leadership import LeadershipRepository, TermRecord
 from scheduler_grpc.errors import Fenced, Unavailable
 from scheduler_grpc.jobs import ConcurrencyPolicy, JobSpec, MisfirePolicy, ScheduleKind
+from scheduler_grpc.keys import LeaderKeys
 from scheduler_grpc.leader import Term
 from scheduler_grpc.queue import ItemState, Queue
 from scheduler_grpc.scheduler import Backoff, LeaderLoops, LoopSettings, run_scheduler
@@ -417,3 +418,31 @@ async def test_no_run_can_be_backfilled_into_a_missed_range(
         "SELECT scheduled_for FROM job_executions WHERE job_id = $1 AND trigger = 'backfill'", job.id
     )
     assert [row["scheduled_for"] for row in slots] == [before]
+
+
+async def test_a_leader_cut_off_from_postgresql_hands_over_to_a_standby_that_reaches_it(  # noqa: PLR0917
+    roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis, database_url: str,
+    pg_proxy: FaultProxy,
+) -> None:  # fmt: skip
+    # Only the first scheduler reaches PostgreSQL through the proxy; both reach Redis. It leads first.
+    cut_off = roles.start("scheduler", DATABASE_URL=pg_proxy.url(database_url))
+    await wait_until_ready(redis, workers=0)
+    job = await control.create_job(every_second("tick"))
+    await eventually(lambda: _fires_after(pool, job.id, job.created_at), within=15)
+    standby = roles.start("scheduler")
+
+    async def subscribed() -> bool:  # the standby waits on the release channel
+        return bool(await redis.pubsub_numsub(LeaderKeys().released) == [(LeaderKeys().released.encode(), 2)])
+
+    await eventually(subscribed, within=15)
+    pg_proxy.blackhole()  # silence, as a partition: no error until a timeout
+    cut_at = await pool.fetchval("SELECT now()")
+    try:
+        # Before: the leader renewed its lock through the whole partition and nothing fired.
+        await eventually(lambda: _fires_after(pool, job.id, cut_at), within=15)
+        fired_by = await pool.fetchval("SELECT holder FROM leader_state WHERE scope = 'scheduler'")
+        assert fired_by.startswith(f"{standby.name}:")
+        assert _lines(cut_off, "leader makes no progress; handing leadership over")
+    finally:
+        pg_proxy.heal()
+    assert cut_off.process.poll() is None
