@@ -31,6 +31,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py
 	$(BIN)/python bench/scheduling_bench.py
+	$(BIN)/python bench/catchup_bench.py --jobs 200 --minutes 10
 	$(BIN)/python bench/throughput_bench.py
 	$(BIN)/python bench/api_load_bench.py
 

@@ -293,7 +293,7 @@ async def test_a_leader_stopped_inside_a_fenced_transaction_does_not_block_the_n
     _, current = await _terms(pool)
     leadership = LeadershipRepository(pool)
     began = time.monotonic()
-    with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, OSError)):
+    with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)):
         async with ExecutionRepository(pool).fenced(current.token):
             # This transaction now holds leader_state FOR SHARE and goes idle, as a SIGSTOPped or
             # stalled leader's would: the next term must still be recorded, soon.
