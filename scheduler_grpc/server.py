@@ -37,6 +37,7 @@ from redis.asyncio import Redis
 
 from scheduler_grpc import metrics
 from scheduler_grpc.auth import DEV_ADMIN_PASSWORD, Authenticator, admin_password
+from scheduler_grpc.cluster import ClusterView
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.control import Control
@@ -300,11 +301,9 @@ async def serve(
             control=Control(redis, pool, registry, misfire_grace=settings.misfire_grace),
             auth=authenticator,
             fanout=fanout,
-            redis=redis,
-            leadership=LeadershipRepository(pool, timeout=timeout),
+            cluster=ClusterView(redis, LeadershipRepository(pool, timeout=timeout), timeout=timeout),
             handlers=registry,
             metrics=recorder,
-            timeout=timeout,
         )
         server = grpc.aio.server(
             interceptors=[

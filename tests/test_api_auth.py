@@ -166,7 +166,7 @@ def wide_admission(harness: Harness) -> Authenticator:
     """An authenticator on the harness's stores that admits any number of logins at once, so only
     the failure limits (not the shedding of a flood) decide which attempts are checked."""
     pool = harness.server.api.control.jobs._pool
-    return Authenticator(harness.server.api.redis, UserRepository(pool), ApiKeyRepository(pool),
+    return Authenticator(harness.server.api.control._redis, UserRepository(pool), ApiKeyRepository(pool),
                          session_ttl=timedelta(hours=1), hasher=FAST_HASHER, max_queued_logins=10_000)  # fmt: skip
 
 
