@@ -345,3 +345,30 @@ async def test_a_bug_in_a_leader_loop_ends_the_scheduler_with_status_1_and_its_t
     [failure] = [record for record in caplog.records if record.getMessage() == "scheduler failed with a bug; exiting"]
     assert failure.exc_info is not None
     assert "a bug, not a store error" in "".join(traceback.format_exception(*failure.exc_info))
+
+
+# -- one rule for store faults --------------------------------------------------------------------
+
+
+async def test_the_leader_loops_tell_store_faults_from_bugs_as_the_worker_does(
+    pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    # A wrong request is a bug (the role ends, traceback logged), as in the worker: retrying it
+    # forever with backoff would hide it. A store that cannot serve, or a fenced write, is ridden out.
+    for call in (pool.execute("SELECT no_such_column FROM jobs"), redis.execute_command("NOSUCHCOMMAND")):
+        try:
+            await call
+        except Exception as exc:  # the error a real server answered
+            wrong: Exception = exc
+        else:
+            raise AssertionError("expected the call to fail")
+        with pytest.raises(type(wrong)):
+            Backoff("probe").failed(wrong)
+    try:
+        await asyncpg.connect("postgresql://127.0.0.1:1/none", timeout=2)
+    except Exception as exc:
+        unreachable: Exception = exc
+    else:
+        raise AssertionError("expected the connection to fail")
+    assert Backoff("probe").failed(unreachable) > 0
+    assert Backoff("probe").failed(Fenced("a newer term exists")) > 0
