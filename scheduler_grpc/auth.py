@@ -52,6 +52,7 @@ from redis.commands.core import AsyncScript
 from scheduler_grpc.db.api_keys import ApiKeyRecord, ApiKeyRepository
 from scheduler_grpc.db.users import User, UserRepository
 from scheduler_grpc.errors import ConfigError, InvalidArgument, SchedulerError
+from scheduler_grpc.keys import AuthKeys
 
 log = logging.getLogger(__name__)
 
@@ -219,35 +220,6 @@ def set_current_principal(principal: Principal | None) -> contextvars.Token[Prin
 
 def reset_current_principal(token: contextvars.Token[Principal | None]) -> None:
     _CURRENT.reset(token)
-
-
-@dataclass(frozen=True)
-class AuthKeys:
-    """Redis keys of sessions and login rate limits (one hash tag: a Cluster slot of their own)."""
-
-    def session(self, token_hash: bytes) -> str:
-        """STRING: the session's principal as JSON, expiring with the session."""
-        return f"{{auth}}:session:{token_hash.hex()}"
-
-    def failures_by_username(self, username: str) -> str:
-        """STRING counter of failed logins for one username, expiring after the window."""
-        return f"{{auth}}:login-failures:user:{username.lower()}"
-
-    def failures_by_peer(self, peer: str) -> str:
-        """STRING counter of failed logins from one peer address, expiring after the window."""
-        return f"{{auth}}:login-failures:peer:{peer}"
-
-    def failures_by_pair(self, username: str, peer: str) -> str:
-        """STRING counter of failed logins for one username from one address (an address has no `/`)."""
-        return f"{{auth}}:login-failures:pair:{peer}/{username.lower()}"
-
-    def known_address(self, username: str, peer: str) -> str:
-        """STRING marker: `peer` logged in as this username recently (expires after KNOWN_ADDRESS_TTL)."""
-        return f"{{auth}}:login-known:{peer}/{username.lower()}"
-
-    def login_slots(self, username: str) -> str:
-        """HASH lane (`clean`, `suspect`) -> ms since the epoch before which that lane may not try."""
-        return f"{{auth}}:login-slots:user:{username.lower()}"
 
 
 @dataclass(frozen=True)

@@ -6,25 +6,30 @@ outbox order; the leader's reconcile loop repairs a crash in between).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 from redis.asyncio import Redis
 
-from scheduler_grpc import events, metrics
+from scheduler_grpc import metrics
 from scheduler_grpc.db.executions import ExecutionRepository, Queued
 from scheduler_grpc.db.jobs import JobRepository
-from scheduler_grpc.dispatch import Queues, cancel_runs, enqueue_runs
-from scheduler_grpc.errors import FailedPrecondition, InvalidArgument
-from scheduler_grpc.events import EventType, ExecutionEvent
+from scheduler_grpc.db.pool import Pool
+from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_new_runs
+from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.executions import Execution, Trigger
 from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
 from scheduler_grpc.queue import MAX_BATCH
+from scheduler_grpc.schedule import CronSchedule, fire_times
 
 MAX_REQUEST_ID_LENGTH = 128
+MAX_BACKFILL_SLOTS = 1000
+# An update without an expected version merges onto the job as read; if someone else writes in
+# between, the merge is redone on the new version ("last writer wins", not ABORTED).
+UPDATE_ATTEMPTS = 3
 DEFAULT_MISFIRE_GRACE = timedelta(seconds=60)  # SCHEDULER_MISFIRE_GRACE's default
 
 
@@ -44,13 +49,23 @@ def _check_request_id(request_id: str | None) -> str | None:
     return request_id
 
 
+def _slots(schedule: CronSchedule, start: datetime, end: datetime) -> list[datetime]:
+    """Fire times in [start, end), at most MAX_BACKFILL_SLOTS + 1 (the caller refuses more)."""
+    slots: list[datetime] = []
+    for fire in fire_times(schedule, start - timedelta(microseconds=1)):
+        if fire.instant >= end or len(slots) > MAX_BACKFILL_SLOTS:
+            break
+        slots.append(fire.instant)
+    return slots
+
+
 class Control:
     """Jobs and runs, as an operator or another service manipulates them."""
 
     def __init__(
         self,
         redis: Redis,
-        pool: asyncpg.Pool,
+        pool: Pool,
         handlers: PayloadValidator,
         *,
         misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE,
@@ -91,6 +106,28 @@ class Control:
         job = await self.jobs.update(job_id, spec, next_run, version)
         metrics.JOBS_UPDATED.inc()
         return job
+
+    async def merge_job(self, job_id: str, merge: Callable[[Job], JobSpec], expected_version: int | None = None) -> Job:
+        """Update a job with the spec `merge` makes of it as it stands (a partial update).
+
+        With `expected_version`, the job must still be at that version (else `Aborted`). Without it,
+        a concurrent write between the read and the update makes the merge run again on the new
+        version, up to `UPDATE_ATTEMPTS` times.
+
+        Raises:
+            Aborted: the job is not at `expected_version`, or kept changing under the merge.
+            NotFound: no such job.
+        """
+        for attempt in range(1, UPDATE_ATTEMPTS + 1):
+            current = await self.jobs.get(job_id)
+            if expected_version is not None and current.version != expected_version:
+                raise Aborted(f"etag: job changed meanwhile (now {current.etag}); read it again and retry")
+            try:
+                return await self.update_job(job_id, merge(current), expected_version=current.version)
+            except Aborted:
+                if expected_version is not None or attempt == UPDATE_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _check_run_at(self, spec: JobSpec, now: datetime) -> None:
         """Refuse a one-shot time already past the misfire grace.
@@ -134,6 +171,50 @@ class Control:
         await self._dispatch(runs)
         return runs
 
+    async def trigger_execution(self, job_id: str, *, request_id: str | None = None) -> Execution:
+        """Run a job now and return the run's first attempt; a repeated `request_id` returns the
+        attempt its first call created, running nothing again.
+
+        Raises:
+            NotFound: no such job.
+        """
+        runs = await self.trigger_job(job_id, request_id=request_id)
+        if runs:
+            return await self.executions.get(runs[0].run_id)
+        if request_id is not None:  # the same request ran before: answer with its run
+            return await self.executions.get_by_request_id(job_id, request_id)
+        raise NotFound(f"job {job_id} not found")
+
+    async def backfill_range(self, job_id: str, start: datetime, end: datetime) -> list[Execution]:
+        """One run per slot of a cron job's schedule in [start, end) that has none yet (trigger
+        `backfill`); returns their first attempts, oldest slot first.
+
+        Raises:
+            InvalidArgument: `end` in the future or not after `start` (field `end_time`), more than
+                `MAX_BACKFILL_SLOTS` slots in the range (`end_time`), or a range the calendar cannot
+                walk (`start_time`).
+            FailedPrecondition: not a cron job.
+        """
+        if end > datetime.now(UTC):
+            raise InvalidArgument("end_time", "must not be in the future")
+        if end <= start:
+            raise InvalidArgument("end_time", "must be after start_time")
+        job = await self.jobs.get(job_id)
+        schedule = job.cron_schedule
+        if schedule is None:
+            raise FailedPrecondition("id: only cron jobs can be backfilled")
+        try:
+            # Up to MAX_BACKFILL_SLOTS cron steps: CPU work kept off the event loop.
+            slots = await asyncio.to_thread(_slots, schedule, start, end)
+        except (OverflowError, ValueError):  # datetime begins at year 1: a walk from its edge overflows
+            raise InvalidArgument("start_time", "too close to year 1 for this schedule; start later") from None
+        if len(slots) > MAX_BACKFILL_SLOTS:
+            raise InvalidArgument(
+                "end_time", f"the range holds more than {MAX_BACKFILL_SLOTS} slots; backfill it in smaller ranges"
+            )
+        runs = await self.backfill_job(job.id, slots)
+        return await self.executions.get_many([run.run_id for run in runs])
+
     async def backfill_job(self, job_id: str, slots: Sequence[datetime]) -> list[Queued]:
         """One run per past slot (idempotent per slot), trigger `backfill`."""
         job = await self.jobs.get(job_id)
@@ -143,8 +224,24 @@ class Control:
         await self._dispatch(runs)
         return runs
 
-    async def requeue_dead_runs(self, queue: str, run_ids: Sequence[str]) -> list[Queued]:
-        """Give dead runs a new attempt and move them from the dead-letter queue back to ready."""
+    async def requeue_dead_runs(self, queue: str, run_ids: Sequence[str] | None) -> list[Queued]:
+        """Give dead runs a new attempt and move them from the dead-letter queue back to ready
+        (None: every dead run of `queue`; items that are not runs, no UUID id, stay)."""
+        if run_ids is not None:
+            return await self._requeue_dead(queue, run_ids)
+        requeued: list[Queued] = []
+        token: str | None = None
+        target = self.queues.get(queue)
+        while True:
+            # Page through the dead set once (the page order is stable while items leave it), so
+            # runs PostgreSQL refuses to requeue cannot keep the loop going.
+            page = await target.list_dead(MAX_BATCH, token)
+            requeued += await self._requeue_dead(queue, [item.id for item in page.items if _is_uuid(item.id)])
+            if page.next_page_token is None:
+                return requeued
+            token = page.next_page_token
+
+    async def _requeue_dead(self, queue: str, run_ids: Sequence[str]) -> list[Queued]:
         runs = await self.executions.requeue_runs(run_ids)
         if runs:
             await self.queues.get(queue).requeue_dead([run.run_id for run in runs])
@@ -192,10 +289,4 @@ class Control:
         return latest[0]
 
     async def _dispatch(self, runs: Sequence[Queued]) -> None:
-        if not runs:
-            return
-        await enqueue_runs(self.queues, runs)
-        await events.publish(self._redis, [
-            ExecutionEvent(EventType.CREATED, run.run_id, run.run_id, run.job_id, 1, handler=run.handler)
-            for run in runs
-        ])  # fmt: skip
+        await dispatch_new_runs(self._redis, self.queues, runs)

@@ -61,6 +61,26 @@ async def enqueue_runs(queues: Queues, runs: Sequence[Queued], now: datetime | N
     return added
 
 
+def created_events(runs: Sequence[Queued]) -> list[ExecutionEvent]:
+    """The CREATED event of each new run (its first attempt's execution id is the run id)."""
+    return [
+        ExecutionEvent(EventType.CREATED, run.run_id, run.run_id, run.job_id, 1, handler=run.handler) for run in runs
+    ]
+
+
+async def dispatch_new_runs(redis: Redis, queues: Queues, runs: Sequence[Queued], now: datetime | None = None) -> int:
+    """Announce new runs (CREATED), then enqueue them; returns how many were new to Redis.
+
+    CREATED goes to the events stream before the run is in its queue, so no worker can claim it and
+    publish STARTED first: a watcher sees CREATED before any later event of the run. If the enqueue
+    then fails, PostgreSQL still has the run queued and the leader's reconcile enqueues it.
+    """
+    if not runs:
+        return 0
+    await events.publish(redis, created_events(runs))
+    return await enqueue_runs(queues, runs, now)
+
+
 async def cancel_runs(
     redis: Redis,
     queues: Queues,

@@ -1,8 +1,12 @@
 """Execution events: every lifecycle transition is appended to one capped Redis Stream.
 
-Writers add events in the same pipeline as the queue change they describe; gRPC servers read the
-stream (one reader per process) and fan it out to subscribers, who resume from the last stream id
-they saw. The stream is capped (approximately, `MAXLEN ~`) so it cannot grow without bound.
+Writers add an event right after the change it describes (a separate Redis call, not the same
+script), except CREATED, which is added just before the run is enqueued
+(`dispatch.dispatch_new_runs`), so a run's CREATED precedes its STARTED. An event is lost if its
+writer dies in between (the change itself stays recorded in PostgreSQL); a publish the client
+resends after a lost reply does not append twice (see `resend`). gRPC servers read the stream (one
+reader per process) and fan it out to subscribers, who resume from the last stream id they saw.
+The stream is capped (approximately, `MAXLEN ~`) so it cannot grow without bound.
 """
 
 from __future__ import annotations

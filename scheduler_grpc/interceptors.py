@@ -31,10 +31,8 @@ from datetime import timedelta
 from typing import Any, Final
 
 import grpc
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scheduler_grpc import auth
+from scheduler_grpc import auth, stores
 from scheduler_grpc.auth import Authenticator, PermissionDenied, ResourceExhausted, Unauthenticated
 from scheduler_grpc.errors import (
     Aborted,
@@ -44,7 +42,6 @@ from scheduler_grpc.errors import (
     InvalidArgument,
     LeaseLost,
     NotFound,
-    Unavailable,
 )
 from scheduler_grpc.events import FanoutClosed, SubscriberTooSlow
 from scheduler_grpc.logs import TRACE
@@ -90,24 +87,6 @@ _SEND_MESSAGE: Final = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
-# SQLSTATE classes of a PostgreSQL that is unreachable, restarting or out of connections.
-_PG_UNAVAILABLE_CLASSES: Final = frozenset({"08", "53", "57"})
-_PG_CONNECTION_ERRORS: Final = frozenset({"InterfaceError", "ConnectionDoesNotExistError", "PoolConnectionError"})
-
-
-def _backend_unavailable(exc: BaseException) -> bool:
-    """Whether `exc` means Redis or PostgreSQL could not be reached or did not answer in time."""
-    if isinstance(exc, Unavailable | RedisConnectionError | RedisTimeoutError | ConnectionError | TimeoutError):
-        return True
-    if isinstance(exc, OSError):
-        return True
-    # asyncpg is imported by db/ only; recognise its connection failures by their SQLSTATE / class.
-    sqlstate = getattr(exc, "sqlstate", None)
-    if isinstance(sqlstate, str) and sqlstate[:2] in _PG_UNAVAILABLE_CLASSES:
-        return True
-    return type(exc).__module__.startswith("asyncpg") and any(
-        cls.__name__ in _PG_CONNECTION_ERRORS for cls in type(exc).__mro__
-    )
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -115,7 +94,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     for kind, code in _STATUS:
         if isinstance(exc, kind):
             return code, str(exc) if code in _SEND_MESSAGE else str(exc) or UNAVAILABLE_MESSAGE
-    if _backend_unavailable(exc):
+    if stores.is_unavailable(exc):
         return grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_MESSAGE
     return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
 

@@ -49,11 +49,9 @@ from typing import Any, NoReturn
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
-from redis.exceptions import RedisError
 
-from scheduler_grpc import metrics, scripts
+from scheduler_grpc import metrics, scripts, stores
 from scheduler_grpc.db.leadership import LeadershipRepository
-from scheduler_grpc.errors import Unavailable
 from scheduler_grpc.keys import LeaderKeys
 
 log = logging.getLogger(__name__)
@@ -63,20 +61,8 @@ DEFAULT_TTL = timedelta(milliseconds=2500)
 DEFAULT_RETRY_INTERVAL = timedelta(seconds=1)
 """Longest a standby waits between two looks at the lock, and the pause after a failed attempt."""
 
-# Errors of a Redis call (TimeoutError: our own asyncio.timeout around it).
-_REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 # A failed campaign attempt is logged when the failures start, then at most this often until one succeeds.
 _STILL_FAILING_LOG_S = 60.0
-
-
-def _is_store_fault(exc: BaseException) -> bool:
-    """Whether `exc` is a fault of Redis or PostgreSQL rather than a bug.
-
-    Beyond the usual errors, a connection torn down mid-call can surface as a RuntimeError of the
-    event loop's transport ("the handler is closed") raised inside redis-py: the raising library's
-    frames tell (`metrics.store_of`).
-    """
-    return isinstance(exc, (*_REDIS_ERRORS, Unavailable)) or metrics.store_of(exc) is not None
 
 
 # A standby wakes this long after the lock's PTTL, so its SET NX does not race the expiry itself.
@@ -354,7 +340,7 @@ class LeaderElector:
                 wait = await self._until_lock_expires()
                 _raise_if_cancelled()
             except Exception as exc:
-                if not (_is_store_fault(exc) or isinstance(exc, _TermRefused)):
+                if not (stores.is_fault(exc) or isinstance(exc, _TermRefused)):
                     raise
                 metrics.store_error(exc)
                 failures += 1
@@ -450,7 +436,7 @@ class LeaderElector:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=remaining)
                 _raise_if_cancelled()
             except Exception as exc:
-                if not _is_store_fault(exc):
+                if not stores.is_fault(exc):
                     raise
                 log.warning(
                     "leader release channel failed; polling the lock instead",
@@ -556,7 +542,7 @@ class LeaderElector:
                 metrics.store_error(exc, "redis")
                 return self._ended(term, f"renewal got no answer within {budget * 1000:.0f}ms")
             except Exception as exc:
-                if not _is_store_fault(exc):
+                if not stores.is_fault(exc):
                     raise
                 metrics.store_error(exc, "redis")
                 return self._ended(term, f"renewal failed: {exc!r}")
@@ -578,7 +564,7 @@ class LeaderElector:
             async with asyncio.timeout(self._call_timeout_s):
                 released = await self._release_lock_script(keys=[self._keys.lock], args=[lease_id, self._keys.released])
         except Exception as exc:
-            if not _is_store_fault(exc):
+            if not stores.is_fault(exc):
                 raise
             log.warning(
                 "could not release the leader lock; it expires on its own",
@@ -592,7 +578,7 @@ class LeaderElector:
             async with asyncio.timeout(self._call_timeout_s):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
         except Exception as exc:
-            if not _is_store_fault(exc):
+            if not stores.is_fault(exc):
                 raise
             log.debug("closing the leader pub/sub connection failed", extra={"error": repr(exc)})
 

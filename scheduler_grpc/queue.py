@@ -28,8 +28,6 @@ The queue knows nothing of gRPC or PostgreSQL; the scheduler records what `recov
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import functools
 import logging
@@ -44,7 +42,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scheduler_grpc import resend
+from scheduler_grpc import pagetokens, resend
 from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
 from scheduler_grpc.keys import QueueKeys
 from scheduler_grpc.rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RULE, is_queue_name
@@ -627,7 +625,7 @@ class Queue:
             InvalidArgument: a bad page size or a page token not from `list_dead`.
         """
         _check_count(page_size, "page_size")
-        after_ms, after_id = ("", "") if not page_token else _decode_page_token(page_token)
+        after_ms, after_id = ("", "") if not page_token else _decode_page_token(self.name, page_token)
         reply = await self._run(self._list_dead, (page_size, after_ms, after_id))
         items = [
             DeadItem(
@@ -644,7 +642,7 @@ class Queue:
         next_token = None
         if more and items:
             last = len(reply) - 6
-            next_token = _encode_page_token(_text(reply[last + 1]), items[-1].id)
+            next_token = _encode_page_token(self.name, _text(reply[last + 1]), items[-1].id)
         return DeadPage(items=items, next_page_token=next_token)
 
     async def requeue_dead(self, ids: Iterable[str] | None, *, batch: int = MAX_BATCH) -> list[str]:
@@ -843,16 +841,15 @@ def _leases(reply: Sequence[Any]) -> list[Lease]:
     ]
 
 
-def _encode_page_token(parked_ms: str, item_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{parked_ms}\n{item_id}".encode()).decode().rstrip("=")
+def _encode_page_token(queue: str, parked_ms: str, item_id: str) -> str:
+    return pagetokens.encode("dead_letters", {"queue": queue}, [parked_ms, item_id])
 
 
-def _decode_page_token(token: str) -> tuple[str, str]:
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raw = ""
-    parked_ms, _, item_id = raw.partition("\n")
+def _decode_page_token(queue: str, token: str) -> tuple[str, str]:
+    position = pagetokens.decode(token, "dead_letters", {"queue": queue})
+    if len(position) != 2 or not all(isinstance(part, str) for part in position):
+        raise InvalidArgument("page_token", "not a token this server issued")
+    parked_ms, item_id = position
     if not (parked_ms.isascii() and parked_ms.isdigit()) or not item_id:
-        raise InvalidArgument("page_token", "is not a token returned by list_dead")
+        raise InvalidArgument("page_token", "not a token this server issued")
     return parked_ms, item_id

@@ -40,15 +40,15 @@ from datetime import datetime, timedelta
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import metrics
+from scheduler_grpc import metrics, stores
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Advance, ExecutionRepository, PlannedSlot, Queued
 from scheduler_grpc.db.jobs import JobChanges, JobRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.pool import Pool
-from scheduler_grpc.dispatch import Queues, cancel_runs, enqueue_runs, queue_item
-from scheduler_grpc.errors import Fenced, Unavailable
+from scheduler_grpc.dispatch import Queues, cancel_runs, created_events, enqueue_runs, queue_item
+from scheduler_grpc.errors import Fenced
 from scheduler_grpc.events import EventType, ExecutionEvent, publish
 from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.jobs import ConcurrencyPolicy, Job, MisfirePolicy, ScheduleKind
@@ -70,10 +70,8 @@ _STILL_FAILING_LOG_S = 60.0
 
 
 def is_store_error(exc: BaseException) -> bool:
-    """Whether `exc` is a fault of Redis or PostgreSQL (or a fenced write), not a bug of ours."""
-    if isinstance(exc, (Unavailable, Fenced, OSError, TimeoutError)):
-        return True
-    return metrics.store_of(exc) is not None
+    """Whether `exc` is a fault of Redis or PostgreSQL (`stores.is_fault`) or a fenced write, not a bug of ours."""
+    return isinstance(exc, Fenced) or stores.is_fault(exc)
 
 
 class Backoff:
@@ -366,8 +364,9 @@ class LeaderLoops:
         # `replace`: the earlier runs are cancelled before the new ones can be claimed, so the two
         # overlap as little as possible (if this fails, reconcile enqueues the new runs later).
         await self._replace_earlier_runs(term, planned, queued)
-        await enqueue_runs(self._queues, queued, now)
+        # CREATED before the enqueue, so no STARTED of these runs can precede it (dispatch_new_runs).
         await self._announce(queued, plan.slots)
+        await enqueue_runs(self._queues, queued, now)
         metrics.SCAN_DURATION.observe(time.perf_counter() - began)
         return len(jobs) >= self._loop.scan_batch or len(planned) < len(jobs)
 
@@ -387,10 +386,7 @@ class LeaderLoops:
                 log.info("replaced earlier runs", extra={"queue": queue, "runs": len(earlier)})
 
     async def _announce(self, queued: Sequence[Queued], slots: Sequence[PlannedSlot]) -> None:
-        events = [
-            ExecutionEvent(EventType.CREATED, run.run_id, run.run_id, run.job_id, 1, handler=run.handler)
-            for run in queued
-        ]
+        events = created_events(queued)
         ranges = [slot for slot in slots if slot.status is ExecutionStatus.MISSED]
         missed = sum(slot.missed_count or 1 for slot in ranges)
         if missed:

@@ -37,12 +37,13 @@ from redis.asyncio import Redis
 
 from scheduler_grpc import metrics
 from scheduler_grpc.auth import DEV_ADMIN_PASSWORD, Authenticator, admin_password
+from scheduler_grpc.cluster import ClusterView
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.api_keys import ApiKeyRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
-from scheduler_grpc.db.pool import Pool
+from scheduler_grpc.db.pool import Pool, ping
 from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.events import EventFanout
@@ -153,7 +154,7 @@ class HealthMonitor:
         health: The health servicer to update.
         services: The service names to report on ("" is the whole server and is always included).
         redis: Pinged with PING.
-        pool: Pinged with `SELECT 1`.
+        pool: Pinged with `db.pool.ping`.
         metrics: Records which backend answered.
     """
 
@@ -182,7 +183,7 @@ class HealthMonitor:
     async def check(self) -> bool:
         """Ping both once and publish the result; returns whether the server is serving."""
         redis_up, postgres_up = await asyncio.gather(
-            self._answers("redis", self._redis.ping), self._answers("postgres", lambda: self._pool.fetchval("SELECT 1"))
+            self._answers("redis", self._redis.ping), self._answers("postgres", lambda: ping(self._pool))
         )
         self._metrics.backend_up("redis", redis_up)
         self._metrics.backend_up("postgres", postgres_up)
@@ -300,11 +301,9 @@ async def serve(
             control=Control(redis, pool, registry, misfire_grace=settings.misfire_grace),
             auth=authenticator,
             fanout=fanout,
-            redis=redis,
-            leadership=LeadershipRepository(pool, timeout=timeout),
+            cluster=ClusterView(redis, LeadershipRepository(pool, timeout=timeout), timeout=timeout),
             handlers=registry,
             metrics=recorder,
-            timeout=timeout,
         )
         server = grpc.aio.server(
             interceptors=[

@@ -44,23 +44,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import (
-    ClusterDownError,
-    MasterDownError,
-    NoScriptError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    ResponseError,
-    TryAgainError,
-)
 
-from scheduler_grpc import events, metrics
+from scheduler_grpc import events, metrics, stores
 from scheduler_grpc import registry as workers
 from scheduler_grpc.breakers import BreakerOpen, BreakerPolicy, Breakers, BreakerState
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Claim, Completed, ExecutionRepository, Outcome
-from scheduler_grpc.errors import SchedulerError, Unavailable
+from scheduler_grpc.errors import SchedulerError
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.handlers import (
@@ -140,27 +131,6 @@ class _Maintenance:
     async def trim_dead_letters(self, older_than: datetime) -> int:
         age = max(datetime.now(UTC) - older_than, timedelta(0))
         return len(await self._queue.purge_dead(None, older_than=age))
-
-
-# Redis answers meaning "cannot serve now" (full, a replica after failover, busy running a script,
-# loading, ...), not "this request is wrong": a loop rides them out.
-_REDIS_CANNOT_SERVE = (OutOfMemoryError, ReadOnlyError, NoScriptError, TryAgainError, ClusterDownError, MasterDownError)
-_REDIS_CANNOT_SERVE_PREFIXES = ("BUSY", "LOADING", "MISCONF", "NOREPLICAS", "UNBLOCKED", "READONLY", "OOM")
-# PostgreSQL SQLSTATE classes of a wrong request: syntax error or undefined object (42), data
-# exception (22), integrity violation (23). Everything else from PostgreSQL (connection failures,
-# shutdown, too many connections, read-only transaction after failover, ...) is the store failing.
-_POSTGRES_BUG_CLASSES = ("42", "22", "23")
-
-
-def is_store_error(exc: BaseException) -> bool:
-    """Whether `exc` is a store failing (unreachable, timing out, or answering that it cannot serve
-    now), which a loop rides out, rather than a bug (a wrong request included), which ends the role."""
-    if isinstance(exc, ResponseError):
-        return isinstance(exc, _REDIS_CANNOT_SERVE) or str(exc).startswith(_REDIS_CANNOT_SERVE_PREFIXES)
-    sqlstate = getattr(exc, "sqlstate", None)
-    if isinstance(sqlstate, str) and sqlstate[:2] in _POSTGRES_BUG_CLASSES:
-        return False
-    return isinstance(exc, (Unavailable, OSError, TimeoutError)) or metrics.store_of(exc) is not None
 
 
 class _StoreTrouble:
@@ -298,7 +268,7 @@ class Worker:
             await self.queue.nack_many([r.lease for r in runs], count_delivery=False)
             await events.publish(self._redis, [self._event(EventType.INTERRUPTED, r.claim) for r in runs])
         except Exception as exc:
-            if not is_store_error(exc):
+            if not stores.is_fault(exc):
                 raise
             # Not lost: the leases expire, the leader recovers the items, a claim restarts the runs.
             metrics.store_error(exc)
@@ -325,7 +295,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis or PostgreSQL failing: the leases expire, nothing is lost
-                if not is_store_error(exc):
+                if not stores.is_fault(exc):
                     raise
                 await asyncio.sleep(trouble.failed(exc))
 
@@ -394,7 +364,7 @@ class Worker:
                 await self.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
                 await events.publish(self._redis, [self._event(EventType.INTERRUPTED, claim, error=str(exc))])
             except Exception as error:
-                if not is_store_error(error):
+                if not stores.is_fault(error):
                     raise
                 metrics.store_error(error)  # the lease expires; the leader recovers the item
                 log.warning("could not defer a run: %r", error, extra={"worker_id": self.id})
@@ -472,7 +442,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not is_store_error(exc):
+                if not stores.is_fault(exc):
                     raise
                 # Retried for COMPLETION_RETRY_FOR: let the leases go; the leader recovers the runs.
                 log.warning("could not record outcomes, giving up: %r", exc,
@@ -496,7 +466,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not is_store_error(exc) or time.monotonic() >= min(until, self._retry_until_stopped):
+                if not stores.is_fault(exc) or time.monotonic() >= min(until, self._retry_until_stopped):
                     raise
                 await asyncio.sleep(trouble.failed(exc))
             else:
@@ -593,7 +563,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # READONLY, BUSY, OOM, unreachable: try again soon, never die of it
-                if not is_store_error(exc):
+                if not stores.is_fault(exc):
                     raise
                 pause = min(trouble.failed(exc), interval)
 
@@ -631,7 +601,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis restarting: subscribe again
-                if not is_store_error(exc):
+                if not stores.is_fault(exc):
                     raise
                 await asyncio.sleep(trouble.failed(exc))
             finally:
@@ -658,7 +628,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not is_store_error(exc):
+                if not stores.is_fault(exc):
                     raise
                 pause = max(pause, trouble.failed(exc))
                 continue
@@ -682,7 +652,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not is_store_error(exc):
+                if not stores.is_fault(exc):
                     raise
                 trouble.failed(exc)
             await asyncio.sleep(HEARTBEAT_INTERVAL.total_seconds())

@@ -22,6 +22,7 @@ from scheduler_grpc.auth import METHOD_ROLES, PUBLIC, Authenticator, Role
 from scheduler_grpc.db.api_keys import ApiKeyRepository
 from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError
+from scheduler_grpc.keys import AuthKeys
 from tests.test_api_support import (  # noqa: F401 - `api` is a fixture
     ADMIN_PASSWORD,
     FAST_HASHER,
@@ -166,7 +167,7 @@ def wide_admission(harness: Harness) -> Authenticator:
     """An authenticator on the harness's stores that admits any number of logins at once, so only
     the failure limits (not the shedding of a flood) decide which attempts are checked."""
     pool = harness.server.api.control.jobs._pool
-    return Authenticator(harness.server.api.redis, UserRepository(pool), ApiKeyRepository(pool),
+    return Authenticator(harness.server.api.control._redis, UserRepository(pool), ApiKeyRepository(pool),
                          session_ttl=timedelta(hours=1), hasher=FAST_HASHER, max_queued_logins=10_000)  # fmt: skip
 
 
@@ -228,7 +229,7 @@ async def test_the_soft_spacing_doubles_with_each_failure_up_to_its_cap(
     failures: int,
     spacing: int,
 ) -> None:
-    keys = auth.AuthKeys()
+    keys = AuthKeys()
     await redis.set(keys.failures_by_username("dora"), failures, ex=60)  # as if guessed from elsewhere
     authenticator = api.server.api.auth
     assert await attempt(authenticator, "dora", "guess", "ipv4:192.0.2.200:1") == "wrong"

@@ -12,7 +12,7 @@ import asyncpg
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler_grpc import metrics
+from scheduler_grpc import metrics, stores
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.embedded import free_port
@@ -31,6 +31,17 @@ def documented() -> set[str]:
 
 def test_readme_documents_every_metric() -> None:
     assert metrics.readme_table() in (ROOT / "README.md").read_text()
+
+
+def test_every_label_is_a_bounded_one() -> None:
+    # A label outside this list (a job id, a webhook host, a breaker key) would grow without bound.
+    used = {
+        label
+        for collector in list(metrics.REGISTRY._collector_to_names)
+        for label in getattr(collector, "_labelnames", ())
+    }
+    assert used, "no labelled metric found: the check would pass vacuously"
+    assert used <= metrics.LABELS, used - metrics.LABELS
 
 
 async def scrape(role: Role) -> Samples:
@@ -160,4 +171,4 @@ async def test_store_errors_are_counted_by_the_store_that_failed(redis: aioredis
         metrics.store_error(exc)
     after = counted()
     assert (after["redis"] - before["redis"], after["postgres"] - before["postgres"]) == (2, 2)
-    assert [metrics.store_of(exc) for exc in unrelated] == [None, None]
+    assert [stores.store_of(exc) for exc in unrelated] == [None, None]

@@ -38,6 +38,33 @@ async def test_concurrent_migrations_on_a_fresh_database_apply_each_file_once(
         await pool.execute(f'DROP DATABASE "{fresh}" WITH (FORCE)')
 
 
+async def test_a_failing_migration_rolls_back_alone(
+    pool: asyncpg.Pool, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fresh = "scheduler_migrate_failure"
+    await pool.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+    await pool.execute(f'CREATE DATABASE "{fresh}"')
+    url = database_url.rsplit("/", 1)[0] + "/" + fresh
+    target = await asyncpg.create_pool(url, min_size=1, max_size=1)
+    shipped = migrations.available()
+    broken = migrations.Migration(9001, "broken", "CREATE TABLE half_done (id int); SELECT 1 / 0")
+    try:
+        monkeypatch.setattr(migrations, "available", lambda: [*shipped, broken])
+        with pytest.raises(asyncpg.DivisionByZeroError):
+            await migrate(target)
+        # Every file before the broken one stays applied; the broken one left nothing behind.
+        versions = [row["version"] for row in await target.fetch("SELECT version FROM schema_migrations")]
+        assert sorted(versions) == [migration.version for migration in shipped]
+        assert await target.fetchval("SELECT to_regclass('half_done')") is None
+        # The lock was released: a fixed file applies at the next start.
+        fixed = migrations.Migration(9001, "fixed", "CREATE TABLE half_done (id int)")
+        monkeypatch.setattr(migrations, "available", lambda: [*shipped, fixed])
+        assert await asyncio.wait_for(migrate(target), 10) == [9001]
+    finally:
+        await target.close()
+        await pool.execute(f'DROP DATABASE "{fresh}" WITH (FORCE)')
+
+
 async def test_invalid_job_states_cannot_be_stored(pool: asyncpg.Pool) -> None:
     insert = "INSERT INTO jobs (name, handler, schedule_kind, cron, run_at, priority) VALUES ($1, $2, $3, $4, $5, $6)"
     await pool.execute(insert, "ok", "test.echo", "cron", "* * * * *", None, 0)

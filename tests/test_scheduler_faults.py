@@ -446,3 +446,30 @@ async def test_a_leader_cut_off_from_postgresql_hands_over_to_a_standby_that_rea
     finally:
         pg_proxy.heal()
     assert cut_off.process.poll() is None
+
+
+# -- one rule for store faults --------------------------------------------------------------------
+
+
+async def test_the_leader_loops_tell_store_faults_from_bugs_as_the_worker_does(
+    pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    # A wrong request is a bug (the role ends, traceback logged), as in the worker: retrying it
+    # forever with backoff would hide it. A store that cannot serve, or a fenced write, is ridden out.
+    for call in (pool.execute("SELECT no_such_column FROM jobs"), redis.execute_command("NOSUCHCOMMAND")):
+        try:
+            await call
+        except Exception as exc:  # the error a real server answered
+            wrong: Exception = exc
+        else:
+            raise AssertionError("expected the call to fail")
+        with pytest.raises(type(wrong)):
+            Backoff("probe").failed(wrong)
+    try:
+        await asyncpg.connect("postgresql://127.0.0.1:1/none", timeout=2)
+    except Exception as exc:
+        unreachable: Exception = exc
+    else:
+        raise AssertionError("expected the connection to fail")
+    assert Backoff("probe").failed(unreachable) > 0
+    assert Backoff("probe").failed(Fenced("a newer term exists")) > 0

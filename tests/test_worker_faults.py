@@ -40,7 +40,8 @@ from scheduler_grpc.handlers import (
 )
 from scheduler_grpc.jobs import JobSpec, RetryPolicy, ScheduleKind
 from scheduler_grpc.queue import Queue
-from scheduler_grpc.worker import Worker, is_store_error
+from scheduler_grpc.stores import is_fault as is_store_error
+from scheduler_grpc.worker import Worker
 from tests.engine_helpers import eventually, make_settings
 
 _SETTINGS = HandlerSettings(

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import asyncpg
 
+from scheduler_grpc import pagetokens
 from scheduler_grpc.errors import InvalidArgument, NotFound
 
 _COLUMNS = "id, name, key_prefix, role, created_by, created_at, expires_at, revoked_at, last_used_at"
@@ -76,15 +76,19 @@ def _key_id(value: str, field: str = "id") -> uuid.UUID:
 
 
 def _encode_token(created_at: datetime, key_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{key_id}".encode()).decode()
+    return pagetokens.encode("api_keys", {}, [created_at.isoformat(), key_id])
 
 
 def _decode_token(token: str) -> tuple[datetime, uuid.UUID]:
+    position = pagetokens.decode(token, "api_keys", {})
     try:
-        stamp, key_id = base64.urlsafe_b64decode(token.encode()).decode().split("|")
-        return datetime.fromisoformat(stamp), uuid.UUID(key_id)
-    except (ValueError, UnicodeDecodeError):
+        stamp, key_id = position
+        moment, key = datetime.fromisoformat(stamp), uuid.UUID(key_id)
+    except (ValueError, TypeError, AttributeError):
         raise InvalidArgument("page_token", "not a token this server issued") from None
+    if moment.tzinfo is None:  # every issued position is aware
+        raise InvalidArgument("page_token", "not a token this server issued")
+    return moment, key
 
 
 class ApiKeyRepository:

@@ -53,6 +53,16 @@ def _snapshot_of_run(alias: str) -> str:
 _SNAPSHOT_COLUMNS = ", ".join(_SNAPSHOT)
 
 
+def _latest_attempt(run_id: str, columns: str = "*", *, lock: bool = False) -> str:
+    """The one definition of a run's current attempt: a subquery (for a `CROSS JOIN LATERAL`) of
+    the attempt of run `run_id` (an SQL expression) with the highest number, locked `FOR UPDATE`
+    when the statement changes it. Served by the (run_id, attempt DESC) index."""
+    locking = " FOR UPDATE" if lock else ""
+    return (
+        f"(SELECT {columns} FROM job_executions a WHERE a.run_id = {run_id} ORDER BY a.attempt DESC LIMIT 1{locking})"
+    )
+
+
 def execution_from_row(row: asyncpg.Record) -> Execution:
     return Execution(
         id=str(row["id"]),
@@ -384,10 +394,7 @@ class ExecutionRepository:
             ), latest AS (
                 SELECT x.id, x.run_id, x.job_id, x.scheduled_for, x.attempt, x.status, x.claim_token,
                        x.priority, x.started_at, x.due_at, x.cancel_requested_at, i.token, {_snapshot("x")}
-                FROM items i CROSS JOIN LATERAL (
-                    SELECT * FROM job_executions e WHERE e.run_id = i.run_id
-                    ORDER BY e.attempt DESC LIMIT 1 FOR UPDATE
-                ) x
+                FROM items i CROSS JOIN LATERAL {_latest_attempt("i.run_id", lock=True)} x
             ), started AS (
                 UPDATE job_executions e SET status = 'running', claim_token = l.token, worker_id = $3,
                        started_at = now()
@@ -618,9 +625,8 @@ class ExecutionRepository:
         rows = await self._pool.fetch(
             f"""
             WITH latest AS (
-                SELECT x.id, x.status FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL (
-                    SELECT id, status FROM job_executions e WHERE e.run_id = r.run_id
-                    ORDER BY attempt DESC LIMIT 1 FOR UPDATE) x
+                SELECT x.id, x.status
+                FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL {_latest_attempt("r.run_id", lock=True)} x
                 WHERE x.status IN ('queued', 'running')
             ), cancelled AS (
                 UPDATE job_executions e SET status = 'cancelled', finished_at = now(), error = 'cancelled'
@@ -663,9 +669,8 @@ class ExecutionRepository:
         rows = await self._pool.fetch(
             f"""
             WITH latest AS (
-                SELECT x.id FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL (
-                    SELECT id, status FROM job_executions e WHERE e.run_id = r.run_id
-                    ORDER BY attempt DESC LIMIT 1 FOR UPDATE) x
+                SELECT x.id
+                FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL {_latest_attempt("r.run_id", lock=True)} x
                 WHERE x.status IN ('queued', 'running', 'abandoned')
             )
             UPDATE job_executions e SET status = 'dead', finished_at = now(), error = $2
@@ -684,9 +689,7 @@ class ExecutionRepository:
         rows = await self._pool.fetch(
             f"""
             WITH latest AS (
-                SELECT x.* FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL (
-                    SELECT * FROM job_executions e WHERE e.run_id = r.run_id
-                    ORDER BY attempt DESC LIMIT 1) x
+                SELECT x.* FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL {_latest_attempt("r.run_id")} x
                 WHERE x.status IN ('dead', 'failed', 'timed_out', 'abandoned', 'cancelled')
             )
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
@@ -747,7 +750,7 @@ class ExecutionRepository:
             SELECT e.run_id, e.job_id, e.priority, e.due_at, e.error, {_snapshot_of_run("e")}
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.status = 'dead' AND e.dlq_purged_at IS NULL AND ($1::uuid IS NULL OR e.run_id > $1)
-              AND NOT EXISTS (SELECT 1 FROM job_executions n WHERE n.run_id = e.run_id AND n.attempt > e.attempt)
+              AND e.id = {_latest_attempt("e.run_id", "a.id")}
             ORDER BY e.run_id LIMIT $2
             """,
             uuid.UUID(after_run_id) if after_run_id else None,
@@ -775,6 +778,16 @@ class ExecutionRepository:
         if row is None:
             raise NotFound(f"execution {execution_id} not found")
         return execution_from_row(row)
+
+    async def get_many(self, execution_ids: Sequence[str]) -> list[Execution]:
+        """These executions in one query, oldest slot first; ids that do not exist are left out."""
+        if not execution_ids:
+            return []
+        rows = await self._pool.fetch(
+            f"SELECT {_COLUMNS} FROM job_executions e WHERE e.id = ANY($1::uuid[]) ORDER BY e.scheduled_for, e.id",
+            _ids(execution_ids),
+        )
+        return [execution_from_row(row) for row in rows]
 
     async def get_by_request_id(self, job_id: str, request_id: str) -> Execution:
         """The first attempt of the run a `trigger(..., request_id=...)` created (idempotent TriggerJob).

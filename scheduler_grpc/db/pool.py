@@ -14,6 +14,15 @@ from scheduler_grpc.errors import ConfigError
 Pool = asyncpg.Pool
 
 
+async def ping(pool: Pool) -> None:
+    """Ask PostgreSQL for a trivial answer (health checks).
+
+    Raises:
+        asyncpg.PostgresError, OSError: PostgreSQL did not answer.
+    """
+    await pool.fetchval("SELECT 1")
+
+
 def _redacted(url: str) -> str:
     parts = urlsplit(url)
     host = parts.hostname or "?"

@@ -99,8 +99,10 @@ class ExecutionContext:
     """What a handler knows about the execution it runs.
 
     Attributes:
-        execution_id: id of this attempt's execution row; stable across re-deliveries of the
-            same attempt (so targets can dedupe), new for each retry.
+        execution_id: id of this attempt's execution row. A handler is started at most once per
+            execution id; each retry, and each re-run after a lost worker or an interrupted one,
+            is a new attempt with a new id. `(job_id, scheduled_for)` names the run across its
+            attempts: a handler with side effects dedupes on that.
         job_id: id of the job.
         job_name: unique name of the job.
         attempt: 1 for the first attempt, 2 for the first retry, ...

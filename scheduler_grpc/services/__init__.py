@@ -8,15 +8,13 @@ log and measure every call in one place.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 
 import grpc
-from redis.asyncio import Redis
 from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
 
 from scheduler_grpc.auth import Authenticator
+from scheduler_grpc.cluster import ClusterView
 from scheduler_grpc.control import Control
-from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.events import EventFanout
 from scheduler_grpc.handlers import HandlerRegistry
 from scheduler_grpc.metrics import Metrics
@@ -30,21 +28,17 @@ class Api:
         control: Jobs and runs.
         auth: Sessions, API keys, passwords.
         fanout: The execution event stream, shared by every WatchExecutions call.
-        redis: For the worker registry and the leader lock.
-        leadership: Leader terms in PostgreSQL.
+        cluster: Live workers and the scheduler leader.
         handlers: The handler registry (validation, descriptions).
         metrics: Where calls are recorded.
-        timeout: Bound on each Redis call a servicer makes itself.
     """
 
     control: Control
     auth: Authenticator
     fanout: EventFanout
-    redis: Redis
-    leadership: LeadershipRepository
+    cluster: ClusterView
     handlers: HandlerRegistry
     metrics: Metrics
-    timeout: timedelta
 
 
 def add_services(server: grpc.aio.Server, api: Api) -> list[str]:

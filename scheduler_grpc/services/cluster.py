@@ -7,8 +7,6 @@ from typing import Any
 import grpc
 from scheduler_client.v1 import cluster_pb2, cluster_pb2_grpc
 
-from scheduler_grpc import leader, registry
-from scheduler_grpc.keys import LeaderKeys
 from scheduler_grpc.registry import WorkerInfo
 from scheduler_grpc.services import Api, convert
 
@@ -33,36 +31,29 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
     """What runs where (the rights are in `auth.METHOD_ROLES`)."""
 
     def __init__(self, api: Api) -> None:
-        self._redis = api.redis
-        self._leadership = api.leadership
+        self._cluster = api.cluster
         self._handlers = api.handlers
-        self._timeout = api.timeout
-
-    async def _live_workers(self) -> list[WorkerInfo]:
-        return await registry.live_workers(self._redis, call_timeout=self._timeout)
 
     async def ListWorkers(
         self, request: cluster_pb2.ListWorkersRequest, context: Context
     ) -> cluster_pb2.ListWorkersResponse:
-        return cluster_pb2.ListWorkersResponse(workers=[_message(w) for w in await self._live_workers()])
+        return cluster_pb2.ListWorkersResponse(workers=[_message(w) for w in await self._cluster.workers()])
 
     async def GetSchedulerStatus(
         self, request: cluster_pb2.GetSchedulerStatusRequest, context: Context
     ) -> cluster_pb2.GetSchedulerStatusResponse:
-        scope = LeaderKeys().scope
-        holder = await leader.current_holder(self._redis, scope, call_timeout=self._timeout.total_seconds())
-        record = await self._leadership.current(scope)
+        status = await self._cluster.leader()
         return cluster_pb2.GetSchedulerStatusResponse(
-            has_leader=holder is not None,
-            leader=holder or "",
-            term=record.term if record else 0,
-            leader_since_time=convert.timestamp(record.acquired_at) if record else None,
+            has_leader=status.holder is not None,
+            leader=status.holder or "",
+            term=status.term,
+            leader_since_time=convert.timestamp(status.since),
         )
 
     async def ListHandlers(
         self, request: cluster_pb2.ListHandlersRequest, context: Context
     ) -> cluster_pb2.ListHandlersResponse:
-        workers = await self._live_workers()
+        workers = await self._cluster.workers()
         handlers = []
         for entry in self._handlers.describe():
             name = str(entry["name"])

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Iterable
 from typing import Any, Final
 
 import grpc
@@ -14,20 +13,15 @@ from google.protobuf import field_mask_pb2
 from scheduler_client.v1 import jobs_pb2, jobs_pb2_grpc
 
 from scheduler_grpc.auth import Principal, Role, current_principal
-from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
-from scheduler_grpc.executions import Execution
-from scheduler_grpc.jobs import Job, ScheduleKind
-from scheduler_grpc.schedule import CronSchedule, FireTime, fire_times, parse_cron
+from scheduler_grpc.errors import InvalidArgument
+from scheduler_grpc.jobs import Job, JobSpec
+from scheduler_grpc.schedule import FireTime, fire_times, parse_cron
 from scheduler_grpc.services import Api, convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
 DEFAULT_PREVIEW_COUNT: Final = 10
 MAX_PREVIEW_COUNT: Final = 1000
-MAX_BACKFILL_SLOTS: Final = 1000
-# An update without an etag merges onto the job as read; if someone else writes in between, the
-# merge is redone on the new version (an etag-less update asks for "last writer wins", not ABORTED).
-_UPDATE_ATTEMPTS: Final = 3
 _ETAG = re.compile(r'W/"(\d{1,18})"')
 _SUBMESSAGE_FIELDS: Final = {
     "schedule": frozenset({"cron", "time_zone", "run_time", "dst_gap_policy", "dst_fold_policy"}),
@@ -63,16 +57,6 @@ def _etag_version(etag: str) -> int:
     if match is None:
         raise InvalidArgument("etag", f"{etag[:40]!r} is not an etag this server issued")
     return int(match.group(1))
-
-
-def _slots(schedule: CronSchedule, start: datetime, end: datetime) -> list[datetime]:
-    """Fire times in [start, end), at most MAX_BACKFILL_SLOTS + 1 (the caller refuses more)."""
-    slots: list[datetime] = []
-    for fire in fire_times(schedule, start - timedelta(microseconds=1)):
-        if fire.instant >= end or len(slots) > MAX_BACKFILL_SLOTS:
-            break
-        slots.append(fire.instant)
-    return slots
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
@@ -126,25 +110,18 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         paths = _update_paths(request.update_mask)
         expected = _etag_version(request.etag) if request.etag else None
         principal = current_principal()
-        for attempt in range(1, _UPDATE_ATTEMPTS + 1):
-            current = await self._control.jobs.get(job_id)
-            if expected is not None and current.version != expected:
-                raise Aborted(f"etag: job changed meanwhile (now {current.etag}); read it again and retry")
+
+        def merge(current: Job) -> JobSpec:
             merged = convert.job_to_proto(current)
             field_mask_pb2.FieldMask(paths=paths).MergeMessage(
                 request.job, merged, replace_message_field=True, replace_repeated_field=True
             )
             self._require_handler_rights(principal, {current.handler, merged.handler})
-            with convert.job_fields():
-                spec = convert.job_spec(merged, status=current.status)
-                try:
-                    job = await self._control.update_job(job_id, spec, expected_version=current.version)
-                except Aborted:
-                    if expected is not None or attempt == _UPDATE_ATTEMPTS:
-                        raise
-                    continue
-            return jobs_pb2.UpdateJobResponse(job=convert.job_to_proto(job))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+            return convert.job_spec(merged, status=current.status)
+
+        with convert.job_fields():  # covers `merge` too: it runs inside merge_job
+            job = await self._control.merge_job(job_id, merge, expected_version=expected)
+        return jobs_pb2.UpdateJobResponse(job=convert.job_to_proto(job))
 
     async def DeleteJob(self, request: jobs_pb2.DeleteJobRequest, context: Context) -> jobs_pb2.DeleteJobResponse:
         await self._control.delete_job(convert.resource_id(request.id))
@@ -160,15 +137,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def TriggerJob(self, request: jobs_pb2.TriggerJobRequest, context: Context) -> jobs_pb2.TriggerJobResponse:
         job_id = convert.resource_id(request.id)
-        request_id = request.request_id or None
-        runs = await self._control.trigger_job(job_id, request_id=request_id)
-        execution: Execution
-        if runs:
-            execution = await self._control.executions.get(runs[0].run_id)
-        elif request_id is not None:  # the same request ran before: answer with its run
-            execution = await self._control.executions.get_by_request_id(job_id, request_id)
-        else:
-            raise NotFound(f"job {job_id} not found")
+        execution = await self._control.trigger_execution(job_id, request_id=request.request_id or None)
         return jobs_pb2.TriggerJobResponse(execution=convert.execution_to_proto(execution))
 
     async def PreviewSchedule(
@@ -215,37 +184,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("end_time", "required")
         start = convert.from_timestamp(request.start_time, "start_time")
         end = convert.from_timestamp(request.end_time, "end_time")
-        if end > convert.now():
-            raise InvalidArgument("end_time", "must not be in the future")
-        if end <= start:
-            raise InvalidArgument("end_time", "must be after start_time")
-        job = await self._control.jobs.get(job_id)
-        schedule = _cron_schedule(job)
-        try:
-            slots = await asyncio.to_thread(_slots, schedule, start, end)
-        except (OverflowError, ValueError):  # datetime begins at year 1: a walk from its edge overflows
-            raise InvalidArgument("start_time", "too close to year 1 for this schedule; start later") from None
-        if len(slots) > MAX_BACKFILL_SLOTS:
-            raise InvalidArgument(
-                "end_time", f"the range holds more than {MAX_BACKFILL_SLOTS} slots; backfill it in smaller ranges"
-            )
-        runs = await self._control.backfill_job(job.id, slots)
-        executions = await self._executions([run.run_id for run in runs])
-        executions.sort(key=lambda execution: execution.scheduled_for)
+        executions = await self._control.backfill_range(job_id, start, end)
         return jobs_pb2.BackfillJobResponse(executions=[convert.execution_to_proto(e) for e in executions])
-
-    async def _executions(self, ids: Sequence[str]) -> list[Execution]:
-        return [await self._control.executions.get(execution_id) for execution_id in ids]
 
 
 def _basic_job(job: Job) -> jobs_pb2.Job:
     message = convert.job_to_proto(job)
     message.ClearField("payload")
     return message
-
-
-def _cron_schedule(job: Job) -> CronSchedule:
-    schedule = job.cron_schedule
-    if job.schedule_kind is not ScheduleKind.CRON or schedule is None:
-        raise FailedPrecondition("id: only cron jobs can be backfilled")
-    return schedule

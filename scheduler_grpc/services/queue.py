@@ -9,7 +9,7 @@ import grpc
 from scheduler_client.v1 import queue_pb2, queue_pb2_grpc
 
 from scheduler_grpc.errors import InvalidArgument
-from scheduler_grpc.queue import MAX_BATCH, Queue
+from scheduler_grpc.queue import Queue
 from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.services import Api, convert
 
@@ -33,14 +33,6 @@ def _selection(run_ids: Sequence[str], everything: bool) -> list[str] | None:
     if len(run_ids) > MAX_RUN_IDS:
         raise InvalidArgument("run_ids", f"at most {MAX_RUN_IDS} per call")
     return list(dict.fromkeys(convert.resource_id(run_id, f"run_ids[{i}]") for i, run_id in enumerate(run_ids)))
-
-
-def _is_uuid(value: str) -> bool:
-    try:
-        convert.resource_id(value)
-    except InvalidArgument:
-        return False
-    return True
 
 
 class QueueService(queue_pb2_grpc.QueueServiceServicer):
@@ -77,23 +69,8 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self, request: queue_pb2.RequeueDeadLettersRequest, context: Context
     ) -> queue_pb2.RequeueDeadLettersResponse:
         queue = self._queue(request.queue)
-        selected = _selection(request.run_ids, request.all)
-        requeued: list[str] = []
-        if selected is not None:
-            requeued = [run.run_id for run in await self._control.requeue_dead_runs(queue.name, selected)]
-        else:
-            # Page through the dead set once (the page order is stable while items leave it), so runs
-            # PostgreSQL refuses to requeue cannot keep the loop going.
-            token: str | None = None
-            while True:
-                page = await queue.list_dead(MAX_BATCH, token)
-                ids = [item.id for item in page.items if _is_uuid(item.id)]  # runs only; foreign items stay
-                if ids:
-                    runs = await self._control.requeue_dead_runs(queue.name, ids)
-                    requeued += [run.run_id for run in runs]
-                if page.next_page_token is None:
-                    break
-                token = page.next_page_token
+        runs = await self._control.requeue_dead_runs(queue.name, _selection(request.run_ids, request.all))
+        requeued = [run.run_id for run in runs]
         return queue_pb2.RequeueDeadLettersResponse(run_ids=requeued)
 
     async def PurgeDeadLetters(

@@ -1,0 +1,82 @@
+"""Which errors are a store failing: the one classification of Redis and PostgreSQL faults.
+
+Every role asks the same three questions of an exception and asks them here: which store raised it
+(`store_of`, for `scheduler_store_errors_total`), whether it is a store failing that a loop rides
+out rather than a bug that ends the role (`is_fault`), and whether a gRPC call that raised it ends
+UNAVAILABLE (`is_unavailable`). Redis's exception classes are recognised here; PostgreSQL's SQLSTATEs
+and asyncpg's classes in `db.faults`, which this module asks.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from redis.exceptions import (
+    ClusterDownError,
+    MasterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from scheduler_grpc.db import faults as postgres
+from scheduler_grpc.errors import Unavailable
+
+# Redis answers meaning "cannot serve now" (full, a replica after failover, busy running a script,
+# loading, ...), not "this request is wrong": a loop rides them out.
+_REDIS_CANNOT_SERVE: Final = (
+    OutOfMemoryError, ReadOnlyError, NoScriptError, TryAgainError, ClusterDownError, MasterDownError,
+)  # fmt: skip
+_REDIS_CANNOT_SERVE_PREFIXES: Final = ("BUSY", "LOADING", "MISCONF", "NOREPLICAS", "UNBLOCKED", "READONLY", "OOM")
+_STORE_LIBRARIES: Final = (("redis", "redis"), ("asyncpg", "postgres"))
+
+
+def store_of(exc: BaseException) -> str | None:
+    """Which store `exc` came from: "redis", "postgres", or None for an error of neither.
+
+    The raising library tells them apart. A builtin error (a refused connection, or the
+    TimeoutError of an `asyncio.timeout` around a call) names no library, so the innermost library
+    frame of its traceback does, and then the errors it was raised from or while handling. So does
+    a RuntimeError of the event loop's transport ("the handler is closed") raised inside redis-py
+    when a connection is torn down mid-call.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        module = type(current).__module__
+        for prefix, store in _STORE_LIBRARIES:
+            if module.startswith(prefix):
+                return store
+        innermost: str | None = None
+        frame = current.__traceback__
+        while frame is not None:
+            name = str(frame.tb_frame.f_globals.get("__name__", ""))
+            innermost = next((store for prefix, store in _STORE_LIBRARIES if name.startswith(prefix)), innermost)
+            frame = frame.tb_next
+        if innermost is not None:
+            return innermost
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def is_fault(exc: BaseException) -> bool:
+    """Whether `exc` is a store failing (unreachable, timing out, or answering that it cannot serve
+    now), which a loop rides out, rather than a bug (a wrong request included), which ends the role."""
+    if isinstance(exc, ResponseError):
+        return isinstance(exc, _REDIS_CANNOT_SERVE) or str(exc).startswith(_REDIS_CANNOT_SERVE_PREFIXES)
+    if postgres.is_request_error(exc):
+        return False
+    return isinstance(exc, (Unavailable, OSError, TimeoutError)) or store_of(exc) is not None
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` means Redis or PostgreSQL could not be reached or did not answer in time (a
+    gRPC call ends UNAVAILABLE; other store errors are INTERNAL)."""
+    if isinstance(exc, Unavailable | RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
+        return True
+    return postgres.is_unreachable(exc)
