@@ -8,7 +8,7 @@ per-second cron jobs with misfire policy `--policy` (run_once, skip or run_all) 
 `--grace` seconds, run as usual), and leads in-process with the default leader TTL until every
 job has caught up. Prints the catch-up time, the rows recorded (`skip` and `run_once` record a
 run of misfires as one `missed` row with its count; `run_all` one row per slot, at most 250 per
-job and 5000 per scan), the longest event-loop stall (a 5 ms ticker) and whether the term
+job and 2000 per scan), the longest event-loop stall (a 5 ms ticker) and whether the term
 survived (the same term from start to end, never stepped down).
 """
 

@@ -129,7 +129,7 @@ class LoopSettings:
     scan_interval: timedelta = timedelta(seconds=1)  # longest sleep between scans [1 s]
     scan_batch: int = 500  # due jobs per scan statement [500]
     max_slots_per_job: int = 250  # catch-up slots one job records per scan (~12 ms of planning) [250]
-    max_slots_per_scan: int = 5000  # slots one scan plans and records (bounds its loop stalls) [5000]
+    max_slots_per_scan: int = 2000  # slots one scan plans and records (bounds its loop stalls) [2000]
     missed_count_walk: int = 32  # slots walked at most to count a missed range exactly (else NULL) [32]
     misfire_grace: timedelta = timedelta(seconds=60)  # [60 s]
     recover_interval: timedelta = timedelta(milliseconds=500)  # [500 ms]
