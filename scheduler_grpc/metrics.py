@@ -55,7 +55,7 @@ EXECUTION_DURATION = Histogram(
 )
 LATENESS = Histogram(
     "scheduler_lateness_seconds",
-    "First attempts: actual start minus the scheduled slot.",
+    "First attempts of scheduled and manual runs: actual start minus the slot (or the trigger time).",
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )

@@ -53,7 +53,7 @@ from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Claim, Completed, ExecutionRepository, Outcome
 from scheduler_grpc.errors import SchedulerError
 from scheduler_grpc.events import EventType, ExecutionEvent
-from scheduler_grpc.executions import ExecutionStatus
+from scheduler_grpc.executions import ExecutionStatus, Trigger
 from scheduler_grpc.handlers import (
     ExecutionContext,
     HandlerError,
@@ -78,6 +78,7 @@ COMPLETION_RETRY_FOR = timedelta(minutes=2)  # then the leases are let go: the r
 CANCEL_POLL_INTERVAL = timedelta(seconds=1)
 T = TypeVar("T")
 _BREAKER_SEVERITY = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+_LATENESS_TRIGGERS = frozenset({Trigger.SCHEDULE, Trigger.MANUAL})
 _WORKER_KEYS = WorkerKeys()
 _EVENT_OF = {
     ExecutionStatus.SUCCEEDED: EventType.SUCCEEDED,
@@ -339,7 +340,9 @@ class Worker:
     def _observe_starts(self, claims: Sequence[Claim]) -> None:
         metrics.WORKER_SLOTS.labels("busy").set(len(self._running))
         for claim in claims:
-            if claim.attempt == 1:
+            # Scheduling lateness is a slot's or a trigger's: a backfill or a dead-letter requeue runs
+            # a slot of the past on purpose, and its age would swamp the histogram.
+            if claim.attempt == 1 and claim.trigger in _LATENESS_TRIGGERS:
                 metrics.LATENESS.observe(max((claim.started_at - claim.scheduled_for).total_seconds(), 0.0))
             if claim.due_at is not None:
                 metrics.QUEUE_WAIT.observe(max((claim.started_at - claim.due_at).total_seconds(), 0.0))

@@ -6,7 +6,7 @@ import asyncio
 import re
 import urllib.request
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -135,6 +135,30 @@ async def test_engine_metrics_move_when_their_events_happen(
     engine_metrics = {name for name in documented() if not name.startswith(server_only)}
     missing = {name for name in engine_metrics if not any(s.startswith(name.removesuffix("_total")) for s in scraped)}
     assert not missing, missing
+
+
+async def test_lateness_counts_scheduled_and_manual_runs_not_a_backfilled_past(
+    roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    worker = roles.start("worker")
+    await wait_until_ready(redis, workers=1, leader=False)
+    yearly = await control.create_job(
+        JobSpec(name="yearly", handler="test.echo", schedule_kind=ScheduleKind.CRON, cron="0 0 0 1 1 *")
+    )
+    manual = await control.create_job(JobSpec(name="manual", handler="test.echo"))
+    now = await pool.fetchval("SELECT now()")
+    last_new_year = datetime(now.year, 1, 1, tzinfo=UTC)  # months (or at least a moment) ago
+    await control.backfill_job(yearly.id, [last_new_year])
+    await control.trigger_job(manual.id)
+
+    async def both_succeeded() -> bool:
+        return await pool.fetchval("SELECT count(*) FROM job_executions WHERE status = 'succeeded'") == 2
+
+    await eventually(both_succeeded, within=20)
+    samples = await scrape(worker)
+    # Before: the backfilled slot's age (up to a year) was observed as the lateness of a first attempt.
+    assert value(samples, "scheduler_lateness_seconds_count") == 1
+    assert value(samples, "scheduler_lateness_seconds_sum") < 60
 
 
 async def failure(call: Callable[[], Awaitable[object]], *, within: float = 0.2) -> BaseException:

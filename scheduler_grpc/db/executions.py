@@ -159,6 +159,7 @@ class Claim:
     queue: str
     due_at: datetime | None = None
     interrupted: int = 0  # earlier attempts of the run that were interrupted (they spend no retry budget)
+    trigger: Trigger = Trigger.SCHEDULE  # what created this attempt (a backfill's slot lies in the past)
 
     @property
     def budget_attempt(self) -> int:
@@ -393,13 +394,13 @@ class ExecutionRepository:
                 SELECT * FROM unnest($1::uuid[], $2::text[]) AS i(run_id, token)
             ), latest AS (
                 SELECT x.id, x.run_id, x.job_id, x.scheduled_for, x.attempt, x.status, x.claim_token,
-                       x.priority, x.started_at, x.due_at, x.cancel_requested_at, i.token, {_snapshot("x")}
+                       x.priority, x.started_at, x.due_at, x.trigger, x.cancel_requested_at, i.token, {_snapshot("x")}
                 FROM items i CROSS JOIN LATERAL {_latest_attempt("i.run_id", lock=True)} x
             ), started AS (
                 UPDATE job_executions e SET status = 'running', claim_token = l.token, worker_id = $3,
                        started_at = now()
                 FROM latest l WHERE e.id = l.id AND l.status = 'queued'
-                RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at,
+                RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at, e.trigger,
                           {_snapshot("e")}
             ), abandoned AS (
                 UPDATE job_executions e
@@ -415,15 +416,15 @@ class ExecutionRepository:
                 FROM latest l
                 WHERE l.status = 'abandoned'
                    OR (l.status = 'running' AND l.claim_token <> l.token AND l.cancel_requested_at IS NULL)
-                RETURNING id, run_id, job_id, scheduled_for, attempt, started_at, due_at, {_SNAPSHOT_COLUMNS}
+                RETURNING id, run_id, job_id, scheduled_for, attempt, started_at, due_at, trigger, {_SNAPSHOT_COLUMNS}
             ), claimed AS (
                 SELECT * FROM started
                 UNION ALL SELECT * FROM restarted
                 UNION ALL SELECT l.id, l.run_id, l.job_id, l.scheduled_for, l.attempt, l.started_at, l.due_at,
-                                 {_snapshot("l")}
+                                 l.trigger, {_snapshot("l")}
                           FROM latest l WHERE l.status = 'running' AND l.claim_token = l.token
             )
-            SELECT c.id, c.run_id, c.job_id, c.scheduled_for, c.attempt, c.started_at, c.due_at, j.name,
+            SELECT c.id, c.run_id, c.job_id, c.scheduled_for, c.attempt, c.started_at, c.due_at, c.trigger, j.name,
                    {_snapshot_of_run("c")},
                    (SELECT count(*) FROM job_executions p
                     WHERE p.run_id = c.run_id AND p.status = 'interrupted') AS interrupted,
@@ -452,6 +453,7 @@ class ExecutionRepository:
                 queue=row["queue"],
                 due_at=row["due_at"],
                 interrupted=row["interrupted"],
+                trigger=Trigger(row["trigger"]),
             )
             for row in rows
         ]
