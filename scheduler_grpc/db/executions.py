@@ -540,35 +540,7 @@ class ExecutionRepository:
         Returns:
             How many attempts were handed back.
         """
-        if not items:
-            return 0
-        rows = await self._pool.fetch(
-            f"""
-            WITH gone AS (
-                UPDATE job_executions e
-                SET status = CASE WHEN e.cancel_requested_at IS NULL THEN 'interrupted' ELSE 'cancelled' END,
-                    finished_at = now(), error = CASE WHEN e.cancel_requested_at IS NULL THEN $3 ELSE $5 END
-                FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
-                WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
-                RETURNING e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, {_snapshot("e")}
-            ), next AS (
-                INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                            priority, {_SNAPSHOT_COLUMNS})
-                SELECT gen_random_uuid(), g.run_id, g.job_id, g.scheduled_for, g.attempt + 1, 'queued', 'retry',
-                       now() + $4::interval, g.priority, {_snapshot("g")}
-                FROM gone g WHERE g.status = 'interrupted'
-                ON CONFLICT DO NOTHING
-                RETURNING id
-            )
-            SELECT (SELECT count(*) FROM gone) AS released
-            """,
-            _ids([execution_id for execution_id, _ in items]),
-            [token for _, token in items],
-            reason[:8000],
-            delay,
-            CANCELLED_ERROR,
-        )
-        return int(rows[0]["released"])
+        return await self._end_and_continue(items, ExecutionStatus.INTERRUPTED, reason, delay)
 
     async def cancel_requested(self, execution_ids: Sequence[str]) -> list[str]:
         """Which of these attempts are still `running` with a cancel requested (the worker's poll)."""
@@ -588,32 +560,44 @@ class ExecutionRepository:
         attempt, `queued`: whoever holds the run's queue item now claims that attempt, and if Redis
         lost the item altogether, reconcile enqueues it again.
         """
+        return await self._end_and_continue(items, ExecutionStatus.ABANDONED, LOST_WORKER_ERROR, timedelta(0))
+
+    async def _end_and_continue(
+        self, items: Sequence[tuple[str, str]], status: ExecutionStatus, error: str, delay: timedelta
+    ) -> int:
+        """End attempts `(execution_id, claim_token)` still `running` under their token with `status`
+        (`cancelled` instead where a cancel was requested) and give each run its next attempt,
+        `queued`, due after `delay`, with the same snapshot. Returns how many attempts ended."""
         if not items:
             return 0
         rows = await self._pool.fetch(
             f"""
             WITH gone AS (
                 UPDATE job_executions e
-                SET status = CASE WHEN e.cancel_requested_at IS NULL THEN 'abandoned' ELSE 'cancelled' END,
-                    finished_at = now(), error = CASE WHEN e.cancel_requested_at IS NULL THEN $3 ELSE $4 END
+                SET status = CASE WHEN e.cancel_requested_at IS NULL THEN $3 ELSE 'cancelled' END,
+                    finished_at = now(), error = CASE WHEN e.cancel_requested_at IS NULL THEN $4 ELSE $5 END
                 FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
                 WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
                 RETURNING e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, {_snapshot("e")}
+            ), next AS (
+                INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
+                                            priority, {_SNAPSHOT_COLUMNS})
+                SELECT gen_random_uuid(), g.run_id, g.job_id, g.scheduled_for, g.attempt + 1, 'queued', 'retry',
+                       now() + $6::interval, g.priority, {_snapshot("g")}
+                FROM gone g WHERE g.status = $3
+                ON CONFLICT DO NOTHING
+                RETURNING id
             )
-            INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
-                                        {_SNAPSHOT_COLUMNS})
-            SELECT gen_random_uuid(), g.run_id, g.job_id, g.scheduled_for, g.attempt + 1, 'queued', 'retry',
-                   g.priority, {_snapshot("g")}
-            FROM gone g WHERE g.status = 'abandoned'
-            ON CONFLICT DO NOTHING
-            RETURNING id
+            SELECT (SELECT count(*) FROM gone) AS ended
             """,
             _ids([execution_id for execution_id, _ in items]),
             [token for _, token in items],
-            LOST_WORKER_ERROR,
+            status.value,
+            error[:8000],
             CANCELLED_ERROR,
+            delay,
         )
-        return len(rows)
+        return int(rows[0]["ended"])
 
     async def cancel_runs(self, run_ids: Sequence[str]) -> tuple[list[Execution], list[Execution]]:
         """Cancel runs: a `queued` latest attempt becomes `cancelled` here; a `running` one is left to
