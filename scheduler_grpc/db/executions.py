@@ -299,8 +299,8 @@ class ExecutionRepository:
                 ON CONFLICT DO NOTHING
                 RETURNING id, job_id, status, priority, due_at
             )
-            SELECT (SELECT count(*) FROM fence) AS fenced_in, i.id, i.job_id, i.status, i.priority, i.due_at,
-                   p.handler, p.queue, p.payload
+            SELECT (SELECT count(*) FROM fence) AS fenced_in, i.id, i.id AS run_id, i.job_id, i.status, i.priority,
+                   i.due_at, p.handler, p.queue, p.payload
             FROM (SELECT 1) AS one
             LEFT JOIN inserted i ON true
             LEFT JOIN planned p ON p.id = i.id
@@ -320,12 +320,7 @@ class ExecutionRepository:
         )
         if not rows or rows[0]["fenced_in"] == 0:
             raise Fenced(f"leader term {term} is no longer current")
-        return [
-            Queued(str(row["id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"], row["queue"],
-                   payload=row["payload"])
-            for row in rows
-            if row["id"] is not None and row["status"] == ExecutionStatus.QUEUED
-        ]  # fmt: skip
+        return [_queued(row) for row in rows if row["id"] is not None and row["status"] == ExecutionStatus.QUEUED]
 
     async def trigger(
         self,
