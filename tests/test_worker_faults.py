@@ -445,3 +445,48 @@ async def test_a_bug_ends_the_worker(
         with pytest.raises(ExceptionGroup) as raised:
             task.result()
         assert raised.group_contains(RuntimeError, match="a bug in the cancel poll")
+
+
+async def test_a_claim_waiting_on_an_abandon_does_not_fail_on_the_attempt_it_added(
+    control: Control, pool: asyncpg.Pool
+) -> None:
+    # Worker A lost its lease and abandons attempt 1 (adding attempt 2) while worker B, which now
+    # holds the item, claims the run: B waits for A's row lock and then sees attempt 1 abandoned.
+    job = await control.create_job(JobSpec(name="contended", handler="test.echo"))
+    [run] = await control.trigger_job(job.id)
+    executions = ExecutionRepository(pool)
+    [first] = await executions.claim([(run.run_id, "token-a")], "worker-a")
+    async with pool.acquire() as conn, conn.transaction():
+        assert await ExecutionRepository(conn).abandon([(first.execution_id, "token-a")]) == 1
+        claim_b = asyncio.create_task(executions.claim([(run.run_id, "token-b")], "worker-b"))
+
+        async def waiting_for_the_lock() -> bool:
+            return bool(await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            ))  # fmt: skip
+
+        await eventually(waiting_for_the_lock, within=10)
+    # Before: a unique violation on (job, slot, attempt 2), which ended worker B as a bug.
+    assert await claim_b == []
+    history = await pool.fetch("SELECT attempt, status FROM job_executions WHERE run_id = $1 ORDER BY 1", run.run_id)
+    assert [tuple(row) for row in history] == [(1, "abandoned"), (2, "queued")]  # reconcile enqueues attempt 2
+
+
+async def test_concurrent_requeues_of_one_dead_run_add_one_attempt(control: Control, pool: asyncpg.Pool) -> None:
+    job = await control.create_job(JobSpec(name="requeued", handler="test.echo"))
+    [run] = await control.trigger_job(job.id)
+    await pool.execute("UPDATE job_executions SET status = 'dead', finished_at = now() WHERE run_id = $1", run.run_id)
+    async with pool.acquire() as conn, conn.transaction():
+        assert len(await ExecutionRepository(conn).requeue_runs([run.run_id])) == 1
+        second = asyncio.create_task(ExecutionRepository(pool).requeue_runs([run.run_id]))
+
+        async def waiting_for_the_first() -> bool:
+            return bool(await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            ))  # fmt: skip
+
+        await eventually(waiting_for_the_first, within=10)
+    # Before: a unique violation on attempt 2 (an INTERNAL error over the API).
+    assert await second == []
+    attempts = await pool.fetch("SELECT attempt, status FROM job_executions WHERE run_id = $1 ORDER BY 1", run.run_id)
+    assert [tuple(row) for row in attempts] == [(1, "dead"), (2, "queued")]

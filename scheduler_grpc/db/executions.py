@@ -411,6 +411,10 @@ class ExecutionRepository:
                 FROM latest l
                 WHERE l.status = 'abandoned'
                    OR (l.status = 'running' AND l.claim_token <> l.token AND l.cancel_requested_at IS NULL)
+                -- The old holder may have ended the attempt and added the next one while we waited for
+                -- its row lock (abandon, release): that attempt is not in our snapshot. Then the run
+                -- is simply not claimed here (the caller acks the item; reconcile enqueues the attempt).
+                ON CONFLICT DO NOTHING
                 RETURNING id, run_id, job_id, scheduled_for, attempt, started_at, due_at, trigger, {_SNAPSHOT_COLUMNS}
             ), claimed AS (
                 SELECT * FROM started
@@ -670,7 +674,8 @@ class ExecutionRepository:
         rows = await self._pool.fetch(
             f"""
             WITH latest AS (
-                SELECT x.* FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL {_latest_attempt("r.run_id")} x
+                SELECT x.* FROM unnest($1::uuid[]) AS r(run_id)
+                CROSS JOIN LATERAL {_latest_attempt("r.run_id", lock=True)} x
                 WHERE x.status IN ('dead', 'failed', 'timed_out', 'abandoned', 'cancelled')
             )
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
@@ -678,6 +683,7 @@ class ExecutionRepository:
             SELECT gen_random_uuid(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'queued', 'dlq_requeue',
                    l.priority, {_snapshot_of_run("l")}
             FROM latest l JOIN jobs j ON j.id = l.job_id
+            ON CONFLICT DO NOTHING  -- a concurrent requeue of the same run added that attempt first
             RETURNING run_id, job_id, priority, due_at, handler, queue, payload
             """,
             _ids(run_ids),
