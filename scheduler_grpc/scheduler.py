@@ -53,7 +53,7 @@ from scheduler_grpc.events import EventType, ExecutionEvent, publish
 from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.jobs import ConcurrencyPolicy, Job, MisfirePolicy, ScheduleKind
 from scheduler_grpc.leader import LeaderElector, Term
-from scheduler_grpc.queue import MAX_BATCH
+from scheduler_grpc.queue import MAX_BATCH, ItemState
 from scheduler_grpc.schedule import CronSchedule, count_fires, fire_times, last_fire_before
 
 log = logging.getLogger(__name__)
@@ -414,25 +414,29 @@ class LeaderLoops:
                         "leases expired; runs requeued", extra={"queue": queue.name, "runs": len(recovered.requeued)}
                     )
                 if recovered.dead:
-                    reason = STALLED_REASON.format(limit=self._loop.max_stalls)
                     try:
-                        async with self._executions.fenced(term.token) as fenced:
-                            dead = await fenced.mark_runs_dead(recovered.dead, reason)
+                        await self._record_stalled_dead(term, recovered.dead)
                     except BaseException:
                         # PostgreSQL did not record them dead (fenced, failed, cancelled): put the
-                        # items back to ready rather than leave them dead in Redis only, where no
-                        # leader would ever find them; they stall again and are recorded then.
+                        # items back to ready rather than leave them dead in Redis only; they stall
+                        # again and are recorded then. (If even this reply is lost, reconcile finds
+                        # them dead in Redis and open in PostgreSQL, and records them.)
                         await asyncio.shield(queue.requeue_dead(recovered.dead))
                         raise
                     metrics.LEASE_RECOVERIES.labels(queue.name).inc(len(recovered.dead))
-                    metrics.DEAD_LETTERED.labels("stalled").inc(len(recovered.dead))
-                    await publish(self._redis, [
-                        ExecutionEvent(EventType.DEAD, e.id, e.run_id, e.job_id, e.attempt, error=reason)
-                        for e in dead
-                    ])  # fmt: skip
-                    log.error("runs dead-lettered after stalling", extra={"runs": recovered.dead})
                 if len(recovered.requeued) + len(recovered.dead) < MAX_BATCH:
                     break
+
+    async def _record_stalled_dead(self, term: Term, run_ids: Sequence[str]) -> None:
+        """Record runs Redis dead-lettered as stalled `dead` in PostgreSQL (fenced), and announce them."""
+        reason = STALLED_REASON.format(limit=self._loop.max_stalls)
+        async with self._executions.fenced(term.token) as fenced:
+            dead = await fenced.mark_runs_dead(run_ids, reason)
+        metrics.DEAD_LETTERED.labels("stalled").inc(len(dead))
+        await publish(self._redis, [
+            ExecutionEvent(EventType.DEAD, e.id, e.run_id, e.job_id, e.attempt, error=reason) for e in dead
+        ])  # fmt: skip
+        log.error("runs dead-lettered after stalling", extra={"runs": list(run_ids)})
 
     async def _promote(self, term: Term) -> None:
         for queue in self._queues.known():
@@ -440,7 +444,14 @@ class LeaderLoops:
                 pass
 
     async def _reconcile(self, term: Term) -> None:
-        """Re-enqueue runs PostgreSQL has open but Redis does not know (the outbox repair)."""
+        """Repair what Redis and PostgreSQL disagree on (the outbox repair).
+
+        * Runs PostgreSQL has open that Redis does not know: enqueued again.
+        * A `queued` run that Redis has dead-lettered: the Redis half of a dead-letter requeue was
+          lost; it is moved back to ready.
+        * A run left `running` past its timeout that Redis has dead-lettered: the PostgreSQL half of
+          the stalled dead-lettering was lost (`_recover`); it is recorded `dead`.
+        """
         self._queues.known(await self._jobs.queue_names())
         after: str | None = None
         restored = 0
@@ -448,12 +459,18 @@ class LeaderLoops:
             runs = await self._executions.open_runs(
                 older_than=self._loop.reconcile_grace, after_run_id=after, limit=MAX_BATCH
             )
-            restored += await self._restore_missing(runs)
+            missing, dead = await self._redis_disagrees(runs)
+            restored += await self._enqueue(missing)
+            for name, run_ids in dead.items():
+                restored += len(await self._queues.get(name).requeue_dead(run_ids))
             if len(runs) < MAX_BATCH:
                 break
             after = runs[-1].run_id
         stale = await self._executions.stale_running_runs(grace=self._loop.stale_running_grace, limit=MAX_BATCH)
-        restored += await self._restore_missing(stale)
+        missing, dead = await self._redis_disagrees(stale)
+        restored += await self._enqueue(missing)
+        for run_ids in dead.values():
+            await self._record_stalled_dead(term, run_ids)
         if restored:
             metrics.RECONCILE_REENQUEUED.inc(restored)
             log.warning("reconcile re-enqueued runs Redis had lost", extra={"runs": restored})
@@ -493,17 +510,24 @@ class LeaderLoops:
             for band, count in (await queue.ready_by_band()).items():
                 metrics.QUEUE_READY_BY_PRIORITY.labels(queue.name, band).set(count)
 
-    async def _restore_missing(self, runs: Sequence[Queued]) -> int:
+    async def _redis_disagrees(self, runs: Sequence[Queued]) -> tuple[list[Queued], dict[str, list[str]]]:
+        """Of open runs, those Redis knows in no state, and (by queue) the ids it has dead-lettered."""
         missing: list[Queued] = []
+        dead: dict[str, list[str]] = {}
         runs_by_queue = itertools.groupby(sorted(runs, key=lambda run: run.queue), key=lambda run: run.queue)
         for name, group in runs_by_queue:
             batch = list(group)
             states = await self._queues.get(name).states(run.run_id for run in batch)
             missing += [run for run in batch if states.get(run.run_id) is None]
-        if not missing:
+            if parked := [run.run_id for run in batch if states.get(run.run_id) is ItemState.DEAD]:
+                dead[name] = parked
+        return missing, dead
+
+    async def _enqueue(self, runs: Sequence[Queued]) -> int:
+        if not runs:
             return 0
         now = await self._jobs.database_now()
-        return await enqueue_runs(self._queues, missing, now)
+        return await enqueue_runs(self._queues, runs, now)
 
 
 def holder_name() -> str:

@@ -474,3 +474,30 @@ async def test_the_leader_loops_tell_store_faults_from_bugs_as_the_worker_does(
         raise AssertionError("expected the connection to fail")
     assert Backoff("probe").failed(unreachable) > 0
     assert Backoff("probe").failed(Fenced("a newer term exists")) > 0
+
+
+async def test_reconcile_settles_runs_redis_dead_lettered_but_postgresql_has_open(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    _, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings(reconcile_grace=timedelta(0), stale_running_grace=timedelta(0)))
+    queue = Queue(redis)
+    # A stalled run whose `dead` record was lost (the recover script's reply never came back):
+    # Redis has it dead-lettered, PostgreSQL still `running`, long past its timeout.
+    stalled_job = await control.create_job(JobSpec(name="stalled", handler="test.echo", timeout=timedelta(seconds=1)))
+    [stalled] = await control.trigger_job(stalled_job.id)
+    [lease] = await queue.dequeue("gone-worker", timedelta(seconds=30), 1)
+    await ExecutionRepository(pool).claim([(stalled.run_id, lease.token)], "gone-worker")
+    await pool.execute("UPDATE job_executions SET started_at = now() - interval '1 hour' WHERE run_id = $1",
+                       stalled.run_id)  # fmt: skip
+    assert await queue.dead_letter(stalled.run_id, lease.token, "stalled")
+    # A dead-letter requeue whose Redis half was lost: PostgreSQL has the new attempt `queued`.
+    requeued_job = await control.create_job(JobSpec(name="requeued", handler="test.echo"))
+    [requeued] = await control.trigger_job(requeued_job.id)
+    assert await queue.dead_letter(requeued.run_id, None, "retries spent")
+    # Before: reconcile skipped both (Redis knew them, as dead), so they stayed so for ever.
+    await loops._reconcile(current)
+    assert await _latest_status(pool, stalled.run_id) == "dead"
+    assert (await queue.states([stalled.run_id]))[stalled.run_id] is ItemState.DEAD
+    assert await _latest_status(pool, requeued.run_id) == "queued"
+    assert (await queue.states([requeued.run_id]))[requeued.run_id] is ItemState.READY
