@@ -210,6 +210,8 @@ class Worker:
         self._maintenance = _Maintenance(redis, self._executions, self.queue)
         self._running: dict[str, _Running] = {}  # by run id
         self._cancel_requested: set[str] = set()  # run ids an operator (or `replace`) cancelled
+        self._giving_up: set[str] = set()  # run ids whose lease was lost, being stopped (`_give_up`)
+        self._group: asyncio.TaskGroup | None = None  # run()'s: a bug in any of its tasks ends the role
         self._slot_free = asyncio.Event()
         self._finished: asyncio.Queue[_Finished] = asyncio.Queue(maxsize=self.concurrency * 4)
         self._started_at = datetime.now(UTC)
@@ -228,6 +230,7 @@ class Worker:
         """Work until `stop` is set, then shut down gracefully."""
         log.info("worker started", extra={"worker_id": self.id, "slots": self.concurrency, "queue": self.queue.name})
         async with asyncio.TaskGroup() as group:
+            self._group = group
             fetcher = group.create_task(self._fetch_loop(), name="fetch")
             completer = group.create_task(self._complete_loop(), name="complete")
             extender = group.create_task(self._extend_loop(), name="extend-leases")
@@ -554,14 +557,18 @@ class Worker:
         while True:
             await asyncio.sleep(pause)
             pause = interval
-            running = list(self._running.values())
+            running = [r for r in self._running.values() if r.lease.id not in self._giving_up]
             if not running:
                 continue
             try:
                 deadlines = await self.queue.extend_many([r.lease for r in running], self._visibility)
                 lost = [r for r, deadline in zip(running, deadlines, strict=True) if deadline is None]
                 if lost:
-                    await self._give_up(lost)
+                    # In a task of its own: a handler slow to stop (a process's kill grace, a
+                    # plugin's clean-up) must not hold up the extension of every other lease.
+                    self._giving_up.update(r.lease.id for r in lost)
+                    assert self._group is not None
+                    self._group.create_task(self._give_up(lost), name="give-up")
                 trouble.recovered()
             except asyncio.CancelledError:
                 raise
@@ -572,18 +579,29 @@ class Worker:
 
     async def _give_up(self, lost: list[_Running]) -> None:
         """Our leases are gone (recovered elsewhere, or Redis lost them): stop, and let the run go on
-        in a new attempt; our outcome would be refused anyway."""
-        for running in lost:
-            if running.task is not None:
-                running.task.cancel()
-        await asyncio.wait([r.task for r in lost if r.task is not None])
-        cancelled = [r for r in lost if r.task is not None and r.task.cancelled()]
-        await self._executions.abandon([(r.claim.execution_id, r.lease.token) for r in cancelled])
-        for running in cancelled:
-            self._running.pop(running.lease.id, None)
-        self.stats.lost_leases += len(cancelled)
-        self._slot_free.set()
-        log.warning("leases lost; attempts abandoned", extra={"worker_id": self.id, "runs": len(cancelled)})
+        in a new attempt; our outcome would be refused anyway.
+
+        A store fault leaves the runs in `_running`: the next extension finds them lost again and
+        gives them up then.
+        """
+        try:
+            for running in lost:
+                if running.task is not None:
+                    running.task.cancel()
+            await asyncio.wait([r.task for r in lost if r.task is not None])
+            cancelled = [r for r in lost if r.task is not None and r.task.cancelled()]
+            await self._executions.abandon([(r.claim.execution_id, r.lease.token) for r in cancelled])
+            for running in cancelled:
+                self._running.pop(running.lease.id, None)
+            self.stats.lost_leases += len(cancelled)
+            self._slot_free.set()
+            log.warning("leases lost; attempts abandoned", extra={"worker_id": self.id, "runs": len(cancelled)})
+        except Exception as exc:
+            if not stores.is_fault(exc):
+                raise
+            log.warning("could not abandon lost attempts: %r", exc, extra={"worker_id": self.id})
+        finally:
+            self._giving_up.difference_update(r.lease.id for r in lost)
 
     async def _cancel_listener(self) -> None:
         """Cancel runs on request (CancelExecution, the `replace` concurrency policy): the fast path.
