@@ -1,6 +1,7 @@
 """gRPC API under load: many concurrent unary calls and streams against one server process.
 
     .venv/bin/python bench/api_load_bench.py [--calls 10000] [--streams 1000] [--channels 1]
+    .venv/bin/python bench/api_load_bench.py --method TriggerJob [--callers 50] [--seconds 10]
 
 Starts embedded Valkey and PostgreSQL (or uses REDIS_URL / DATABASE_URL), one `scheduler-grpc
 server` process on a free loopback port, logs in as the dev admin, opens `--streams`
@@ -10,6 +11,10 @@ delay it) calls health Check and an admin call (ListJobs) in a loop and records 
 Prints calls/s, p50/p99/max, the status codes of every call and stream, the server's CPU time per
 call, the probes' latencies, and the server's own count of calls by code (from /metrics).
 Exits 1 if any call ended CANCELLED, INTERNAL or UNKNOWN.
+
+`--method TriggerJob` (issue 11's figure) instead creates one `test.echo` job and has `--callers`
+concurrent callers (over the same channels) trigger it back to back for `--seconds` (no streams,
+no prober, no worker: the runs stay queued); it prints RPCs/s, p50/p99 and the server's CPU per call.
 """
 
 from __future__ import annotations
@@ -86,6 +91,52 @@ async def wait_serving(target: str, process: asyncio.subprocess.Process) -> None
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def trigger_load(args: argparse.Namespace, target: str, server_pid: int) -> int:
+    """`--method TriggerJob`: `--callers` concurrent callers trigger one job for `--seconds`."""
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(args.channels)
+    ]
+    try:
+        login = await auth_pb2_grpc.AuthServiceStub(channels[0]).Login(
+            auth_pb2.LoginRequest(username="admin", password="admin123"), timeout=10
+        )
+        token = (("authorization", f"Bearer {login.token}"),)
+        stubs = [jobs_pb2_grpc.JobServiceStub(channel) for channel in channels]
+        job = await stubs[0].CreateJob(
+            jobs_pb2.CreateJobRequest(job=jobs_pb2.Job(name=f"bench-{os.getpid()}", handler="test.echo")),
+            metadata=token,
+            timeout=10,
+        )
+        latencies: list[float] = []
+        codes: collections.Counter[str] = collections.Counter()
+        request = jobs_pb2.TriggerJobRequest(id=job.job.id)
+        stop = time.perf_counter() + args.seconds
+
+        async def caller(i: int) -> None:
+            stub = stubs[i % len(stubs)]
+            while time.perf_counter() < stop:
+                began = time.perf_counter()
+                try:
+                    await stub.TriggerJob(request, metadata=token, timeout=60)
+                    codes["OK"] += 1
+                except grpc.aio.AioRpcError as error:
+                    codes[error.code().name] += 1
+                latencies.append(time.perf_counter() - began)
+
+        began, cpu_before = time.perf_counter(), cpu_seconds(server_pid)
+        await asyncio.gather(*(caller(i) for i in range(args.callers)))
+        elapsed, server_cpu = time.perf_counter() - began, cpu_seconds(server_pid) - cpu_before
+    finally:
+        for channel in channels:
+            await channel.close()
+    calls = len(latencies)
+    print(f"TriggerJob from {args.callers} concurrent callers for {elapsed:.1f}s over {args.channels} channel(s): "
+          f"{calls / elapsed:,.0f} RPCs/s, p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
+          f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms")  # fmt: skip
+    print(f"codes: {dict(codes)}; server CPU {server_cpu / max(calls, 1) * 1e6:.0f} us per call")
+    return 1 if BAD_CODES & codes.keys() else 0
 
 
 async def load(args: argparse.Namespace, target: str, metrics_port: int, server_pid: int) -> int:
@@ -207,6 +258,8 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> i
     try:
         target = f"127.0.0.1:{port}"
         await wait_serving(target, server)
+        if args.method == "TriggerJob":
+            return await trigger_load(args, target, server.pid)
         return await load(args, target, metrics_port, server.pid)
     finally:
         if server.returncode is None:
@@ -219,6 +272,9 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--streams", type=int, default=1_000)
     parser.add_argument("--channels", type=int, default=1)
+    parser.add_argument("--method", choices=("GetQueueStats", "TriggerJob"), default="GetQueueStats")
+    parser.add_argument("--callers", type=int, default=50, help="TriggerJob: concurrent callers")
+    parser.add_argument("--seconds", type=float, default=10.0, help="TriggerJob: how long they call")
     parser.add_argument("--probe", help=argparse.SUPPRESS)  # internal: run as the prober of TARGET
     parser.add_argument("--token", help=argparse.SUPPRESS)
     arguments = parser.parse_args()

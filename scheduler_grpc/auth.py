@@ -24,11 +24,19 @@
   beyond, a login is refused at once with RESOURCE_EXHAUSTED (a flood is shed, not queued).
 * Unknown users cost one hash verification too, against a dummy hash, so timing does not tell
   which names exist; every failure has the same message.
+* Every call's bearer token is looked up in its store (Redis for a session, PostgreSQL for an API
+  key) at most once per `PRINCIPAL_CACHE_TTL` per server process: a bounded in-process LRU of token
+  hash -> principal (`PRINCIPAL_CACHE_SIZE` entries) answers the rest. The trade: a session ended or
+  an API key revoked **on another server process** (or a session expiring, or deleted from Redis by
+  hand) is still accepted by this one for up to `PRINCIPAL_CACHE_TTL`; `Logout` and `RevokeApiKey`
+  drop the entry at once in the process that served them. Failures are never cached. An API key's
+  `last_used_at` is refreshed only when the key is looked up, so at most once per TTL per process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import enum
 import hashlib
@@ -36,6 +44,7 @@ import logging
 import math
 import re
 import secrets
+import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -85,6 +94,12 @@ USERNAME: Final = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 DEV_ADMIN_PASSWORD: Final = "admin123"
 MIN_PRODUCTION_PASSWORD_LENGTH: Final = 12
 _INVALID_CREDENTIALS: Final = "invalid username or password"
+# The per-process cache of authenticated tokens (see the module docstring for what it trades).
+# A few seconds: long enough that a busy client's calls skip the store lookup (which cost about a
+# tenth of the server's CPU per cheap call), short enough that a logout or revocation elsewhere
+# takes effect everywhere within it.
+PRINCIPAL_CACHE_TTL: Final = timedelta(seconds=2)
+PRINCIPAL_CACHE_SIZE: Final = 10_000
 
 
 class Unauthenticated(SchedulerError):
@@ -305,6 +320,8 @@ class Authenticator:
         timeout: Bound on each Redis call.
         hasher: The argon2id hasher (tests may pass cheaper parameters).
         max_queued_logins: Logins that may wait for a hashing slot; more are refused at once.
+        cache_ttl: How long an authenticated token is trusted without asking its store again.
+        cache_size: Most tokens cached at once (least recently used ones are dropped first).
     """
 
     def __init__(
@@ -317,6 +334,8 @@ class Authenticator:
         timeout: timedelta = timedelta(seconds=5),
         hasher: PasswordHasher | None = None,
         max_queued_logins: int = MAX_QUEUED_LOGINS,
+        cache_ttl: timedelta = PRINCIPAL_CACHE_TTL,
+        cache_size: int = PRINCIPAL_CACHE_SIZE,
     ) -> None:
         self._redis = redis
         self._users = users
@@ -331,6 +350,10 @@ class Authenticator:
         self._dummy_hash: str | None = None
         self._reserve: AsyncScript = redis.register_script((_LUA / "login_reserve.lua").read_text(encoding="utf-8"))
         self._release: AsyncScript = redis.register_script((_LUA / "login_release.lua").read_text(encoding="utf-8"))
+        self._cache_ttl = cache_ttl.total_seconds()
+        self._cache_size = cache_size
+        # token hash -> (monotonic time the entry stops being trusted, principal); oldest use first.
+        self._cache: collections.OrderedDict[bytes, tuple[float, Principal]] = collections.OrderedDict()
 
     # -- passwords ------------------------------------------------------------------------------
 
@@ -458,18 +481,51 @@ class Authenticator:
         """
         if principal.kind != "session":
             raise InvalidArgument("authorization", "Logout ends sessions; revoke an API key with RevokeApiKey")
+        self._cache.pop(principal.token_hash, None)
         async with asyncio.timeout(self._timeout):
             await self._redis.delete(self._keys.session(principal.token_hash))
+
+    async def revoke_api_key(self, key_id: str) -> ApiKeyRecord:
+        """Revoke an API key at once (in this process; elsewhere within `PRINCIPAL_CACHE_TTL`).
+
+        Raises:
+            InvalidArgument: `key_id` is not a UUID.
+            NotFound: no such key.
+        """
+        record = await self.api_keys.revoke(key_id)
+        stale = [
+            digest
+            for digest, (_, principal) in self._cache.items()
+            if principal.kind == "api_key" and principal.subject_id == record.id
+        ]
+        for digest in stale:
+            del self._cache[digest]
+        return record
 
     # -- every call -----------------------------------------------------------------------------
 
     async def authenticate(self, token: str) -> Principal:
-        """The caller a bearer token stands for.
+        """The caller a bearer token stands for (from the cache while its entry is fresh).
 
         Raises:
             Unauthenticated: unknown, expired, revoked or malformed token.
         """
         digest = hash_token(token)
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None:
+            if cached[0] > now:
+                self._cache.move_to_end(digest)
+                return cached[1]
+            del self._cache[digest]
+        principal = await self._lookup(token, digest)
+        self._cache[digest] = (now + self._cache_ttl, principal)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return principal
+
+    async def _lookup(self, token: str, digest: bytes) -> Principal:
+        """The caller `token` stands for, asked of its store."""
         if token.startswith(API_KEY_PREFIX):
             record = await self.api_keys.find_active(digest)
             if record is None:

@@ -120,6 +120,11 @@ _CALL: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("schedul
 class _WrappingInterceptor(grpc.aio.ServerInterceptor):
     """Returns the continuation's handler with its behaviour wrapped by `around` / `around_stream`."""
 
+    def __init__(self) -> None:
+        # Full method name -> (the continuation's handler, its wrapping); bounded by the served
+        # methods (an unknown one gets no handler).
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
+
     async def around(self, call: CallInfo, invoke: Invoke) -> Any:
         """Run a coroutine behaviour (`invoke()`); return its result."""
         return await invoke()
@@ -137,7 +142,14 @@ class _WrappingInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None  # unknown method: grpc answers UNIMPLEMENTED
-        return self._wrap(handler, handler_call_details.method)
+        # A service hands out one handler object per method, so its wrapping is built once, not
+        # per call (and each interceptor below returns its own cached wrapping in turn).
+        method = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = (handler, self._wrap(handler, method))
+            self._wrapped[method] = cached
+        return cached[1]
 
     def _call(self, method: str, context: Context, streaming: bool) -> CallInfo:
         call = _CALL.get()
@@ -190,6 +202,7 @@ class ObserveInterceptor(_WrappingInterceptor):
     """
 
     def __init__(self, metrics: Metrics) -> None:
+        super().__init__()
         self._metrics = metrics
 
     async def around(self, call: CallInfo, invoke: Invoke) -> Any:
@@ -275,6 +288,7 @@ class ErrorInterceptor(_WrappingInterceptor):
     """
 
     def __init__(self, call_timeout: timedelta, metrics: Metrics) -> None:
+        super().__init__()
         self._call_timeout = call_timeout.total_seconds()
         self._metrics = metrics
 
@@ -324,6 +338,7 @@ class LimitInterceptor(_WrappingInterceptor):
     """
 
     def __init__(self, limit: int) -> None:
+        super().__init__()
         self._limit = limit
         self.active = 0
 
@@ -364,6 +379,7 @@ class AuthInterceptor(_WrappingInterceptor):
     """
 
     def __init__(self, authenticator: Authenticator) -> None:
+        super().__init__()
         self._auth = authenticator
 
     async def _authorize(self, call: CallInfo) -> auth.Principal | None:

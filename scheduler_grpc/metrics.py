@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Final
 
 from aiohttp import web
@@ -170,19 +171,48 @@ def _split(full_method: str) -> tuple[str, str]:
     return service or "unknown", method or full_method
 
 
+@dataclass
+class _MethodSeries:
+    """One method's label children, looked up once (`.labels()` costs a lock and a dict per call)."""
+
+    service: str
+    name: str
+    in_flight: Gauge
+    duration: Histogram
+    requests: dict[str, Counter] = field(default_factory=dict)  # by code: at most the 17 status codes
+
+
 class Metrics:
     """What the gRPC server records (the interceptors call this, never prometheus objects)."""
 
+    def __init__(self) -> None:
+        # Keyed by full method name: only methods the server serves get here (an unknown one is
+        # answered UNIMPLEMENTED before any interceptor), so the map is bounded by the services.
+        self._series: dict[str, _MethodSeries] = {}
+
+    def _of(self, method: str) -> _MethodSeries:
+        series = self._series.get(method)
+        if series is None:
+            service, name = _split(method)
+            series = _MethodSeries(
+                service, name, GRPC_IN_FLIGHT.labels(service, name), GRPC_DURATION.labels(service, name)
+            )
+            self._series[method] = series
+        return series
+
     def rpc_started(self, method: str) -> None:
         """A call to full method name `method` began."""
-        GRPC_IN_FLIGHT.labels(*_split(method)).inc()
+        self._of(method).in_flight.inc()
 
     def rpc_finished(self, method: str, code: str, seconds: float) -> None:
         """A call ended with status `code` (e.g. `OK`, `NOT_FOUND`) after `seconds`."""
-        service, name = _split(method)
-        GRPC_IN_FLIGHT.labels(service, name).dec()
-        GRPC_REQUESTS.labels(service, name, code).inc()
-        GRPC_DURATION.labels(service, name).observe(seconds)
+        series = self._of(method)
+        series.in_flight.dec()
+        requests = series.requests.get(code)
+        if requests is None:
+            requests = series.requests[code] = GRPC_REQUESTS.labels(series.service, series.name, code)
+        requests.inc()
+        series.duration.observe(seconds)
 
     def watchers(self, count: int) -> None:
         """The number of open WatchExecutions streams."""

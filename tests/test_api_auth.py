@@ -23,6 +23,7 @@ from scheduler_grpc.db.api_keys import ApiKeyRepository
 from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.keys import AuthKeys
+from tests.engine_helpers import eventually
 from tests.test_api_support import (  # noqa: F401 - `api` is a fixture
     ADMIN_PASSWORD,
     FAST_HASHER,
@@ -299,6 +300,69 @@ async def test_api_keys_are_shown_once_stored_hashed_and_revocable(api: Harness)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await api.auth.CreateApiKey(auth_pb2.CreateApiKeyRequest(display_name="x"), metadata=api.admin)
     assert (caught.value.code(), caught.value.details().split(":")[0]) == (grpc.StatusCode.INVALID_ARGUMENT, "role")
+
+
+def cached_authenticator(harness: Harness, ttl: timedelta, size: int = 100) -> Authenticator:
+    """Another server process's authenticator on the harness's stores, with its own token cache."""
+    pool = harness.server.api.control.jobs._pool
+    return Authenticator(
+        harness.server.api.control._redis,
+        UserRepository(pool),
+        ApiKeyRepository(pool),
+        session_ttl=timedelta(hours=1),
+        hasher=FAST_HASHER,
+        cache_ttl=ttl,
+        cache_size=size,
+    )
+
+
+async def refuses(authenticator: Authenticator, token: str) -> bool:
+    try:
+        await authenticator.authenticate(token)
+    except auth.Unauthenticated:
+        return True
+    return False
+
+
+async def test_a_revoked_key_or_ended_session_is_refused_here_at_once_and_elsewhere_within_the_cache_ttl(
+    api: Harness,  # noqa: F811
+) -> None:
+    ttl = timedelta(seconds=1)
+    here, elsewhere = cached_authenticator(api, ttl), cached_authenticator(api, ttl)
+    admin = await UserRepository(api.server.api.control.jobs._pool).get_by_username("admin")
+    assert admin is not None
+    session = await here.open_session(admin)
+    creator = await here.authenticate(session.token)
+    key = await here.create_api_key(creator, "cached", Role.VIEWER, None)
+    for token in (session.token, key.secret):
+        assert (await elsewhere.authenticate(token)).name in {"admin", "api-key:cached"}  # now cached there
+    await here.revoke_api_key(key.record.id)
+    await here.logout(creator)
+    for token in (session.token, key.secret):
+        assert await refuses(here, token)  # the process that ended it: at once
+        # The documented trade: another process trusts its cached entry until the TTL runs out...
+        assert not await refuses(elsewhere, token)
+    began = time.monotonic()
+    for token in (session.token, key.secret):
+        await eventually(lambda token=token: refuses(elsewhere, token), within=5 * ttl.total_seconds())  # type: ignore[misc]
+    # ... and no longer (the poll's own step aside).
+    assert time.monotonic() - began <= ttl.total_seconds() + 1
+
+
+async def test_the_token_cache_is_bounded_and_drops_the_least_recently_used(api: Harness) -> None:  # noqa: F811
+    cache = cached_authenticator(api, timedelta(minutes=5), size=3)
+    admin = await UserRepository(api.server.api.control.jobs._pool).get_by_username("admin")
+    assert admin is not None
+    tokens = [(await cache.open_session(admin)).token for _ in range(5)]
+    for token in tokens[:3]:
+        await cache.authenticate(token)
+    await cache.authenticate(tokens[0])  # used again: now the most recent, so 1 and 2 go first
+    for token in tokens[3:]:
+        await cache.authenticate(token)
+    redis = api.server.api.control._redis
+    await redis.delete(*(AuthKeys().session(auth.hash_token(token)) for token in tokens))
+    # Only the 3 most recently used are still cached (and so still accepted); the rest are asked of Redis.
+    assert [await refuses(cache, token) for token in tokens] == [False, True, True, False, False]
 
 
 async def test_shell_jobs_need_an_admin_even_if_the_table_let_operators_define_jobs(

@@ -59,5 +59,5 @@ class AuthService(auth_pb2_grpc.AuthServiceServicer):
     async def RevokeApiKey(
         self, request: auth_pb2.RevokeApiKeyRequest, context: Context
     ) -> auth_pb2.RevokeApiKeyResponse:
-        record = await self._auth.api_keys.revoke(convert.resource_id(request.id))
+        record = await self._auth.revoke_api_key(convert.resource_id(request.id))
         return auth_pb2.RevokeApiKeyResponse(api_key=convert.api_key_to_proto(record))
