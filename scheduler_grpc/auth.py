@@ -49,7 +49,6 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Final, Literal
 
 import orjson
@@ -58,6 +57,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
+from scheduler_grpc import scripts
 from scheduler_grpc.db.api_keys import ApiKeyRecord, ApiKeyRepository
 from scheduler_grpc.db.users import User, UserRepository
 from scheduler_grpc.errors import ConfigError, InvalidArgument, SchedulerError
@@ -296,7 +296,6 @@ def parse_bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     return token
 
 
-_LUA: Final = Path(__file__).resolve().parent / "lua"
 # What login_reserve.lua's first reply element means when the attempt is refused.
 _REFUSALS: Final = {
     1: "too many failed logins for this user from your address",
@@ -348,8 +347,8 @@ class Authenticator:
         self._admitted = asyncio.Semaphore(MAX_CONCURRENT_HASHES + max_queued_logins)
         self._keys = AuthKeys()
         self._dummy_hash: str | None = None
-        self._reserve: AsyncScript = redis.register_script((_LUA / "login_reserve.lua").read_text(encoding="utf-8"))
-        self._release: AsyncScript = redis.register_script((_LUA / "login_release.lua").read_text(encoding="utf-8"))
+        self._reserve: AsyncScript = redis.register_script(scripts.source("login_reserve"))
+        self._release: AsyncScript = redis.register_script(scripts.source("login_release"))
         self._cache_ttl = cache_ttl.total_seconds()
         self._cache_size = cache_size
         # token hash -> (monotonic time the entry stops being trusted, principal); oldest use first.
