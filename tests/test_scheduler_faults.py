@@ -40,24 +40,24 @@ async def _elapsed(since: float, seconds: float) -> bool:
     return time.monotonic() - since >= seconds
 
 
-@pytest.fixture
-async def pg_proxy(database_url: str) -> AsyncIterator[FaultProxy]:
-    proxy = FaultProxy.for_url(database_url)
-    await proxy.start()
+async def _proxy_to(url: str) -> AsyncIterator[FaultProxy]:
+    proxy = await FaultProxy.for_url(url).start()
     try:
         yield proxy
     finally:
         await proxy.close()
+
+
+@pytest.fixture
+async def pg_proxy(database_url: str) -> AsyncIterator[FaultProxy]:
+    async for proxy in _proxy_to(database_url):
+        yield proxy
 
 
 @pytest.fixture
 async def redis_proxy(redis_url: str) -> AsyncIterator[FaultProxy]:
-    proxy = FaultProxy.for_url(redis_url)
-    await proxy.start()
-    try:
+    async for proxy in _proxy_to(redis_url):
         yield proxy
-    finally:
-        await proxy.close()
 
 
 def _lines(role: Role, text: str) -> list[str]:

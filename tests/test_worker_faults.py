@@ -78,6 +78,17 @@ def registry_with(*handlers: Handler) -> HandlerRegistry:
     return registry
 
 
+Gated = tuple["GateHandler", HandlerRegistry, Control]
+
+
+@pytest.fixture
+def gated(redis: aioredis.Redis, pool: asyncpg.Pool) -> Gated:
+    """A gate handler, a registry with it, and a Control over the test stores."""
+    gate = GateHandler()
+    registry = registry_with(gate)
+    return gate, registry, Control(redis, pool, registry)
+
+
 @asynccontextmanager
 async def running_worker(
     redis_url: str, database_url: str, executions: ExecutionRepository, registry: HandlerRegistry, **env: str
@@ -112,11 +123,9 @@ def store_errors(store: str) -> float:
 
 
 async def test_a_redis_response_error_does_not_kill_the_worker(
-    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str, gated: Gated
 ) -> None:
-    gate = GateHandler()
-    registry = registry_with(gate)
-    control = Control(redis, pool, registry)
+    gate, registry, control = gated
     job = await control.create_job(JobSpec(name="oom", handler="test.gate"))
     async with running_worker(redis_url, database_url, ExecutionRepository(pool), registry) as (worker, task):
         run = (await control.trigger_job(job.id))[0]
@@ -160,11 +169,9 @@ class _CancelsRightAfterTheClaim(ExecutionRepository):
 
 
 async def test_a_cancel_the_pubsub_path_misses_is_still_honoured(
-    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str, gated: Gated
 ) -> None:
-    gate = GateHandler()
-    registry = registry_with(gate)
-    control = Control(redis, pool, registry)
+    _, registry, control = gated
     job = await control.create_job(JobSpec(name="cancel-me", handler="test.gate"))
     executions = _CancelsRightAfterTheClaim(pool, control)
     async with running_worker(redis_url, database_url, executions, registry) as (_, task):
@@ -219,11 +226,9 @@ async def _returns_true() -> bool:
 
 
 async def test_a_postgres_outage_during_completion_records_the_outcome_without_running_again(
-    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str, gated: Gated
 ) -> None:
-    gate = GateHandler()
-    registry = registry_with(gate)
-    control = Control(redis, pool, registry)
+    gate, registry, control = gated
     job = await control.create_job(JobSpec(name="pg-blip", handler="test.gate"))
     proxy, proxied_url = await FaultProxy.to_url(database_url)
     worker_pool = await create_pool(proxied_url, size=4, connect_timeout=timedelta(seconds=2))
@@ -263,11 +268,9 @@ async def test_a_postgres_outage_during_completion_records_the_outcome_without_r
 
 
 async def test_a_graceful_hand_back_records_the_interrupted_attempt_without_spending_the_budget(
-    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str, gated: Gated
 ) -> None:
-    gate = GateHandler()
-    registry = registry_with(gate)
-    control = Control(redis, pool, registry)
+    gate, registry, control = gated
     retry = RetryPolicy(max_retries=1, initial_backoff=timedelta(milliseconds=50), jitter=False)
     job = await control.create_job(
         JobSpec(name="interrupted", handler="test.gate", payload={"fail": True, "only_first_waits": True}, retry=retry)
@@ -433,11 +436,9 @@ class _BuggyRepository(ExecutionRepository):
 
 
 async def test_a_bug_ends_the_worker(
-    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str, gated: Gated
 ) -> None:
-    gate = GateHandler()
-    registry = registry_with(gate)
-    control = Control(redis, pool, registry)
+    _, registry, control = gated
     job = await control.create_job(JobSpec(name="buggy", handler="test.gate"))
     async with running_worker(redis_url, database_url, _BuggyRepository(pool), registry) as (_, task):
         await control.trigger_job(job.id)
