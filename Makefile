@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint bench chaos migrate readme clean
+.PHONY: run test lint bench bench-detail chaos migrate readme clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,13 @@ lint: $(STAMP)
 	$(BIN)/mypy clients/python/scheduler_client --exclude 'scheduler_client/v1/'
 	cd protos && npm install --no-audit --no-fund --silent && npx buf lint
 
+# Every figure of issue 11 in one table, each with its ratio to a floor measured in the same run
+# (bench/run.py; one embedded Valkey + PostgreSQL, or REDIS_URL / DATABASE_URL); JSON in .data/bench.json.
 bench: $(STAMP)
+	$(BIN)/python bench/run.py
+
+# The older detailed benchmarks, one after another (each prints its own tables).
+bench-detail: $(STAMP)
 	$(BIN)/python bench/queue_bench.py
 	$(BIN)/python bench/scheduling_bench.py
 	$(BIN)/python bench/catchup_bench.py --jobs 200 --minutes 10

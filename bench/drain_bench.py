@@ -1,0 +1,134 @@
+"""End-to-end drain with full history, beside the raw queue and PostgreSQL floors measured right before.
+
+    .venv/bin/python bench/drain_bench.py [--runs 50000] [--concurrency 200]
+
+Uses REDIS_URL / DATABASE_URL (embedded servers when unset; flushes that Redis database and
+truncates the job tables). Measures the floors of bench/floors.py `queue` first (raw Lua
+ZPOPMIN+ZADD dequeue, raw `UPDATE ... FROM unnest`), then queues `--runs` runs of a `test.echo`
+job (1,000 per statement and enqueue script), starts one worker process and waits until PostgreSQL
+records every run `succeeded`. Figures (one JSON line at the end):
+
+* executions/s: runs / (last finished_at - first started_at), from PostgreSQL's own timestamps;
+* CPU µs per execution of the worker, Valkey and PostgreSQL (utime+stime from /proc over the
+  drain; PostgreSQL's is the postmaster's process tree, so it includes this script's polling
+  count, a few ms a second); a server not on this machine gives null.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from floors import (  # noqa: E402
+    lua_dequeue_floor,
+    pg_update_floor,
+    postgres_pid,
+    proc_cpu_seconds,
+    tree_cpu_seconds,
+    valkey_pid,
+)
+
+from scheduler_grpc.connections import redis_client  # noqa: E402
+from scheduler_grpc.control import Control  # noqa: E402
+from scheduler_grpc.db.migrate import migrate  # noqa: E402
+from scheduler_grpc.db.pool import create_pool  # noqa: E402
+from scheduler_grpc.dispatch import enqueue_runs  # noqa: E402
+from scheduler_grpc.embedded import embedded_servers  # noqa: E402
+from scheduler_grpc.executions import Trigger  # noqa: E402
+from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
+from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
+
+BATCH = 1000
+
+
+async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> dict[str, object]:
+    pool = await create_pool(database_url, size=4, connect_timeout=timedelta(seconds=10))
+    await migrate(pool)
+    await pool.execute("TRUNCATE job_executions, jobs CASCADE")
+    redis = redis_client(redis_url)
+    await redis.flushdb()
+    figures: dict[str, object] = {}
+    figures |= await lua_dequeue_floor(redis)
+    figures |= await pg_update_floor(pool)
+    print(f"floors: {figures}", file=sys.stderr)
+    registry = default_registry(HandlerSettings())
+    control = Control(redis, pool, registry)
+    job = await control.create_job(JobSpec(name="drain", handler="test.echo", retry=RetryPolicy(max_retries=0)))
+    base = datetime(2020, 1, 1, tzinfo=UTC)
+    for start in range(0, args.runs, BATCH):
+        slots = [base + timedelta(microseconds=i) for i in range(start, min(start + BATCH, args.runs))]
+        runs = await control.executions.trigger(job.id, Trigger.BACKFILL, slots)
+        await enqueue_runs(control.queues, runs)
+    print(f"queued {args.runs} runs", file=sys.stderr)
+    vpid, ppid = await valkey_pid(redis), await postgres_pid(pool)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
+           "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
+           "SCHEDULER_METRICS_PORT": "0"}  # fmt: skip
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "scheduler_grpc", "worker", "--concurrency", str(args.concurrency), env=env, cwd=ROOT
+    )
+    try:
+        cpu0 = (proc_cpu_seconds(worker.pid), tree_cpu_seconds(vpid) if vpid else 0.0,
+                tree_cpu_seconds(ppid) if ppid else 0.0)  # fmt: skip
+        deadline = time.monotonic() + args.timeout
+        while True:
+            done = await pool.fetchval("SELECT count(*) FROM job_executions WHERE status = 'succeeded'")
+            if done >= args.runs:
+                break
+            if worker.returncode is not None:
+                raise SystemExit(f"the worker exited with {worker.returncode}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"only {done} of {args.runs} runs done after {args.timeout:g}s")
+            await asyncio.sleep(0.25)
+        cpu = (proc_cpu_seconds(worker.pid) - cpu0[0], tree_cpu_seconds(vpid) - cpu0[1] if vpid else None,
+               tree_cpu_seconds(ppid) - cpu0[2] if ppid else None)  # fmt: skip
+        row = await pool.fetchrow(
+            """SELECT extract(epoch FROM max(finished_at) - min(started_at)) AS seconds,
+                      count(*) AS runs FROM job_executions WHERE status = 'succeeded'"""
+        )
+        seconds = float(row["seconds"])
+        n = int(row["runs"])
+        figures |= {
+            "runs": n,
+            "drain_seconds": seconds,
+            "executions_per_s": n / seconds,
+            "worker_cpu_us": cpu[0] / n * 1e6,
+            "valkey_cpu_us": None if cpu[1] is None else cpu[1] / n * 1e6,
+            "postgres_cpu_us": None if cpu[2] is None else cpu[2] / n * 1e6,
+        }
+    finally:
+        if worker.returncode is None:
+            worker.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(worker.wait(), 60)
+        await registry.aclose()
+        await redis.aclose()
+        await pool.close()
+    return figures
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=50_000)
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds of drain")
+    arguments = parser.parse_args()
+    with embedded_servers(
+        ROOT / ".data",
+        redis_url=os.environ.get("REDIS_URL"),
+        database_url=os.environ.get("DATABASE_URL"),
+        throwaway=True,
+    ) as urls:
+        print(json.dumps(uvloop.run(main(arguments, urls.redis_url, urls.database_url))))

@@ -1,0 +1,187 @@
+"""Scheduling lateness, a same-second burst and the scan tick against the number of job definitions.
+
+    .venv/bin/python bench/lateness_bench.py [--jobs 1000] [--seconds 60] [--burst 10000] [--definitions 1000000]
+
+(A minimal version written for `make bench`; bench/run.py reads only its last line, the JSON below.)
+Uses REDIS_URL / DATABASE_URL (embedded servers when unset; flushes that Redis database and
+truncates the job tables). With one scheduler and one worker process:
+
+* `--jobs` per-second cron jobs for `--seconds`: lateness of every slot in the window (the worker's
+  `started_at` - the slot), p50/p99/max; and the enqueue lateness (row created - slot);
+* `--burst` one-shot jobs due in the same whole second (inserted in one statement ahead of time):
+  seconds from that second until the last of them started;
+* then, roles stopped: the due scan (`JobRepository.due`, the statement each leader scan runs)
+  timed over 1,000 job definitions of which 100 are due, then over `--definitions` (100 due).
+
+JSON keys: lateness_p50_ms, lateness_p99_ms, lateness_max_ms, lateness_slots, enqueue_p99_ms,
+burst_all_started_s, scan_tick_1k_ms, scan_tick_1m_ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scheduler_grpc.connections import redis_client  # noqa: E402
+from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL, JobRepository  # noqa: E402
+from scheduler_grpc.db.migrate import migrate  # noqa: E402
+from scheduler_grpc.db.pool import create_pool  # noqa: E402
+from scheduler_grpc.embedded import embedded_servers  # noqa: E402
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
+
+
+LEADER_TERM = "SELECT coalesce(max(term), 0) FROM leader_state WHERE scope = 'scheduler'"
+INSERT_JOBS = """INSERT INTO jobs (name, handler, schedule_kind, cron, run_at, next_run_time, max_retries)
+    SELECT $1::text || n, 'test.echo', $2::text, $3::text, $4::timestamptz,
+           $5::timestamptz + (CASE WHEN n < $7 THEN interval '0' ELSE $6::interval END), 0
+    FROM generate_series($8::bigint, $9::bigint - 1) AS n"""
+
+
+async def insert_jobs(pool: object, prefix: str, kind: str, count: int, *, cron: str | None = None,
+                      run_at: datetime | None = None, next_run: datetime, later: timedelta = timedelta(0),
+                      due: int | None = None, first: int = 0) -> None:  # fmt: skip
+    """`count` jobs in one statement; the first `due` (default all) next run at `next_run`, the rest `later`."""
+    due = count if due is None else due
+    await pool.execute(INSERT_JOBS, prefix, kind, cron, run_at, next_run, later, first + due, first, first + count)  # type: ignore[attr-defined]
+
+
+async def wait_ready(pool: object, term: int, within: float = 60) -> None:
+    """Until a scheduler leads a term after `term` (ours: every earlier one is over)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await pool.fetchval(LEADER_TERM) > term:  # type: ignore[attr-defined]
+            return
+        await asyncio.sleep(0.1)
+    raise SystemExit("no leader")
+
+
+async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> dict[str, float]:
+    pool = await create_pool(database_url, size=4, connect_timeout=timedelta(seconds=10))
+    await migrate(pool)
+    await pool.execute("TRUNCATE job_executions, jobs CASCADE")
+    term = await pool.fetchval(LEADER_TERM)
+    redis = redis_client(redis_url)
+    await redis.flushdb()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
+           "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
+           "SCHEDULER_METRICS_PORT": "0"}  # fmt: skip
+    roles = [
+        await asyncio.create_subprocess_exec(sys.executable, "-m", "scheduler_grpc", role, env=env, cwd=ROOT)
+        for role in ("scheduler", "worker")
+    ]
+    figures: dict[str, float] = {}
+    try:
+        await wait_ready(pool, term)
+        # -- per-second cron jobs
+        now = await pool.fetchval("SELECT now()")
+        first_slot = now.replace(microsecond=0) + timedelta(seconds=2)
+        await insert_jobs(pool, "tick-", "cron", args.jobs, cron="* * * * * *", next_run=first_slot)
+        await pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
+        window = (first_slot + timedelta(seconds=3), first_slot + timedelta(seconds=3 + args.seconds))
+        await asyncio.sleep(max(0.0, (window[1] - datetime.now(UTC)).total_seconds()) + 2)
+        await pool.execute("UPDATE jobs SET status = 'paused', next_run_time = NULL")
+        rows = await pool.fetch(
+            """SELECT extract(epoch FROM started_at - scheduled_for) AS start_s,
+                      extract(epoch FROM created_at - scheduled_for) AS enqueue_s
+               FROM job_executions WHERE trigger = 'schedule' AND scheduled_for >= $1 AND scheduled_for < $2
+               AND started_at IS NOT NULL""",
+            *window,
+        )
+        started = [float(row["start_s"]) * 1000 for row in rows]
+        figures |= {
+            "lateness_slots": len(started),
+            "lateness_expected_slots": args.jobs * args.seconds,
+            "lateness_p50_ms": statistics.median(started),
+            "lateness_p99_ms": percentile(started, 0.99),
+            "lateness_max_ms": max(started),
+            "enqueue_p99_ms": percentile([float(row["enqueue_s"]) * 1000 for row in rows], 0.99),
+        }
+        print(f"lateness: {figures}", file=sys.stderr)
+        # -- same-second burst (let the cron backlog finish first)
+        await asyncio.sleep(3)
+        now = await pool.fetchval("SELECT now()")
+        due_at = now.replace(microsecond=0) + timedelta(seconds=5)
+        await insert_jobs(pool, "burst-", "once", args.burst, run_at=due_at, next_run=due_at)
+        await pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
+        deadline = time.monotonic() + 120
+        while True:
+            row = await pool.fetchrow(
+                """SELECT count(*) AS n, extract(epoch FROM max(e.started_at) - $1) AS last_s
+                   FROM job_executions e JOIN jobs j ON j.id = e.job_id
+                   WHERE j.name LIKE 'burst-%' AND e.started_at IS NOT NULL""",
+                due_at,
+            )
+            if row["n"] >= args.burst:
+                figures["burst_all_started_s"] = float(row["last_s"])
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"only {row['n']} of {args.burst} burst jobs started within 120 s")
+            await asyncio.sleep(0.2)
+        print(f"burst: {figures['burst_all_started_s']:.2f}s", file=sys.stderr)
+    finally:
+        for role in roles:
+            if role.returncode is None:
+                role.send_signal(signal.SIGTERM)
+        for role in roles:
+            await asyncio.wait_for(role.wait(), 60)
+    # -- scan tick against the number of definitions
+    await pool.execute("TRUNCATE job_executions, jobs CASCADE")
+    repository = JobRepository(pool)
+    now = await pool.fetchval("SELECT now()")
+
+    async def tick() -> float:
+        await pool.execute("ANALYZE jobs")
+        times = []
+        for _ in range(30):
+            began = time.perf_counter()
+            jobs, _ = await repository.due(500)
+            times.append(time.perf_counter() - began)
+            assert len(jobs) == 100, len(jobs)
+        return statistics.median(times) * 1000
+
+    common = {"cron": "0 0 1 1 *", "next_run": now - timedelta(seconds=1), "later": timedelta(days=400), "due": 100}
+    await insert_jobs(pool, "def-", "cron", 1000, **common)  # type: ignore[arg-type]
+    figures["scan_tick_1k_ms"] = await tick()
+    chunk = 100_000
+    for first in range(1000, args.definitions, chunk):
+        await insert_jobs(pool, "def-", "cron", min(chunk, args.definitions - first), first=first,
+                          cron="0 0 1 1 *", next_run=now + timedelta(days=400))  # fmt: skip
+    figures["scan_tick_1m_ms"] = await tick()
+    figures["scan_definitions"] = args.definitions
+    await pool.execute("TRUNCATE job_executions, jobs CASCADE")
+    await redis.aclose()
+    await pool.close()
+    return figures
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--burst", type=int, default=10_000)
+    parser.add_argument("--definitions", type=int, default=1_000_000)
+    arguments = parser.parse_args()
+    with embedded_servers(
+        ROOT / ".data",
+        redis_url=os.environ.get("REDIS_URL"),
+        database_url=os.environ.get("DATABASE_URL"),
+        throwaway=True,
+    ) as urls:
+        print(json.dumps(uvloop.run(main(arguments, urls.redis_url, urls.database_url))))

@@ -1,0 +1,563 @@
+"""`make bench`: every figure of issue 11 in one table, each beside a floor measured in the same run.
+
+    .venv/bin/python bench/run.py [--only drain,trigger,...] [--quick] [--json .data/bench.json]
+    .venv/bin/python bench/run.py --from-json .data/bench.json [--markdown]
+
+Starts ONE embedded Valkey and PostgreSQL for the whole run (or uses REDIS_URL / DATABASE_URL; the
+measurements flush that Redis database and truncate the job tables, so never point it at data you
+keep), then runs each measurement as a subprocess of its own script, one after the other. Each
+script prints one JSON object of figures as its last line of stdout; its stderr goes to
+`.data/bench-logs/<name>.log`. A measurement that crashes or times out gets `error: ...` in its
+rows and the run goes on.
+
+The table: figure | value | target | floor (what it is, its value in this run) | ratio (value /
+floor) | result (pass / MISS against the issue's target; blank without one). Noise between runs and
+machines is in both the figure and its floor, so the ratio is the figure to compare across runs.
+The JSON (rows, every raw figure, the machine) goes to `--json`.
+
+Exit status: 1 if a measurement crashed or timed out (a missed target is not an error), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One script run: `argv` after the interpreter, its full-size and `--quick` arguments."""
+
+    name: str
+    script: str
+    args: tuple[str, ...]
+    quick: tuple[str, ...]
+    timeout: float
+    what: str
+
+
+MEASUREMENTS = (
+    Measurement(
+        "drain",
+        "drain_bench.py",
+        ("--runs", "50000"),
+        ("--runs", "2000"),
+        420,
+        "50,000 test.echo runs drained by one worker (concurrency 200), full history; "
+        "floors: raw Lua dequeue and raw UPDATE FROM unnest, just before",
+    ),
+    Measurement(
+        "grpc-floor",
+        "floors.py",
+        ("grpc", "--callers", "50", "--seconds", "5"),
+        ("grpc", "--callers", "50", "--seconds", "1"),
+        120,
+        "no-op unary grpc.aio RPC (own process), 50 concurrent callers on one channel",
+    ),
+    Measurement(
+        "trigger",
+        "api_load_bench.py",
+        ("--method", "TriggerJob", "--callers", "50", "--seconds", "10"),
+        ("--method", "TriggerJob", "--callers", "50", "--seconds", "2"),
+        180,
+        "TriggerJob from 50 concurrent callers on one channel, one server process",
+    ),
+    Measurement(
+        "timer-floor",
+        "floors.py",
+        ("timer", "--timers", "1000", "--seconds", "10"),
+        ("timer", "--timers", "1000", "--seconds", "2"),
+        60,
+        "1,000 uvloop timers due at each whole second for 10 s",
+    ),
+    Measurement(
+        "lateness",
+        "lateness_bench.py",
+        (),
+        ("--jobs", "50", "--seconds", "5", "--burst", "500", "--definitions", "20000"),
+        600,
+        "1,000 per-second cron jobs for 60 s (1 scheduler, 1 worker); 10,000 one-shot jobs due "
+        "in one second; due scan over 1,000 and 1,000,000 definitions (100 due)",
+    ),
+    Measurement(
+        "failover",
+        "failover_bench.py",
+        ("--kills", "10", "--stops", "10"),
+        ("--kills", "1", "--stops", "1"),
+        900,
+        "2 schedulers + 1 worker, default leader TTL, 5 per-second jobs; kill -9 x10, SIGTERM x10",
+    ),
+    Measurement(
+        "watch",
+        "watch_bench.py",
+        ("--subscribers", "1000", "--runs", "300"),
+        ("--subscribers", "100", "--runs", "50"),
+        420,
+        "1,000 WatchExecutions streams (SUCCEEDED of one job) while one worker drains 300 runs "
+        "of it: every subscriber gets every event",
+    ),
+    Measurement(
+        "idle",
+        "idle_bench.py",
+        ("--seconds", "60"),
+        ("--seconds", "5"),
+        180,
+        "one scheduler (leading) and one worker, no jobs, 60 s",
+    ),
+)
+
+
+def _get(results: dict[str, Any], name: str, key: str) -> float | None:
+    value = results.get(name, {}).get("figures", {}).get(key)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+Floor = Callable[[dict[str, Any]], float | None]
+
+
+def floor_of(name: str, key: str) -> Floor:
+    return lambda results: _get(results, name, key)
+
+
+def burst_floor(results: dict[str, Any]) -> float | None:
+    """10,000 runs at the drain rate measured in this run: the burst cannot all start sooner."""
+    rate = _get(results, "drain", "executions_per_s")
+    return 10_000 / rate if rate else None
+
+
+@dataclass(frozen=True)
+class Row:
+    """A line of the table.
+
+    Attributes:
+        figure: What is measured.
+        source: (measurement, key) of the value.
+        unit: Shown after the value.
+        target: ("≥"|"≤"|"<", number) on the value, or ("ratio≤", number) on the ratio; None: none.
+        floor: The floor's value in this run (None: this figure has no floor).
+        floor_label: What the floor is (short; the legend below the table says more).
+    """
+
+    figure: str
+    source: tuple[str, str]
+    unit: str
+    target: tuple[str, float] | None = None
+    floor: Floor | None = None
+    floor_label: str = ""
+
+
+ROWS = (
+    Row(
+        "drain: executions/s (50,000 runs, 1 worker)",
+        ("drain", "executions_per_s"),
+        "/s",
+        ("≥", 6500),
+        floor_of("drain", "lua_dequeue_items_per_s"),
+        "raw Lua dequeue items/s",
+    ),
+    Row(
+        "drain: executions/s vs PostgreSQL floor",
+        ("drain", "executions_per_s"),
+        "/s",
+        None,
+        floor_of("drain", "pg_update_rows_per_s"),
+        "raw UPDATE…FROM unnest rows/s",
+    ),
+    Row(
+        "drain: worker CPU per execution",
+        ("drain", "worker_cpu_us"),
+        "µs",
+        ("≤", 150),
+        floor_of("drain", "lua_dequeue_client_cpu_us"),
+        "raw Lua dequeue, client µs/item",
+    ),
+    Row(
+        "drain: Valkey CPU per execution",
+        ("drain", "valkey_cpu_us"),
+        "µs",
+        None,
+        floor_of("drain", "lua_dequeue_valkey_cpu_us"),
+        "raw Lua dequeue, Valkey µs/item",
+    ),
+    Row(
+        "drain: PostgreSQL CPU per execution",
+        ("drain", "postgres_cpu_us"),
+        "µs",
+        None,
+        floor_of("drain", "pg_update_cpu_us"),
+        "raw UPDATE…FROM unnest, µs/row",
+    ),
+    Row(
+        "TriggerJob RPCs/s (50 clients)",
+        ("trigger", "rpcs_per_s"),
+        "/s",
+        ("≥", 3000),
+        floor_of("grpc-floor", "grpc_noop_rpcs_per_s"),
+        "no-op gRPC RPCs/s",
+    ),
+    Row(
+        "TriggerJob p50",
+        ("trigger", "p50_ms"),
+        "ms",
+        None,
+        floor_of("grpc-floor", "grpc_noop_p50_ms"),
+        "no-op gRPC p50",
+    ),
+    Row(
+        "TriggerJob p99",
+        ("trigger", "p99_ms"),
+        "ms",
+        None,
+        floor_of("grpc-floor", "grpc_noop_p99_ms"),
+        "no-op gRPC p99",
+    ),
+    Row(
+        "lateness p50 (1,000 per-second cron, 60 s)",
+        ("lateness", "lateness_p50_ms"),
+        "ms",
+        None,
+        floor_of("timer-floor", "timer_p50_ms"),
+        "1,000 timers/s p50",
+    ),
+    Row(
+        "lateness p99",
+        ("lateness", "lateness_p99_ms"),
+        "ms",
+        ("<", 50),
+        floor_of("timer-floor", "timer_p99_ms"),
+        "1,000 timers/s p99",
+    ),
+    Row(
+        "lateness max",
+        ("lateness", "lateness_max_ms"),
+        "ms",
+        None,
+        floor_of("timer-floor", "timer_max_ms"),
+        "1,000 timers/s max",
+    ),
+    Row(
+        "10,000 jobs due in one second: all started",
+        ("lateness", "burst_all_started_s"),
+        "s",
+        ("≤", 2),
+        burst_floor,
+        "10,000 ÷ drain rate",
+    ),
+    Row("scan tick, 1,000 definitions (100 due)", ("lateness", "scan_tick_1k_ms"), "ms"),
+    Row(
+        "scan tick, 1,000,000 definitions (100 due)",
+        ("lateness", "scan_tick_1m_ms"),
+        "ms",
+        ("ratio≤", 2),
+        floor_of("lateness", "scan_tick_1k_ms"),
+        "the 1,000-definition tick",
+    ),
+    Row("failover kill -9: next slot fired p50", ("failover", "kill9_p50_s"), "s"),
+    Row("failover kill -9: next slot fired p99", ("failover", "kill9_p99_s"), "s"),
+    Row("failover SIGTERM: next slot fired p50", ("failover", "sigterm_p50_s"), "s"),
+    Row("failover SIGTERM: next slot fired p99", ("failover", "sigterm_p99_s"), "s"),
+    Row(
+        "1,000 watchers during a drain: events/s delivered",
+        ("watch", "events_per_s"),
+        "/s",
+        None,
+        floor_of("watch", "fanout_msgs_per_s"),
+        "no-op gRPC fan-out msgs/s",
+    ),
+    Row(
+        "1,000 watchers: delay p99 (event → receipt)",
+        ("watch", "delay_p99_ms"),
+        "ms",
+        None,
+        floor_of("watch", "fanout_delay_p99_ms"),
+        "no-op gRPC fan-out p99",
+    ),
+    Row(
+        "idle worker CPU (60 s)",
+        ("idle", "worker_idle_pct"),
+        "% core",
+        ("<", 1),
+        floor_of("idle", "floor_idle_pct"),
+        "bare uvloop process, 100 ms tick",
+    ),
+    Row(
+        "idle scheduler CPU (60 s, leading)",
+        ("idle", "scheduler_idle_pct"),
+        "% core",
+        None,
+        floor_of("idle", "floor_idle_pct"),
+        "bare uvloop process, 100 ms tick",
+    ),
+)
+
+LEGEND = """\
+Floors (measured in the same run, on the same servers, right before or beside the figure):
+  raw Lua dequeue      one Lua script: ZPOPMIN 50 from a sorted set + ZADD them to another, one caller
+  raw UPDATE…FROM unnest  `UPDATE t SET status, finished_at FROM unnest($1::bigint[])`, 50 rows/statement, 4 connections
+  no-op gRPC           a grpc.aio server (own process) with a no-op unary method, 50 concurrent callers, one channel
+  1,000 timers/s       1,000 uvloop call_at timers due at each whole second for 10 s: (ran - due)
+  10,000 ÷ drain rate  the burst cannot all start sooner than the worker can run 10,000 executions
+  no-op gRPC fan-out   a no-op grpc.aio server pushing as many tiny messages to as many streams (same client code)
+  bare uvloop process  a Python process whose loop wakes every 100 ms and does nothing
+  failover             no floor: the time includes the wait for the next whole-second slot (0-1 s)
+ratio = value ÷ floor (for µs, %, ms and s lower is better; for /s higher is better)."""
+
+
+def _number(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _target_text(target: tuple[str, float] | None, unit: str) -> str:
+    if target is None:
+        return ""
+    op, number = target
+    if op == "ratio≤":
+        return f"≤ {number:g}× floor"  # noqa: RUF001
+    return f"{op} {number:,g} {unit}"
+
+
+def build_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table's rows from the measurements' results (`{name: {"figures": {...}, "error": str}}`)."""
+    rows = []
+    for row in ROWS:
+        name, key = row.source
+        if name not in results:
+            continue  # not run (--only)
+        error = results.get(name, {}).get("error") or ""
+        value = _get(results, name, key)
+        floor = row.floor(results) if row.floor is not None else None
+        ratio = value / floor if value is not None and floor else None
+        result = ""
+        if error:
+            result = f"error: {error}"
+        elif value is None:
+            result = "missing"
+        elif row.target is not None:
+            op, number = row.target
+            checked = ratio if op == "ratio≤" else value
+            if checked is None:
+                result = "missing floor"
+            else:
+                ok = {"≥": checked >= number, "≤": checked <= number, "<": checked < number,
+                      "ratio≤": checked <= number}[op]  # fmt: skip
+                result = "pass" if ok else "MISS"
+        rows.append({
+            "figure": row.figure, "value": value, "unit": row.unit, "target": _target_text(row.target, row.unit),
+            "floor_label": row.floor_label, "floor": floor, "ratio": ratio, "result": result,
+        })  # fmt: skip
+    return rows
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    value = "—" if row["value"] is None else f"{_number(row['value'])} {row['unit']}"
+    if row["floor_label"]:
+        floor = f"{row['floor_label']}: " + ("—" if row["floor"] is None else _number(row["floor"]))
+    else:
+        floor = ""
+    ratio = "" if row["ratio"] is None else f"{row['ratio']:.3g}×"  # noqa: RUF001
+    return [row["figure"], value, row["target"], floor, ratio, row["result"]]
+
+
+HEADER = ["figure", "value", "target", "floor (same run)", "ratio", "result"]
+
+
+def render_text(rows: list[dict[str, Any]]) -> str:
+    table = [HEADER, *(_cells(row) for row in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(HEADER) - 1)]
+    lines = []
+    for index, line in enumerate(table):
+        lines.append("  ".join(
+            [cell.ljust(width) if i in (0, 2, 3) else cell.rjust(width)
+             for i, (cell, width) in enumerate(zip(line[:-1], widths, strict=True))] + [line[-1]]
+        ).rstrip())  # fmt: skip
+        if index == 0:
+            lines.append("-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def render_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join(["---", "---:", "---", "---", "---:", "---"]) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in _cells(row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def notes(results: dict[str, Any]) -> list[str]:
+    """What the table cannot show: sample counts, streams ended early, checker violations."""
+    out = []
+    figures = {name: result.get("figures", {}) for name, result in results.items()}
+    if (lateness := figures.get("lateness")) and "lateness_slots" in lateness:
+        out.append(f"lateness: {lateness.get('lateness_slots')} slots measured"
+                   f" (of {lateness.get('lateness_expected_slots', '?')} expected)")  # fmt: skip
+    if watch := figures.get("watch"):
+        out.append(f"watchers: {watch.get('delivered')} of {watch.get('expected')} deliveries,"
+                   f" streams ended early: {watch.get('ended_early') or 'none'}")  # fmt: skip
+    if failover := figures.get("failover"):
+        out.append(f"failover: {failover.get('kill9_rounds')} kill -9 and {failover.get('sigterm_rounds')} SIGTERM"
+                   f" rounds, leader TTL {failover.get('leader_ttl_s')} s, checker violations:"
+                   f" {failover.get('violations') or 'none'}")  # fmt: skip
+    if drain := figures.get("drain"):
+        out.append(f"drain: {drain.get('runs')} runs in {drain.get('drain_seconds', float('nan')):.1f} s")
+    return out
+
+
+# -- running -----------------------------------------------------------------------------------------
+
+
+def parse_output(stdout: str) -> dict[str, Any]:
+    """The figures a script printed: its last stdout line that is a JSON object.
+
+    api_load_bench.py --method TriggerJob prints text; its figures are read from that text unless it
+    prints a JSON line (keys rpcs_per_s, p50_ms, p99_ms).
+    """
+    import re
+
+    for raw in reversed(stdout.strip().splitlines()):
+        line = raw.strip()
+        if line.startswith("{"):
+            try:
+                parsed = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(parsed, dict):
+                return parsed
+    found = re.search(r"([\d,.]+) RPCs/s, p50 ([\d.]+) ms, p99 ([\d.]+) ms", stdout)
+    if found:
+        figures: dict[str, Any] = {
+            "rpcs_per_s": float(found[1].replace(",", "")), "p50_ms": float(found[2]), "p99_ms": float(found[3]),
+        }  # fmt: skip
+        if cpu := re.search(r"server CPU (\d+) us per call", stdout):
+            figures["server_cpu_us"] = float(cpu[1])
+        return figures
+    raise ValueError("no JSON line of figures in its output")
+
+
+def run_one(measurement: Measurement, quick: bool, env: dict[str, str], log_dir: Path) -> dict[str, Any]:
+    argv = [sys.executable, str(BENCH / measurement.script), *(measurement.quick if quick else measurement.args)]
+    log_path = log_dir / f"{measurement.name}.log"
+    began = time.monotonic()
+    result: dict[str, Any] = {"argv": argv[1:], "figures": {}, "error": ""}
+    with open(log_path, "wb") as log:
+        # A session of its own: on a timeout the whole tree it started (roles, servers) is ended.
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT,
+                                   start_new_session=True)  # fmt: skip
+        try:
+            stdout, _ = process.communicate(timeout=measurement.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                stdout, _ = process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                stdout, _ = process.communicate()
+            result["error"] = f"timed out after {measurement.timeout:g}s (log: {log_path})"
+    text = stdout.decode(errors="replace")
+    result["seconds"] = time.monotonic() - began
+    if not result["error"]:
+        try:
+            result["figures"] = parse_output(text)
+            if process.returncode != 0:
+                result["exit"] = process.returncode  # figures printed, then a non-zero exit: keep both
+        except ValueError:
+            tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-1:]
+            result["error"] = f"exit {process.returncode}: {tail[0][-160:] if tail else 'no output'} (log: {log_path})"
+    return result
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
+        "kernel": platform.release(), "load_average_at_start": os.getloadavg(),
+    }  # fmt: skip
+
+
+def print_report(report: dict[str, Any], *, markdown: bool = False) -> None:
+    rows = report["rows"]
+    print(render_markdown(rows) if markdown else render_text(rows))
+    print()
+    for line in report.get("notes", []):
+        print(line)
+    m = report.get("machine", {})
+    print(f"machine: {m.get('cpus')} CPUs ({m.get('cpu_model')}), Python {m.get('python')}, load average at start "
+          f"{', '.join(f'{x:.2f}' for x in m.get('load_average_at_start', []))}; wall time "
+          f"{report.get('wall_s', 0):.0f} s")  # fmt: skip
+    if not markdown:
+        print()
+        print(LEGEND)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="comma-separated measurements: " + ",".join(m.name for m in MEASUREMENTS))
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run of the harness, ~2 min)")
+    parser.add_argument("--json", default=str(ROOT / ".data" / "bench.json"), help="where the JSON report goes")
+    parser.add_argument("--from-json", help="print the table of a saved report instead of measuring")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
+    args = parser.parse_args()
+    if args.from_json:
+        print_report(json.loads(Path(args.from_json).read_text()), markdown=args.markdown)
+        return 0
+    chosen = [m for m in MEASUREMENTS if not args.only or m.name in args.only.split(",")]
+    if args.only and (unknown := set(args.only.split(",")) - {m.name for m in MEASUREMENTS}):
+        parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
+    sys.path.insert(0, str(ROOT))
+    from scheduler_grpc.embedded import embedded_servers
+
+    data = ROOT / ".data"
+    log_dir = data / "bench-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"started": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
+                              "quick": args.quick}  # fmt: skip
+    results: dict[str, Any] = {}
+    began = time.monotonic()
+    with embedded_servers(data, redis_url=os.environ.get("REDIS_URL") or None,
+                          database_url=os.environ.get("DATABASE_URL") or None, throwaway=True) as urls:  # fmt: skip
+        env = {**os.environ, "REDIS_URL": urls.redis_url, "DATABASE_URL": urls.database_url}
+        for index, measurement in enumerate(chosen, 1):
+            print(f"[{index}/{len(chosen)}] {measurement.name}: {measurement.what} ...", file=sys.stderr, flush=True)
+            results[measurement.name] = result = run_one(measurement, args.quick, env, log_dir)
+            status = f"error: {result['error']}" if result["error"] else "done"
+            print(f"      {status} in {result['seconds']:.0f} s", file=sys.stderr, flush=True)
+    report |= {
+        "wall_s": time.monotonic() - began,
+        "measurements": results,
+        "rows": build_rows(results),
+        "notes": notes(results),
+        "setup": {m.name: m.what for m in chosen},
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print()
+    print_report(report)
+    print(f"JSON: {args.json}; logs: {log_dir}")
+    return 1 if any(result["error"] for result in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

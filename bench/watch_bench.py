@@ -1,0 +1,193 @@
+"""WatchExecutions subscribers during a drain: events/s delivered and the delay from event to receipt.
+
+    .venv/bin/python bench/watch_bench.py [--subscribers 1000] [--runs 300]
+
+Uses REDIS_URL / DATABASE_URL (embedded servers when unset; flushes that Redis database and
+truncates the job tables). Starts one `scheduler-grpc server` and one worker process, opens
+`--subscribers` WatchExecutions streams (one channel, from this process) for the SUCCEEDED events
+of one `test.echo` job, waits until the server counts them all (its `scheduler_stream_subscribers`
+gauge), then queues `--runs` runs of that job for the worker to drain. Every subscriber gets every
+event: subscribers x runs deliveries.
+
+Before that, the floor: the same number of tiny messages pushed to the same number of streams by a
+no-op grpc.aio server in a process of its own (bench/floors.py `fanout`), received the same way.
+
+One JSON line: events_per_s (deliveries / (last receipt - first event)), delay_p50_ms /
+delay_p99_ms (receipt - the event's `event_time`), delivered, expected, ended_early (streams the
+server ended, e.g. RESOURCE_EXHAUSTED for a subscriber too slow), fanout_msgs_per_s,
+fanout_delay_p99_ms (the floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import uvloop
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from floors import grpc_fanout_floor, percentile  # noqa: E402
+from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, executions_pb2, executions_pb2_grpc  # noqa: E402
+
+from scheduler_grpc.connections import redis_client  # noqa: E402
+from scheduler_grpc.control import Control  # noqa: E402
+from scheduler_grpc.db.migrate import migrate  # noqa: E402
+from scheduler_grpc.db.pool import create_pool  # noqa: E402
+from scheduler_grpc.dispatch import enqueue_runs  # noqa: E402
+from scheduler_grpc.embedded import embedded_servers, free_port  # noqa: E402
+from scheduler_grpc.executions import Trigger  # noqa: E402
+from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
+from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
+
+
+async def wait_serving(target: str, process: asyncio.subprocess.Process) -> None:
+    async with grpc.aio.insecure_channel(target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if process.returncode is not None:
+                raise SystemExit(f"the server exited with {process.returncode}")
+            try:
+                answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit("the server did not become SERVING within 60 s")
+
+
+def subscribers_counted(metrics_port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("scheduler_stream_subscribers "):
+                return float(line.split()[1])
+    return 0.0
+
+
+async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> dict[str, object]:
+    figures: dict[str, object] = await grpc_fanout_floor(args.subscribers, args.runs)
+    print(f"floor: {figures}", file=sys.stderr)
+    pool = await create_pool(database_url, size=4, connect_timeout=timedelta(seconds=10))
+    await migrate(pool)
+    await pool.execute("TRUNCATE job_executions, jobs CASCADE")
+    redis = redis_client(redis_url)
+    await redis.flushdb()
+    registry = default_registry(HandlerSettings())
+    control = Control(redis, pool, registry)
+    job = await control.create_job(JobSpec(name="watched", handler="test.echo", retry=RetryPolicy(max_retries=0)))
+    port, metrics_port = free_port(), free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
+           "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
+           "SCHEDULER_GRPC_PORT": str(port), "SCHEDULER_METRICS_PORT": str(metrics_port)}  # fmt: skip
+    server = await asyncio.create_subprocess_exec(sys.executable, "-m", "scheduler_grpc", "server", env=env, cwd=ROOT)
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "scheduler_grpc", "worker", env={**env, "SCHEDULER_METRICS_PORT": "0"}, cwd=ROOT
+    )
+    target = f"127.0.0.1:{port}"
+    channel = grpc.aio.insecure_channel(target)
+    try:
+        await wait_serving(target, server)
+        login = await auth_pb2_grpc.AuthServiceStub(channel).Login(
+            auth_pb2.LoginRequest(username="admin", password="admin123"), timeout=10
+        )
+        token = (("authorization", f"Bearer {login.token}"),)
+        stub = executions_pb2_grpc.ExecutionServiceStub(channel)
+        request = executions_pb2.WatchExecutionsRequest(job_ids=[job.id], types=[executions_pb2.EVENT_TYPE_SUCCEEDED])
+        delays: list[float] = []
+        receipts: list[float] = []
+        event_times: list[float] = []
+        ended: collections.Counter[str] = collections.Counter()
+        received = 0
+
+        async def subscriber(call: grpc.aio.UnaryStreamCall[object, object]) -> None:
+            nonlocal received
+            got = 0
+            try:
+                async for response in call:
+                    now = time.time()
+                    stamp = response.event.event_time  # type: ignore[attr-defined]
+                    at = stamp.seconds + stamp.nanos / 1e9
+                    delays.append(now - at)
+                    if got == 0:
+                        event_times.append(at)
+                    got += 1
+                    received += 1
+                    if got >= args.runs:
+                        receipts.append(now)
+                        call.cancel()
+                        return
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.CANCELLED:
+                    ended[error.code().name] += 1
+            receipts.append(time.time())
+
+        calls = [stub.WatchExecutions(request, metadata=token) for _ in range(args.subscribers)]
+        await asyncio.gather(*(call.initial_metadata() for call in calls))
+        deadline = time.monotonic() + 60
+        while await asyncio.to_thread(subscribers_counted, metrics_port) < args.subscribers:
+            if time.monotonic() > deadline:
+                raise SystemExit("the server did not count every subscriber within 60 s")
+            await asyncio.sleep(0.2)
+        tasks = [asyncio.create_task(subscriber(call)) for call in calls]
+        slots = [datetime(2020, 1, 1, tzinfo=UTC) + timedelta(microseconds=i) for i in range(args.runs)]
+        for start in range(0, args.runs, 1000):
+            runs = await control.executions.trigger(job.id, Trigger.BACKFILL, slots[start : start + 1000])
+            await enqueue_runs(control.queues, runs)
+        _, pending = await asyncio.wait(tasks, timeout=args.timeout)
+        for task in pending:
+            task.cancel()
+        for call in calls:
+            call.cancel()
+        elapsed = max(receipts, default=time.time()) - min(event_times, default=time.time())
+        figures |= {
+            "subscribers": args.subscribers,
+            "runs": args.runs,
+            "delivered": received,
+            "expected": args.subscribers * args.runs,
+            "events_per_s": received / elapsed if elapsed > 0 else float("nan"),
+            "delay_p50_ms": percentile(delays, 0.5) * 1000,
+            "delay_p99_ms": percentile(delays, 0.99) * 1000,
+            "ended_early": dict(ended),
+            "unfinished_after_timeout": len(pending),
+        }
+    finally:
+        await channel.close()
+        for process in (worker, server):
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        for process in (worker, server):
+            await asyncio.wait_for(process.wait(), 60)
+        await registry.aclose()
+        await redis.aclose()
+        await pool.close()
+    return figures
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--subscribers", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--timeout", type=float, default=180.0, help="longest wait for every delivery")
+    arguments = parser.parse_args()
+    with embedded_servers(
+        ROOT / ".data",
+        redis_url=os.environ.get("REDIS_URL"),
+        database_url=os.environ.get("DATABASE_URL"),
+        throwaway=True,
+    ) as urls:
+        print(json.dumps(uvloop.run(main(arguments, urls.redis_url, urls.database_url))))

@@ -1,0 +1,84 @@
+"""`make bench`'s harness (bench/run.py): reading the scripts' output and building the table, without servers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def harness() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+SAMPLE = {
+    "drain": {"figures": {"executions_per_s": 7000.0, "lua_dequeue_items_per_s": 70000.0, "worker_cpu_us": 200.0,
+                          "lua_dequeue_client_cpu_us": 4.0, "pg_update_rows_per_s": 35000.0}, "error": ""},
+    "lateness": {"figures": {"scan_tick_1k_ms": 2.0, "scan_tick_1m_ms": 3.0, "lateness_p99_ms": 20.0,
+                             "burst_all_started_s": 1.5}, "error": ""},
+    "trigger": {"figures": {}, "error": "exit 1: Traceback ... boom"},
+}  # fmt: skip
+
+
+def by_figure(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    return {str(row["figure"]): row for row in rows}
+
+
+def test_rows_judge_targets_against_the_value_or_the_ratio_to_the_floor(harness: ModuleType) -> None:
+    rows = by_figure(harness.build_rows(SAMPLE))
+    drain = rows["drain: executions/s (50,000 runs, 1 worker)"]
+    assert drain["result"] == "pass"
+    assert drain["ratio"] == pytest.approx(0.1)
+    assert rows["drain: worker CPU per execution"]["result"] == "MISS"  # 200 µs > 150 µs
+    assert rows["drain: worker CPU per execution"]["ratio"] == pytest.approx(50)
+    assert rows["scan tick, 1,000,000 definitions (100 due)"]["ratio"] == pytest.approx(1.5)
+    assert rows["scan tick, 1,000,000 definitions (100 due)"]["result"] == "pass"  # within 2x the 1,000 tick
+    assert rows["10,000 jobs due in one second: all started"]["floor"] == pytest.approx(10_000 / 7000)
+    assert rows["drain: Valkey CPU per execution"]["result"] == "missing"  # the script did not report it
+    assert not any(name.startswith(("failover", "idle")) for name in rows)  # not run: no rows
+
+
+def test_a_crashed_measurement_shows_its_error_in_each_of_its_rows(harness: ModuleType) -> None:
+    rows = harness.build_rows(SAMPLE)
+    trigger = [row for row in rows if str(row["figure"]).startswith("TriggerJob")]
+    assert len(trigger) == 3
+    assert all(str(row["result"]).startswith("error: exit 1") for row in trigger)
+    text = harness.render_text(rows)
+    assert "error: exit 1: Traceback ... boom" in text
+    assert "7,000 /s" in text
+    markdown = harness.render_markdown(rows).splitlines()
+    assert markdown[0].startswith("| figure | value | target")
+    assert len(markdown) == len(rows) + 2
+
+
+def test_output_is_read_from_the_last_json_line_or_the_trigger_benchs_text(harness: ModuleType) -> None:
+    assert harness.parse_output('queued\n{"a": 1}\n{"b": 2.5}\n') == {"b": 2.5}
+    text = ("TriggerJob from 50 concurrent callers for 10.0s over 1 channel(s): 3,210 RPCs/s, p50 14.2 ms, "
+            "p99 40.0 ms\ncodes: {'OK': 32100}; server CPU 250 us per call\n")  # fmt: skip
+    assert harness.parse_output(text) == {"rpcs_per_s": 3210.0, "p50_ms": 14.2, "p99_ms": 40.0, "server_cpu_us": 250.0}
+    with pytest.raises(ValueError, match="no JSON"):
+        harness.parse_output("Traceback (most recent call last):\n")
+
+
+def test_a_saved_report_prints_again(harness: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    machine = {"cpus": 2, "cpu_model": "X", "python": "3.11", "load_average_at_start": [1.0]}
+    report = {"rows": harness.build_rows(SAMPLE), "notes": ["drain: 50000 runs"], "machine": machine, "wall_s": 600}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(report))
+    harness.print_report(json.loads(path.read_text()), markdown=True)
+    out = capsys.readouterr().out
+    assert "| drain: executions/s (50,000 runs, 1 worker) | 7,000 /s | ≥ 6,500 /s |" in out
+    assert "2 CPUs (X)" in out
