@@ -82,3 +82,19 @@ def test_a_saved_report_prints_again(harness: ModuleType, tmp_path: Path, capsys
     out = capsys.readouterr().out
     assert "| drain: executions/s (50,000 runs, 1 worker) | 7,000 /s | ≥ 6,500 /s |" in out
     assert "2 CPUs (X)" in out
+
+
+def test_the_readme_table_is_replaced_between_the_marker_and_the_machine_line(
+    harness: ModuleType, tmp_path: Path
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"## Performance\n\n{harness.README_MARKER}old table\n\nold machine\n\nWhat each row runs\n")
+    report = {"rows": harness.build_rows(SAMPLE), "wall_s": 600, "started": "2026-12-01T04:00:00+00:00",
+              "machine": {"cpus": 2, "cpu_model": "X", "python": "3.11", "load_average_at_start": [1.0]}}  # fmt: skip
+    harness.update_readme(report, readme)
+    harness.update_readme(report, readme)  # again: the same text, nothing doubled
+    text = readme.read_text()
+    assert "old" not in text
+    assert text.count("| figure | value |") == 1
+    assert "2 CPUs (X), Python 3.11, load average 1.00 at the start; `make bench` took 10.0 min (2026-12-01)." in text
+    assert text.endswith("\n\nWhat each row runs\n")
