@@ -97,6 +97,17 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
         window = (first_slot + timedelta(seconds=3), first_slot + timedelta(seconds=3 + args.seconds))
         await asyncio.sleep(max(0.0, (window[1] - datetime.now(UTC)).total_seconds()) + 2)
         await pool.execute("UPDATE jobs SET status = 'paused', next_run_time = NULL")
+        # Every slot of the window counts, also those the worker starts late: wait for them (bounded).
+        expected, deadline = args.jobs * args.seconds, time.monotonic() + 120
+        while time.monotonic() < deadline:
+            started_count = await pool.fetchval(
+                """SELECT count(*) FROM job_executions WHERE trigger = 'schedule'
+                   AND scheduled_for >= $1 AND scheduled_for < $2 AND started_at IS NOT NULL""",
+                *window,
+            )
+            if started_count >= expected:
+                break
+            await asyncio.sleep(0.5)
         rows = await pool.fetch(
             """SELECT extract(epoch FROM started_at - scheduled_for) AS start_s,
                       extract(epoch FROM created_at - scheduled_for) AS enqueue_s
