@@ -14,7 +14,7 @@ truncates the job tables). With one scheduler and one worker process:
   timed over 1,000 job definitions of which 100 are due, then over `--definitions` (100 due).
 
 JSON keys: lateness_p50_ms, lateness_p99_ms, lateness_max_ms, lateness_slots, enqueue_p99_ms,
-burst_all_started_s, scan_tick_1k_ms, scan_tick_1m_ms.
+burst_all_started_s, scan_tick_1k_ms, scan_tick_1m_ms, pg_roundtrip_ms (a `SELECT now()`: the 1,000 tick's floor).
 """
 
 from __future__ import annotations
@@ -170,6 +170,12 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
     common = {"cron": "0 0 1 1 *", "next_run": now - timedelta(seconds=1), "later": timedelta(days=400), "due": 100}
     await insert_jobs(pool, "def-", "cron", 1000, **common)  # type: ignore[arg-type]
     figures["scan_tick_1k_ms"] = await tick()
+    round_trips = []
+    for _ in range(30):
+        began = time.perf_counter()
+        await pool.fetchval("SELECT now()")
+        round_trips.append(time.perf_counter() - began)
+    figures["pg_roundtrip_ms"] = statistics.median(round_trips) * 1000  # the floor of any tick
     chunk = 100_000
     for first in range(1000, args.definitions, chunk):
         await insert_jobs(pool, "def-", "cron", min(chunk, args.definitions - first), first=first,
