@@ -356,10 +356,11 @@ def build_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         floor = row.floor(results) if row.floor is not None else None
         ratio = value / floor if value is not None and floor else None
         result = ""
+        phase_errors = results[name].get("figures", {}).get("errors")
         if error:
             result = f"error: {error}"
         elif value is None:
-            result = "missing"
+            result = f"error: {'; '.join(phase_errors)}" if phase_errors else "missing"
         elif row.target is not None:
             op, number = row.target
             checked = ratio if op == "ratio≤" else value
@@ -414,8 +415,9 @@ def notes(results: dict[str, Any]) -> list[str]:
     out = []
     figures = {name: result.get("figures", {}) for name, result in results.items()}
     if (lateness := figures.get("lateness")) and "lateness_slots" in lateness:
-        out.append(f"lateness: {lateness.get('lateness_slots')} slots measured"
-                   f" (of {lateness.get('lateness_expected_slots', '?')} expected)")  # fmt: skip
+        out.append(f"lateness: {lateness.get('lateness_slots')} slots, {lateness.get('lateness_not_started', '?')}"
+                   " of them not started by the end (counted with their lateness then, a lower bound)")  # fmt: skip
+
     if watch := figures.get("watch"):
         out.append(f"watchers: {watch.get('delivered')} of {watch.get('expected')} deliveries,"
                    f" streams ended early: {watch.get('ended_early') or 'none'}")  # fmt: skip
@@ -601,7 +603,8 @@ def main() -> int:
     print()
     print_report(report)
     print(f"JSON: {args.json}; logs: {log_dir}")
-    return 1 if any(result["error"] for result in results.values()) else 0
+    crashed = [name for name, result in results.items() if result["error"] or result["figures"].get("errors")]
+    return 1 if crashed else 0
 
 
 if __name__ == "__main__":

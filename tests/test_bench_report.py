@@ -98,3 +98,10 @@ def test_the_readme_table_is_replaced_between_the_marker_and_the_machine_line(
     assert text.count("| figure | value |") == 1
     assert "2 CPUs (X), Python 3.11, load average 1.00 at the start; `make bench` took 10.0 min (2026-12-01)." in text
     assert text.endswith("\n\nWhat each row runs\n")
+
+
+def test_a_failed_phase_shows_in_the_rows_it_left_empty_only(harness: ModuleType) -> None:
+    results = {"lateness": {"figures": {"scan_tick_1k_ms": 2.0, "errors": ["burst: RuntimeError: stuck"]}, "error": ""}}
+    rows = by_figure(harness.build_rows(results))
+    assert rows["10,000 jobs due in one second: all started"]["result"] == "error: burst: RuntimeError: stuck"
+    assert rows["scan tick, 1,000 definitions (100 due)"]["result"] == ""  # measured, no target
