@@ -216,13 +216,14 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
     try:
         for name, phase, with_roles in (("lateness", lateness, True), ("burst", burst, True),
                                         ("scan tick", scan_tick, False)):  # fmt: skip
+            began = time.monotonic()
             try:
                 if with_roles:
                     async with Roles(pool, redis, env):
                         figures |= await phase(args, pool)
                 else:
                     figures |= await phase(args, pool)
-                print(f"{name}: {figures}", file=sys.stderr)
+                print(f"{name} ({time.monotonic() - began:.0f} s): {figures}", file=sys.stderr)
             except Exception as error:
                 errors.append(f"{name}: {type(error).__name__}: {error}")
                 print(f"{name} failed: {error!r}", file=sys.stderr)
