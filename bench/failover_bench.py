@@ -28,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import asyncpg
 import uvloop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +44,17 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
 
 
+async def drop_scenario_databases(database_url: str) -> None:
+    """The chaos scenario made a database of its own on this server: drop it."""
+    admin = await asyncpg.connect(database_url, timeout=10)
+    try:
+        names = await admin.fetch("SELECT datname FROM pg_database WHERE datname LIKE 'chaos_bench_failover_%'")
+        for row in names:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{row["datname"]}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
 async def main(args: argparse.Namespace, redis_url: str, database_url: str, work_dir: Path) -> dict[str, Any]:
     async def body(stage: Stage) -> None:
         await leader_kill9(stage, args.kills)
@@ -56,6 +68,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str, work
         outcome = await run_scenario(scenario, servers, work_dir)
     finally:
         servers.thread.shutdown()
+        await drop_scenario_databases(database_url)
     if outcome.error:
         raise SystemExit(f"failover scenario failed: {outcome.error}")
     recovery = outcome.report.recovery
