@@ -106,10 +106,10 @@ MEASUREMENTS = (
     Measurement(
         "watch",
         "watch_bench.py",
-        ("--subscribers", "1000", "--runs", "300"),
+        ("--subscribers", "1000", "--runs", "200"),
         ("--subscribers", "100", "--runs", "50"),
         420,
-        "1,000 WatchExecutions streams (SUCCEEDED of one job) while one worker drains 300 runs "
+        "1,000 WatchExecutions streams (SUCCEEDED of one job) while one worker drains 200 runs "
         "of it: every subscriber gets every event",
     ),
     Measurement(
@@ -417,6 +417,10 @@ def notes(results: dict[str, Any]) -> list[str]:
     if (lateness := figures.get("lateness")) and "lateness_slots" in lateness:
         out.append(f"lateness: {lateness.get('lateness_slots')} slots, {lateness.get('lateness_not_started', '?')}"
                    " of them not started by the end (counted with their lateness then, a lower bound)")  # fmt: skip
+    if (lateness := figures.get("lateness")) and lateness.get("burst_not_started"):
+        out.append(f"burst: {lateness['burst_not_started']} not started yet when measured (a lower bound)")
+    if (lateness := figures.get("lateness")) and lateness.get("errors"):
+        out.append(f"lateness errors: {'; '.join(lateness['errors'])}")
 
     if watch := figures.get("watch"):
         out.append(f"watchers: {watch.get('delivered')} of {watch.get('expected')} deliveries,"
