@@ -523,6 +523,7 @@ def readme_block(report: dict[str, Any]) -> str:
         render_markdown(report["rows"])
         + f"\n\n{m.get('cpus')} CPUs ({m.get('cpu_model')}), Python {m.get('python')}, load average {load} at the"
         + f" start; `make bench` took {report.get('wall_s', 0) / 60:.1f} min ({report.get('started', '')[:10]})."
+        + "".join(f" {note[0].upper()}{note[1:]}." for note in report.get("notes", []))
     )
 
 
