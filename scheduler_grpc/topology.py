@@ -115,6 +115,7 @@ def _banner(settings: Settings, children: list[Child], redis_url: str, database_
         grpc_lines = [
             f"  gRPC:         {address}  (reflection + grpc.health.v1)",
             f"  login:        {login}",
+            *([f"  web console:  {_console_url(settings)}"] if settings.http_enabled else []),
             "  try:          npx --yes @bufbuild/buf@1.75.0 curl --protocol grpc --http2-prior-knowledge "
             f"--list-methods http://{address}",
         ]
@@ -130,6 +131,11 @@ def _banner(settings: Settings, children: list[Child], redis_url: str, database_
         "",
     ]
     print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _console_url(settings: Settings) -> str:
+    scheme = "https" if settings.tls_cert else "http"
+    return f"{scheme}://{_local(settings.http_host or '')}:{settings.http_port}/"
 
 
 def _local(host: str) -> str:
