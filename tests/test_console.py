@@ -265,3 +265,35 @@ async def test_the_event_stream_resumes_after_the_last_event_id(console: Console
         ) as resumed:
             again = await read_events(resumed, '"created"')
         assert again[-1]["id"] == created["id"]
+
+
+async def test_api_keys_page_shows_a_new_secret_once_and_revokes(console: Console) -> None:
+    async with console.client() as http:
+        token = await login(http)
+        csrf = csrf_token(token)
+        async with http.post("/api-keys", data={"csrf": csrf, "display_name": "ci-bot", "role": "operator"}) as reply:
+            assert reply.status == 200
+            body = await reply.text()
+        match = re.search(r'<pre id="new-key-secret">(sk_[^<]+)</pre>', body)
+        assert match is not None, body
+        principal = await console.server.api.auth.authenticate(match.group(1))
+        assert (principal.name, principal.role) == ("api-key:ci-bot", Role.OPERATOR)
+        async with http.get("/api-keys") as page:
+            listing = await page.text()
+        assert "ci-bot" in listing
+        assert match.group(1) not in listing  # shown once: never again
+        key_id = principal.subject_id
+        async with http.post(f"/api-keys/{key_id}/revoke", data={"csrf": csrf}, allow_redirects=False) as reply:
+            assert reply.status == 303
+    with pytest.raises(Unauthenticated):
+        await console.server.api.auth.authenticate(match.group(1))
+
+
+async def test_workers_and_overview_pages_render(console: Console) -> None:
+    async with console.client() as http:
+        await login(http)
+        for path in ("/", "/workers", "/jobs", "/executions", "/dead-letters"):
+            async with http.get(path) as page:
+                assert page.status == 200, path
+                body = await page.text()
+                assert 'id="outage"' not in body, path  # both stores answer: no warning
