@@ -183,11 +183,18 @@ class ConsoleQueries:
                 since,
                 timeout=self._timeout,
             )
+            # One index range per failing state (newest first), merged: bounded however rare failures are.
+            one_state = (
+                f"(SELECT {_EXECUTION_COLUMNS_FULL}, e.handler AS snapshot FROM job_executions e"
+                " WHERE e.status = '{}'"
+                " ORDER BY e.created_at DESC, e.id DESC LIMIT $1)"
+            )
+            states = " UNION ALL ".join(one_state.format(state) for state in ("failed", "timed_out", "dead"))
             failed = await conn.fetch(
-                f"""SELECT {_EXECUTION_COLUMNS_FULL}, j.name AS job_name, coalesce(e.handler, j.handler) AS run_handler
-                    FROM job_executions e LEFT JOIN jobs j ON j.id = e.job_id
-                    WHERE e.finished_at IS NOT NULL AND e.status IN ('failed', 'timed_out', 'dead')
-                    ORDER BY e.finished_at DESC LIMIT $1""",
+                f"""SELECT * FROM ({states}) AS f
+                    CROSS JOIN LATERAL (SELECT j.name AS job_name, coalesce(f.snapshot, j.handler) AS run_handler
+                                        FROM jobs j WHERE j.id = f.job_id) AS j
+                    ORDER BY f.created_at DESC LIMIT $1""",
                 failures,
                 timeout=self._timeout,
             )
