@@ -14,6 +14,7 @@ per request. The machine is shared: wall-clock figures are noisy; CPU time per r
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import statistics
@@ -163,6 +164,8 @@ async def measure(redis_url: str, database_url: str, args: argparse.Namespace) -
                     print(
                         f"  {name:<28} p50 {rows[-1][1]:7.1f} ms  p99 {p99:7.1f} ms  cpu {cpu_ms:6.1f} ms", flush=True
                     )
+            if args.screenshots:
+                await asyncio.to_thread(screenshots, base, args.screenshots)
         print()
         print("| page | p50 (ms) | p99 (ms) | process CPU per request (ms) |")
         print("| --- | ---: | ---: | ---: |")
@@ -171,6 +174,28 @@ async def measure(redis_url: str, database_url: str, args: argparse.Namespace) -
     finally:
         await redis.aclose()
         await pool.close()
+
+
+def screenshots(base: str, directory: Path) -> None:
+    """The README's pictures: the overview and the jobs page, 1280x800, in headless Chromium."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    directory.mkdir(parents=True, exist_ok=True)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=flags)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"{base}/login")
+        page.fill("input[name=username]", "admin")
+        page.fill("input[name=password]", "admin123")
+        page.click("button[type=submit]")
+        page.wait_for_selector("#leader")
+        page.screenshot(path=str(directory / "console-overview.png"))
+        page.goto(f"{base}/jobs")
+        page.screenshot(path=str(directory / "console-jobs.png"))
+        browser.close()
 
 
 async def main(args: argparse.Namespace, redis_url: str, admin_url: str) -> None:
@@ -183,6 +208,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--screenshots", type=Path, help="also save the README's screenshots in this directory")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     with embedded_servers(

@@ -458,9 +458,11 @@ async def events(request: web.Request) -> web.StreamResponse:
         job_ids=frozenset({_uuid(job, "job")}) if job else frozenset(), handler=request.query.get("handler", "")
     )
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"})
-    await response.prepare(request)
     try:
         async with console.api.fanout.subscribe(event_filter, cursor) as subscription:
+            # Headers only once subscribed: a refusal (a malformed cursor, Redis unreachable) is
+            # still an ordinary error response.
+            await response.prepare(request)
             await response.write(f"retry: 1000\nid: {subscription.cursor}\nevent: hello\ndata: {{}}\n\n".encode())
 
             async def forward() -> None:
@@ -491,14 +493,14 @@ async def events(request: web.Request) -> web.StreamResponse:
                     await response.write(b": keepalive\n\n")
             finally:
                 forwarder.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await forwarder
+                # Waits without raising the forwarder's outcome; a cancellation of this handler
+                # (the client went away) still propagates.
+                await asyncio.wait({forwarder})
     except CursorExpired as exc:
+        await response.prepare(request)
         await response.write(b"event: expired\ndata: " + orjson.dumps({"error": str(exc)}) + b"\n\n")
     except (SubscriberTooSlow, FanoutClosed):
         pass  # the browser reconnects with the last event id and resumes from there
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise
     return response
 
 
