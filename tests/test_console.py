@@ -4,10 +4,14 @@ schedule preview and the live event stream's resume."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
+import shutil
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import asyncpg
@@ -18,11 +22,14 @@ from scheduler_client.v1 import auth_pb2, auth_pb2_grpc
 
 from scheduler_grpc.auth import Role, Unauthenticated
 from scheduler_grpc.connections import redis_client
+from scheduler_grpc.console.app import listen_host
 from scheduler_grpc.console.security import COOKIE, CSP, csrf_token
 from scheduler_grpc.db.users import UserRepository
+from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.jobs import JobSpec, JobStatus
 from scheduler_grpc.server import RunningServer, serve
 from tests.engine_helpers import make_settings
+from tests.test_api_server import make_certificates
 from tests.test_api_support import ADMIN_PASSWORD, FAST_HASHER
 
 
@@ -297,3 +304,57 @@ async def test_workers_and_overview_pages_render(console: Console) -> None:
                 assert page.status == 200, path
                 body = await page.text()
                 assert 'id="outage"' not in body, path  # both stores answer: no warning
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
+async def test_under_tls_the_console_is_https_and_its_cookie_secure(
+    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    files = await asyncio.to_thread(make_certificates, tmp_path)
+    settings = make_settings(
+        redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_SHUTDOWN_GRACE="1s",
+        SCHEDULER_TLS_CERT=str(files["server.pem"]), SCHEDULER_TLS_KEY=str(files["server.key"]),
+    )  # fmt: skip
+    client: Redis = redis_client(redis_url)
+    trust = ssl.create_default_context(cafile=str(files["ca.pem"]))
+    try:
+        async with serve(settings, client, pool, hasher=FAST_HASHER) as server:
+            assert server.console_url is not None
+            assert server.console_url.startswith("https://127.0.0.1:")
+            async with (
+                aiohttp.ClientSession(
+                    server.console_url.rstrip("/"), connector=aiohttp.TCPConnector(ssl=trust)
+                ) as http,
+                http.post(
+                    "/login", data={"username": "admin", "password": ADMIN_PASSWORD}, allow_redirects=False
+                ) as reply,
+            ):
+                assert reply.status == 303
+                cookie = reply.headers["Set-Cookie"]
+        assert "Secure" in cookie
+        assert "HttpOnly" in cookie
+        assert "SameSite=Strict" in cookie
+    finally:
+        await client.aclose()
+
+
+def test_production_needs_an_explicit_console_host(redis_url: str, database_url: str) -> None:
+    settings = make_settings(redis_url, database_url, SCHEDULER_ENV="production", SCHEDULER_GRPC_HOST="0.0.0.0")
+    with pytest.raises(ConfigError, match="SCHEDULER_HTTP_HOST"):
+        listen_host(settings)
+    disabled = make_settings(
+        redis_url,
+        database_url,
+        SCHEDULER_ENV="production",
+        SCHEDULER_GRPC_HOST="0.0.0.0",
+        SCHEDULER_HTTP_ENABLED="false",
+    )
+    assert not disabled.http_enabled
+    explicit = make_settings(
+        redis_url,
+        database_url,
+        SCHEDULER_ENV="production",
+        SCHEDULER_HTTP_HOST="0.0.0.0",
+        SCHEDULER_GRPC_HOST="0.0.0.0",
+    )
+    assert listen_host(explicit) == "0.0.0.0"
