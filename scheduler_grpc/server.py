@@ -247,15 +247,16 @@ def preflight(settings: Settings) -> tuple[str, str]:
     """The listen host and the admin password, or ConfigError before anything is opened.
 
     Raises:
-        ConfigError: no SCHEDULER_GRPC_HOST in production, or an admin password unfit for where
-            the server listens.
+        ConfigError: no SCHEDULER_GRPC_HOST in production, an admin password unfit for where
+            the server listens, or no SCHEDULER_HTTP_HOST in production with the console enabled.
     """
     host = _listen_host(settings)
+    password = admin_password(settings.admin_password, production=settings.production, loopback=_is_loopback(host))
     if settings.http_enabled:
         from scheduler_grpc.console.app import listen_host
 
         listen_host(settings)
-    return host, admin_password(settings.admin_password, production=settings.production, loopback=_is_loopback(host))
+    return host, password
 
 
 @contextlib.asynccontextmanager
