@@ -3,8 +3,9 @@
     .venv/bin/python bench/console_bench.py [--jobs 10000] [--history 1000000] [--requests 40]
 
 Starts embedded Valkey and PostgreSQL (or uses REDIS_URL / DATABASE_URL, in a database of its own,
-`console_bench`, dropped first), seeds `--jobs` cron jobs and `--history` finished attempts spread
-over them and over the past (generated inside PostgreSQL: INSERT ... SELECT generate_series), then
+`console_bench`, dropped first unless `--reuse` finds it at the same size), seeds `--jobs` cron
+jobs and `--history` finished attempts spread over them and over the past (generated inside
+PostgreSQL: INSERT ... SELECT generate_series), then
 serves the console in-process (`server.serve`, as `scheduler-grpc server` does) and asks each page
 `--requests` times over HTTP, logged in as the admin. Prints p50 and p99 of each page's response time
 (first byte to last, measured by the client in the same process), and the server process's CPU time
@@ -67,18 +68,43 @@ FROM s JOIN j ON j.k = s.n % $2
 """
 
 
+async def migrate_connection(url: str) -> None:
+    """Apply migrations added since the data was seeded (their indexes are what is measured)."""
+    pool = await create_pool(url, size=1, connect_timeout=timedelta(seconds=10))
+    try:
+        await migrate(pool)
+    finally:
+        await pool.close()
+
+
 def _with_database(url: str, database: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path="/" + database))
 
 
-async def seed(admin_url: str, jobs: int, history: int) -> str:
+async def seed(admin_url: str, jobs: int, history: int, *, reuse: bool) -> str:
+    url = _with_database(admin_url, DATABASE)
+    if reuse:
+        try:
+            conn = await asyncpg.connect(url)
+        except asyncpg.InvalidCatalogNameError:
+            pass
+        else:
+            try:
+                await migrate_connection(url)
+                counts = await conn.fetchrow(
+                    "SELECT (SELECT count(*) FROM jobs) AS j, (SELECT count(*) FROM job_executions) AS e"
+                )
+            finally:
+                await conn.close()
+            if counts is not None and (counts["j"], counts["e"]) == (jobs, history):
+                print(f"reusing {DATABASE}: {jobs:,} jobs and {history:,} history rows", flush=True)
+                return url
     conn = await asyncpg.connect(admin_url)
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
         await conn.execute(f'CREATE DATABASE "{DATABASE}"')
     finally:
         await conn.close()
-    url = _with_database(admin_url, DATABASE)
     pool = await create_pool(url, size=2, connect_timeout=timedelta(seconds=10))
     try:
         await migrate(pool)
@@ -199,7 +225,7 @@ def screenshots(base: str, directory: Path) -> None:
 
 
 async def main(args: argparse.Namespace, redis_url: str, admin_url: str) -> None:
-    url = await seed(admin_url, args.jobs, args.history)
+    url = await seed(admin_url, args.jobs, args.history, reuse=args.reuse)
     await measure(redis_url, url, args)
 
 
@@ -208,6 +234,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--reuse", action="store_true", help="keep a console_bench database of the same size")
     parser.add_argument("--screenshots", type=Path, help="also save the README's screenshots in this directory")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)

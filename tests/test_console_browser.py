@@ -159,14 +159,26 @@ def browser() -> Iterator[Browser]:
             launched.close()
 
 
-@pytest.fixture
-def context(browser: Browser) -> Iterator[BrowserContext]:
+@pytest.fixture(scope="module")
+def admin(browser: Browser, topology: Topology) -> Iterator[BrowserContext]:
+    """The admin's browser session, logged in once for the module (argon2id costs a fraction of a second)."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     context.set_default_timeout(TIMEOUT_MS)
     try:
+        log_in(context, topology).close()
         yield context
     finally:
         context.close()
+
+
+@pytest.fixture
+def page(admin: BrowserContext) -> Iterator[Page]:
+    """A new tab of the admin's session."""
+    tab = admin.new_page()
+    try:
+        yield tab
+    finally:
+        tab.close()
 
 
 def shot(page: Page, name: str) -> None:
@@ -201,8 +213,9 @@ def create_job(page: Page, topology: Topology, name: str, handler: str, **fields
     return page.url.rsplit("/", 1)[-1]
 
 
-def test_log_in_and_create_a_cron_job_watching_the_preview(context: BrowserContext, topology: Topology) -> None:
-    page = log_in(context, topology)
+def test_log_in_and_create_a_cron_job_watching_the_preview(page: Page, topology: Topology) -> None:
+    page.goto(f"{topology.url}/")  # the module's admin session logged in through the login form
+    expect(page.locator("h1")).to_have_text("Overview")
     shot(page, "overview")
     page.goto(f"{topology.url}/jobs/new")
     page.fill("#f-name", "nightly-report")
@@ -230,14 +243,13 @@ def test_log_in_and_create_a_cron_job_watching_the_preview(context: BrowserConte
     shot(page, "jobs")
 
 
-def test_trigger_and_watch_the_execution_succeed_live(context: BrowserContext, topology: Topology) -> None:
-    page = log_in(context, topology)
+def test_trigger_and_watch_the_execution_succeed_live(page: Page, admin: BrowserContext, topology: Topology) -> None:
     job_id = create_job(page, topology, "echo-now", "test.echo", payload='{"hello": "world"}')
     page.goto(f"{topology.url}/executions?job={job_id}")
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "connected")
     expect(page.locator("#executions tbody tr")).to_have_count(0)
     # Trigger from another tab: this page is never reloaded.
-    other = context.new_page()
+    other = admin.new_page()
     other.goto(f"{topology.url}/jobs/{job_id}")
     other.click("#job-actions button.trigger")
     row = page.locator("#executions tbody tr").first
@@ -252,8 +264,7 @@ def test_trigger_and_watch_the_execution_succeed_live(context: BrowserContext, t
     shot(page, "execution-attempts")
 
 
-def test_pause_and_resume(context: BrowserContext, topology: Topology) -> None:
-    page = log_in(context, topology)
+def test_pause_and_resume(page: Page, topology: Topology) -> None:
     job_id = create_job(page, topology, "pausable", "test.echo", schedule_kind="cron", cron="*/10 * * * *")
     page.click("#job-actions button.pause")
     expect(page.locator("#job-state")).to_have_text("paused")
@@ -265,8 +276,7 @@ def test_pause_and_resume(context: BrowserContext, topology: Topology) -> None:
     shot(page, "job-resumed")
 
 
-def test_a_failing_job_is_dead_lettered_and_requeued_from_the_page(context: BrowserContext, topology: Topology) -> None:
-    page = log_in(context, topology)
+def test_a_failing_job_is_dead_lettered_and_requeued_from_the_page(page: Page, topology: Topology) -> None:
     page.on("dialog", lambda dialog: dialog.accept())  # the confirmation
     # Fails its first attempt only; no retry, so the run is dead-lettered at once.
     job_id = create_job(
@@ -296,12 +306,11 @@ def test_a_failing_job_is_dead_lettered_and_requeued_from_the_page(context: Brow
 
 
 def test_a_viewer_cannot_act_and_requests_without_csrf_are_refused(
-    context: BrowserContext, browser: Browser, topology: Topology
+    page: Page, browser: Browser, topology: Topology
 ) -> None:
-    admin = log_in(context, topology)
-    job_id = create_job(admin, topology, "guarded", "test.echo")
+    job_id = create_job(page, topology, "guarded", "test.echo")
     # Without the CSRF token, even the admin's own session is refused.
-    refused = admin.request.post(f"{topology.url}/jobs/{job_id}/pause", form={}, max_redirects=0)
+    refused = page.request.post(f"{topology.url}/jobs/{job_id}/pause", form={}, max_redirects=0)
     assert refused.status == 403
     viewer_context = browser.new_context(viewport={"width": 1280, "height": 800})
     viewer_context.set_default_timeout(TIMEOUT_MS)
@@ -321,13 +330,13 @@ def test_a_viewer_cannot_act_and_requests_without_csrf_are_refused(
         assert "you are viewer" in forged.text()
     finally:
         viewer_context.close()
-    admin.goto(f"{topology.url}/executions?job={job_id}")
-    expect(admin.locator("#no-executions")).to_be_visible()  # nothing ran
+    page.goto(f"{topology.url}/executions?job={job_id}")
+    expect(page.locator("#no-executions")).to_be_visible()  # nothing ran
 
 
-def test_redis_stopped_shows_the_warning(context: BrowserContext, topology: Topology) -> None:
+def test_redis_stopped_shows_the_warning(page: Page, topology: Topology) -> None:
     """Last in the module: it stops the topology's Redis."""
-    page = log_in(context, topology)
+    page.goto(f"{topology.url}/")
     expect(page.locator("#outage")).to_have_count(0)
     topology.redis.stop()
 
