@@ -124,11 +124,11 @@ async def overview(request: web.Request) -> web.StreamResponse:
         _stores_down_safe(api.cluster.leader()),
         _stores_down_safe(api.cluster.workers()),
         _stores_down_safe(console.queries.overview(now)),
-        _stores_down_safe(api.control.jobs.queue_names()),
+        _stores_down_safe(console.queries.handlers_and_queues()),
     )
-    depths: list[tuple[str, Any]] = []
-    for name in sorted({"default", *(queues or [])}):
-        depths.append((name, await _stores_down_safe(api.control.queues.get(name).stats())))
+    names = sorted({"default", *(queues[1] if queues else [])})
+    stats_of = await asyncio.gather(*(_stores_down_safe(api.control.queues.get(name).stats()) for name in names))
+    depths = list(zip(names, stats_of, strict=True))
     bars, tallest = charts.per_minute(stats.per_minute if stats else [], now)
     breakers = [
         (worker.id, key, state)

@@ -7,6 +7,8 @@ fast with millions of history rows. Writes go through `Control`, never through t
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +23,9 @@ from scheduler_grpc.db.jobs import _COLUMNS_WITHOUT_PAYLOAD as _JOB_COLUMNS
 from scheduler_grpc.db.jobs import job_from_row
 from scheduler_grpc.executions import Execution
 from scheduler_grpc.jobs import Job
+
+CHOICES_TTL = 10.0
+"""Seconds the filters' handler and queue choices are reused (a DISTINCT over every job otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class ConsoleQueries:
     def __init__(self, pool: asyncpg.Pool, *, timeout: timedelta = timedelta(seconds=5)) -> None:
         self._pool = pool
         self._timeout = timeout.total_seconds()
+        self._choices: tuple[float, tuple[list[str], list[str]]] | None = None
 
     async def jobs(
         self,
@@ -114,25 +120,39 @@ class ConsoleQueries:
         before: tuple[datetime, str] | None,
         limit: int,
     ) -> list[ExecutionRow]:
-        """Attempts newest first (by creation), before the keyset cursor `before`, with the filters."""
+        """Attempts newest first (by creation), before the keyset cursor `before`, with the filters.
+
+        Only the filters given are in the SQL (no `$n IS NULL OR ...`), so the planner picks the index
+        that serves them: (status, created_at), (handler, created_at), the job's key, or created_at.
+        """
+        conditions: list[str] = []
+        args: list[object] = []
+
+        def where(condition: str, *values: object) -> None:
+            args.extend(values)
+            conditions.append(condition.format(*(f"${len(args) - len(values) + i + 1}" for i in range(len(values)))))
+
+        if job_id:
+            where("e.job_id = {}", uuid.UUID(job_id))
+        if len(statuses) == 1:
+            where("e.status = {}", statuses[0])
+        elif statuses:
+            where("e.status = ANY({}::text[])", list(statuses))
+        if handler:
+            where("e.handler = {}", handler)
+        if since:
+            where("e.created_at >= {}", since)
+        if until:
+            where("e.created_at < {}", until)
+        if before:
+            where("(e.created_at, e.id) < ({}, {}::uuid)", before[0], uuid.UUID(before[1]))
+        args.append(limit)
         rows = await self._pool.fetch(
             f"""SELECT {_EXECUTION_COLUMNS}, j.name AS job_name, coalesce(e.handler, j.handler) AS run_handler
                 FROM job_executions e LEFT JOIN jobs j ON j.id = e.job_id
-                WHERE ($1::uuid IS NULL OR e.job_id = $1)
-                  AND (cardinality($2::text[]) = 0 OR e.status = ANY($2))
-                  AND ($3::text IS NULL OR e.handler = $3)
-                  AND ($4::timestamptz IS NULL OR e.created_at >= $4)
-                  AND ($5::timestamptz IS NULL OR e.created_at < $5)
-                  AND ($6::timestamptz IS NULL OR (e.created_at, e.id) < ($6, $7::uuid))
-                ORDER BY e.created_at DESC, e.id DESC LIMIT $8""",
-            uuid.UUID(job_id) if job_id else None,
-            list(statuses),
-            handler,
-            since,
-            until,
-            before[0] if before else None,
-            uuid.UUID(before[1]) if before else None,
-            limit,
+                {"WHERE " + " AND ".join(conditions) if conditions else ""}
+                ORDER BY e.created_at DESC, e.id DESC LIMIT ${len(args)}""",
+            *args,
             timeout=self._timeout,
         )
         return [_execution_row(row) for row in rows]
@@ -158,23 +178,26 @@ class ConsoleQueries:
         return [execution_from_row(row) for row in rows]
 
     async def overview(self, now: datetime, failures: int = 10) -> Overview:
-        """The overview's aggregates over the hour before `now`."""
+        """The overview's aggregates over the hour before `now` (four queries at once)."""
         since = now - timedelta(hours=1)
-        async with self._pool.acquire() as conn:
-            per_minute = await conn.fetch(
+        # One index range per failing state (newest first), merged: bounded however rare failures are.
+        one_state = (
+            f"(SELECT {_EXECUTION_COLUMNS_FULL}, e.handler AS snapshot FROM job_executions e"
+            " WHERE e.status = '{}'"
+            " ORDER BY e.created_at DESC, e.id DESC LIMIT $1)"
+        )
+        states = " UNION ALL ".join(one_state.format(state) for state in ("failed", "timed_out", "dead"))
+        # The last hour's finished attempts (the finished_at index): per minute and status (the
+        # chart), and the start lateness of first attempts of scheduled runs.
+        per_minute, lateness, open_rows, failed = await asyncio.gather(
+            self._pool.fetch(
                 """SELECT date_trunc('minute', finished_at) AS minute, status, count(*) AS n
                    FROM job_executions WHERE finished_at >= $1 AND finished_at IS NOT NULL
                    GROUP BY 1, 2 ORDER BY 1""",
                 since,
                 timeout=self._timeout,
-            )
-            open_rows = await conn.fetch(
-                """SELECT status, CASE WHEN priority > 0 THEN 'high' WHEN priority < 0 THEN 'low' ELSE 'normal' END
-                          AS band, count(*) AS n
-                   FROM job_executions WHERE status IN ('queued', 'running') GROUP BY 1, 2 ORDER BY 1, 2""",
-                timeout=self._timeout,
-            )
-            lateness = await conn.fetchrow(
+            ),
+            self._pool.fetchrow(
                 """SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY started_at - scheduled_for) AS p50,
                           percentile_cont(0.99) WITHIN GROUP (ORDER BY started_at - scheduled_for) AS p99
                    FROM job_executions
@@ -182,22 +205,22 @@ class ConsoleQueries:
                      AND started_at IS NOT NULL AND attempt = 1""",
                 since,
                 timeout=self._timeout,
-            )
-            # One index range per failing state (newest first), merged: bounded however rare failures are.
-            one_state = (
-                f"(SELECT {_EXECUTION_COLUMNS_FULL}, e.handler AS snapshot FROM job_executions e"
-                " WHERE e.status = '{}'"
-                " ORDER BY e.created_at DESC, e.id DESC LIMIT $1)"
-            )
-            states = " UNION ALL ".join(one_state.format(state) for state in ("failed", "timed_out", "dead"))
-            failed = await conn.fetch(
+            ),
+            self._pool.fetch(
+                """SELECT status, CASE WHEN priority > 0 THEN 'high' WHEN priority < 0 THEN 'low' ELSE 'normal' END
+                          AS band, count(*) AS n
+                   FROM job_executions WHERE status IN ('queued', 'running') GROUP BY 1, 2 ORDER BY 1, 2""",
+                timeout=self._timeout,
+            ),
+            self._pool.fetch(
                 f"""SELECT * FROM ({states}) AS f
                     CROSS JOIN LATERAL (SELECT j.name AS job_name, coalesce(f.snapshot, j.handler) AS run_handler
                                         FROM jobs j WHERE j.id = f.job_id) AS j
                     ORDER BY f.created_at DESC LIMIT $1""",
                 failures,
                 timeout=self._timeout,
-            )
+            ),
+        )
         return Overview(
             per_minute=[(row["minute"], row["status"], row["n"]) for row in per_minute],
             open_by_band=[(row["status"], row["band"], row["n"]) for row in open_rows],
@@ -207,10 +230,14 @@ class ConsoleQueries:
         )
 
     async def handlers_and_queues(self) -> tuple[list[str], list[str]]:
-        """The handlers and queues jobs use (the filters' choices)."""
+        """The handlers and queues jobs use (the filters' choices), remembered for CHOICES_TTL."""
+        if self._choices is not None and time.monotonic() < self._choices[0]:
+            return self._choices[1]
         rows = await self._pool.fetch(
             "SELECT array(SELECT DISTINCT handler FROM jobs ORDER BY 1) AS h, "
             "array(SELECT DISTINCT queue FROM jobs ORDER BY 1) AS q",
             timeout=self._timeout,
         )
-        return list(rows[0]["h"]), list(rows[0]["q"])
+        choices = (list(rows[0]["h"]), list(rows[0]["q"]))
+        self._choices = (time.monotonic() + CHOICES_TTL, choices)
+        return choices
