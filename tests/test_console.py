@@ -11,6 +11,7 @@ import shutil
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import aiohttp
@@ -24,11 +25,13 @@ from scheduler_grpc.auth import Role, Unauthenticated
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.console.app import listen_host
 from scheduler_grpc.console.security import COOKIE, CSP, csrf_token
+from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.jobs import JobSpec, JobStatus
+from scheduler_grpc.leader import LeaderElector
 from scheduler_grpc.server import RunningServer, serve
-from tests.engine_helpers import make_settings
+from tests.engine_helpers import eventually, make_settings
 from tests.test_api_server import make_certificates
 from tests.test_api_support import ADMIN_PASSWORD, FAST_HASHER
 
@@ -358,3 +361,37 @@ def test_production_needs_an_explicit_console_host(redis_url: str, database_url:
         SCHEDULER_GRPC_HOST="0.0.0.0",
     )
     assert listen_host(explicit) == "0.0.0.0"
+
+
+async def test_the_overview_counts_standby_schedulers(console: Console, redis_url: str, pool: asyncpg.Pool) -> None:
+    """Two real electors campaign: one leads, the other waits as a standby."""
+    clients = [redis_client(redis_url), redis_client(redis_url)]
+    leading = asyncio.Event()
+
+    async def lead(term: object) -> None:
+        leading.set()
+        await asyncio.Event().wait()  # lead until cancelled
+
+    electors = [
+        LeaderElector(client, LeadershipRepository(pool), holder=f"scheduler-{i}", ttl=timedelta(seconds=5))
+        for i, client in enumerate(clients)
+    ]
+    tasks = [asyncio.create_task(elector.run(lead)) for elector in electors]
+    try:
+        await asyncio.wait_for(leading.wait(), 10)
+        await eventually(lambda: _count(console), within=10)
+        async with console.client() as http:
+            await login(http)
+            async with http.get("/") as page:
+                body = await page.text()
+        assert re.search(r'<p id="standbys">1 standby</p>', body), body
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for client in clients:
+            await client.aclose()
+
+
+async def _count(console: Console) -> bool:
+    return await console.server.api.cluster.electors() == 2

@@ -216,6 +216,8 @@ def create_job(page: Page, topology: Topology, name: str, handler: str, **fields
 def test_log_in_and_create_a_cron_job_watching_the_preview(page: Page, topology: Topology) -> None:
     page.goto(f"{topology.url}/")  # the module's admin session logged in through the login form
     expect(page.locator("h1")).to_have_text("Overview")
+    expect(page.locator("#leader")).to_contain_text("scheduler-1")  # `up` started one scheduler ...
+    expect(page.locator("#standbys")).to_have_text("0 standbys")  # ... so none waits behind it
     shot(page, "overview")
     page.goto(f"{topology.url}/jobs/new")
     page.fill("#f-name", "nightly-report")

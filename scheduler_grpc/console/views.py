@@ -120,8 +120,9 @@ async def overview(request: web.Request) -> web.StreamResponse:
     console = _console(request)
     api = console.api
     now = datetime.now(UTC)
-    leader, workers, stats, queues = await asyncio.gather(
+    leader, electors, workers, stats, queues = await asyncio.gather(
         _stores_down_safe(api.cluster.leader()),
+        _stores_down_safe(api.cluster.electors()),
         _stores_down_safe(api.cluster.workers()),
         _stores_down_safe(console.queries.overview(now)),
         _stores_down_safe(console.queries.handlers_and_queues()),
@@ -141,6 +142,8 @@ async def overview(request: web.Request) -> web.StreamResponse:
         "overview.html",
         {
             "leader": leader,
+            # Electors are the leader and its standbys (each subscribed to the release channel).
+            "standbys": None if electors is None or leader is None else max(0, electors - (1 if leader.holder else 0)),
             "workers": workers,
             "stats": stats,
             "depths": depths,
