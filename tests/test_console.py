@@ -395,3 +395,25 @@ async def test_the_overview_counts_standby_schedulers(console: Console, redis_ur
 
 async def _count(console: Console) -> bool:
     return await console.server.api.cluster.electors() == 2
+
+
+async def test_an_operator_cancels_a_waiting_run_from_its_page(console: Console) -> None:
+    job_id = await _job(console)
+    execution = await console.server.api.control.trigger_execution(job_id)  # no worker: it stays queued
+    token = await console.session_for("olivia", Role.OPERATOR)
+    async with console.client() as http:
+        _with_cookie(http, token)
+        async with http.get(f"/executions/{execution.id}") as page:
+            body = await page.text()
+        assert f'action="/executions/{execution.id}/cancel"' in body
+        async with http.post(
+            f"/executions/{execution.id}/cancel", data={"csrf": csrf_token(token)}, allow_redirects=False
+        ) as reply:
+            assert reply.status == 303
+        async with http.get(f"/executions/{execution.id}") as page:
+            body = await page.text()
+        assert "s-cancelled" in body
+        assert f'action="/executions/{execution.id}/cancel"' not in body  # finished: nothing to cancel
+        async with http.post(f"/executions/{execution.id}/cancel", data={"csrf": csrf_token(token)}) as reply:
+            assert reply.status == 409  # FAILED_PRECONDITION, as over gRPC
+    assert (await console.server.api.control.executions.get(execution.id)).status.value == "cancelled"
