@@ -16,18 +16,18 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
+from scheduler_grpc import stores
 from scheduler_grpc.auth import ResourceExhausted, Role, Unauthenticated
 from scheduler_grpc.console import charts, forms
 from scheduler_grpc.console.context import CONSOLE, Console, render
 from scheduler_grpc.console.security import (
-    COOKIE,
     PRINCIPAL,
     clear_session_cookie,
     rpc,
     set_session_cookie,
 )
 from scheduler_grpc.control import preview_fire_times
-from scheduler_grpc.errors import InvalidArgument
+from scheduler_grpc.errors import InvalidArgument, NotFound
 from scheduler_grpc.events import CursorExpired, EventFilter, FanoutClosed, SubscriberTooSlow
 from scheduler_grpc.executions import Execution, ExecutionStatus
 from scheduler_grpc.jobs import JobStatus
@@ -109,9 +109,9 @@ async def _stores_down_safe(coro: Any) -> Any:
     """The value of `coro`, or None if a store failed (the page shows the outage, not zeros)."""
     try:
         return await coro
-    except asyncio.CancelledError:
-        raise
-    except Exception:
+    except Exception as exc:
+        if not stores.is_fault(exc):
+            raise  # a bug is a bug: a 500 with its traceback logged, not an "unknown" figure
         return None
 
 
@@ -418,7 +418,7 @@ async def execution_detail(request: web.Request) -> web.StreamResponse:
     execution = await console.api.control.executions.get(_uuid(request.match_info["id"]))
     attempts = await console.queries.run_attempts(execution.run_id)
     job = None
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(NotFound):  # deleted meanwhile (its history goes with it)
         job = await console.api.control.jobs.get(execution.job_id)
     return await render(
         request,
@@ -589,6 +589,3 @@ async def create_api_key(request: web.Request) -> web.StreamResponse:
 async def revoke_api_key(request: web.Request) -> web.StreamResponse:
     await _console(request).api.auth.revoke_api_key(_uuid(request.match_info["id"]))
     raise web.HTTPSeeOther("/api-keys")
-
-
-__all__ = ["COOKIE"]
