@@ -173,12 +173,16 @@ def admin(browser: Browser, topology: Topology) -> Iterator[BrowserContext]:
 
 @pytest.fixture
 def page(admin: BrowserContext) -> Iterator[Page]:
-    """A new tab of the admin's session."""
+    """A new tab of the admin's session; the test fails if the page broke its Content-Security-Policy."""
     tab = admin.new_page()
+    messages: list[str] = []
+    tab.on("console", lambda message: messages.append(message.text))
     try:
         yield tab
     finally:
         tab.close()
+    violations = [text for text in messages if "Content Security Policy" in text]
+    assert violations == []
 
 
 def shot(page: Page, name: str) -> None:
