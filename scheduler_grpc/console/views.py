@@ -209,7 +209,9 @@ async def _job_form(
             "values": values,
             "errors": errors,
             "choices": forms.CHOICES,
-            "handlers": _handler_names(console),
+            # The job's own handler stays selectable even if disabled here, so an edit never
+            # silently switches it to another (validation then names it if it is refused).
+            "handlers": sorted({*_handler_names(console), *([values["handler"]] if values.get("handler") else [])}),
             "version": values.get("version", ""),
         },
         status=status,
