@@ -71,8 +71,8 @@ ENV SCHEDULER_ENV=production \
 WORKDIR /home/scheduler
 USER 10001:10001
 
-# gRPC (server); /metrics of server, scheduler, worker.
-EXPOSE 50051 9090 9091 9100
+# gRPC and the web console (server); /metrics of server, scheduler, worker.
+EXPOSE 50051 8080 9090 9091 9100
 
 ENTRYPOINT ["/usr/bin/tini", "--", "scheduler-grpc"]
 CMD ["server"]

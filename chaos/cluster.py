@@ -175,6 +175,7 @@ class Cluster:
             "SCHEDULER_LOG_LEVEL": "INFO",
             "SCHEDULER_METRICS_PORT": "0",
             "SCHEDULER_GRPC_PORT": "0",
+            "SCHEDULER_HTTP_PORT": "0",
             **env,
         }
         self.roles: list[RoleProcess] = []

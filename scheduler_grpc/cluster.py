@@ -6,6 +6,7 @@ record to `db.leadership`; the ClusterService servicer asks this module and neve
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -43,6 +44,16 @@ class ClusterView:
     async def workers(self) -> list[WorkerInfo]:
         """The live workers (a recent heartbeat), by id."""
         return await registry.live_workers(self._redis, call_timeout=self._timeout)
+
+    async def electors(self) -> int:
+        """Scheduler processes taking part in the leader election (leader and standbys).
+
+        Every elector stays subscribed to the release channel from its first campaign on (it is how
+        standbys hear of a graceful handover), so the channel's subscriber count is their number.
+        """
+        async with asyncio.timeout(self._timeout.total_seconds()):
+            counts = await self._redis.pubsub_numsub(LeaderKeys().released)
+        return int(counts[0][1]) if counts else 0
 
     async def leader(self) -> LeaderStatus:
         """Who leads the scheduler now, and the latest term."""

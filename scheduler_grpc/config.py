@@ -317,6 +317,29 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("grpc_port", "SCHEDULER_GRPC_PORT", _port, "50051", "Port of the gRPC server (0: any free port)."),
     Setting(
+        "http_enabled",
+        "SCHEDULER_HTTP_ENABLED",
+        _parse_bool,
+        "true",
+        "Serve the web console from `server` (false: gRPC only).",
+    ),
+    Setting(
+        "http_host",
+        "SCHEDULER_HTTP_HOST",
+        _host,
+        None,
+        "Address the web console listens on. Unset: `127.0.0.1` in dev; production must set it (or disable the "
+        "console). Served over TLS with `SCHEDULER_TLS_CERT/KEY` when they are set.",
+    ),
+    Setting("http_port", "SCHEDULER_HTTP_PORT", _port, "8080", "Port of the web console (0: any free port)."),
+    Setting(
+        "http_tls_proxy",
+        "SCHEDULER_HTTP_TLS_PROXY",
+        _parse_bool,
+        "false",
+        "The console is reached through a reverse proxy that terminates TLS: mark its session cookie `Secure`.",
+    ),
+    Setting(
         "admin_username",
         "SCHEDULER_ADMIN_USERNAME",
         _username,
@@ -404,6 +427,10 @@ class Settings:
     shell_enabled: bool
     grpc_host: str | None
     grpc_port: int
+    http_enabled: bool
+    http_host: str | None
+    http_port: int
+    http_tls_proxy: bool
     admin_username: str
     admin_password: str | None
     session_ttl: timedelta

@@ -7,6 +7,7 @@ outbox order; the leader's reconcile loop repairs a crash in between).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -23,7 +24,7 @@ from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, 
 from scheduler_grpc.executions import Execution, Trigger
 from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
 from scheduler_grpc.queue import MAX_BATCH
-from scheduler_grpc.schedule import CronSchedule, fire_times
+from scheduler_grpc.schedule import CronSchedule, FireTime, fire_times
 
 MAX_REQUEST_ID_LENGTH = 128
 MAX_BACKFILL_SLOTS = 1000
@@ -57,6 +58,29 @@ def _slots(schedule: CronSchedule, start: datetime, end: datetime) -> list[datet
             break
         slots.append(fire.instant)
     return slots
+
+
+async def preview_fire_times(schedule: CronSchedule, start: datetime, count: int) -> list[FireTime]:
+    """The next `count` fire times of `schedule` after `start` (PreviewSchedule and the console's preview).
+
+    Raises:
+        InvalidArgument: no fire time before year 9999 (`start_time`), or fewer than `count` (`count`).
+    """
+
+    def preview() -> list[FireTime]:
+        fires: list[FireTime] = []
+        try:
+            for fire in itertools.islice(fire_times(schedule, start), count):
+                fires.append(fire)
+        except (OverflowError, ValueError):
+            # datetime ends at 9999-12-31: a walk that runs past it (or starts at its edges) stops.
+            if not fires:
+                raise InvalidArgument("start_time", "no fire time between start_time and year 9999") from None
+            raise InvalidArgument("count", f"only {len(fires)} fire times before year 9999; ask for fewer") from None
+        return fires
+
+    # Up to 1000 cron steps: CPU work kept off the event loop.
+    return await asyncio.to_thread(preview)
 
 
 class Control:

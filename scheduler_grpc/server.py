@@ -108,12 +108,14 @@ class RunningServer:
         port: The bound port (useful with SCHEDULER_GRPC_PORT=0).
         api: The servicers' dependencies (tests reach the fan-out and the authenticator through it).
         health: The health servicer.
+        console_url: The web console's URL (None: SCHEDULER_HTTP_ENABLED=false).
     """
 
     address: str
     port: int
     api: Api
     health: HealthServicer
+    console_url: str | None = None
 
 
 def _is_loopback(host: str) -> bool:
@@ -245,11 +247,16 @@ def preflight(settings: Settings) -> tuple[str, str]:
     """The listen host and the admin password, or ConfigError before anything is opened.
 
     Raises:
-        ConfigError: no SCHEDULER_GRPC_HOST in production, or an admin password unfit for where
-            the server listens.
+        ConfigError: no SCHEDULER_GRPC_HOST in production, an admin password unfit for where
+            the server listens, or no SCHEDULER_HTTP_HOST in production with the console enabled.
     """
     host = _listen_host(settings)
-    return host, admin_password(settings.admin_password, production=settings.production, loopback=_is_loopback(host))
+    password = admin_password(settings.admin_password, production=settings.production, loopback=_is_loopback(host))
+    if settings.http_enabled:
+        from scheduler_grpc.console.app import listen_host
+
+        listen_host(settings)
+    return host, password
 
 
 @contextlib.asynccontextmanager
@@ -342,15 +349,22 @@ async def serve(
         log.info("gRPC server listening", extra={"address": address, "tls": credentials is not None,
                                                   "mutual_tls": settings.tls_client_ca is not None})  # fmt: skip
         try:
-            async with asyncio.TaskGroup() as group:
+            async with contextlib.AsyncExitStack() as stack, asyncio.TaskGroup() as group:
                 tasks = [
                     group.create_task(monitor.run(), name="health-monitor"),
                     group.create_task(fanout.run(), name="event-fanout"),
                 ]
+                console_url = None
+                if settings.http_enabled:
+                    from scheduler_grpc.console.app import serve_console  # aiohttp.web and Jinja2 only when served
+
+                    console = await stack.enter_async_context(serve_console(settings, api, redis, pool))
+                    console_url = console.url
                 try:
-                    yield RunningServer(address=address, port=port, api=api, health=health)
+                    yield RunningServer(address=address, port=port, api=api, health=health, console_url=console_url)
                 finally:
-                    # Streams first: they would otherwise hold the grace period open to its end.
+                    # Streams first (WatchExecutions and the console's live pages): they would
+                    # otherwise hold the grace period open to its end.
                     fanout.close()
                     await health.enter_graceful_shutdown()
                     await server.stop(settings.shutdown_grace.total_seconds())

@@ -3,9 +3,9 @@
 gRPC and fork don't mix, so every role is its own freshly exec'd process. The supervisor starts
 embedded servers when no URL is set (dev mode), applies migrations once, starts the roles, and on
 Ctrl-C/SIGTERM stops them (SIGTERM, then SIGKILL after the grace period) before the servers.
-It prints the "up" banner once every role is ready: the gRPC server's health check answers SERVING
-and every role's /metrics answers (a role serves it only once it has reached Redis and PostgreSQL),
-so what the banner says to try works at once.
+It prints the "up" banner once every role is ready: the gRPC server's health check answers SERVING,
+its web console accepts connections, and every role's /metrics answers (a role serves it only once
+it has reached Redis and PostgreSQL), so what the banner says to try works at once.
 If a role exits on its own, the supervisor stops the rest and exits with its code: a supervisor
 that hides crashes is worse than none (use docker-compose or systemd for restart policies).
 """
@@ -115,6 +115,7 @@ def _banner(settings: Settings, children: list[Child], redis_url: str, database_
         grpc_lines = [
             f"  gRPC:         {address}  (reflection + grpc.health.v1)",
             f"  login:        {login}",
+            *([f"  web console:  {_console_url(settings)}"] if settings.http_enabled else []),
             "  try:          npx --yes @bufbuild/buf@1.75.0 curl --protocol grpc --http2-prior-knowledge "
             f"--list-methods http://{address}",
         ]
@@ -130,6 +131,11 @@ def _banner(settings: Settings, children: list[Child], redis_url: str, database_
         "",
     ]
     print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _console_url(settings: Settings) -> str:
+    scheme = "https" if settings.tls_cert else "http"
+    return f"{scheme}://{_local(settings.http_host or '')}:{settings.http_port}/"
 
 
 def _local(host: str) -> str:
@@ -149,6 +155,19 @@ async def _metrics_answer(host: str, port: int) -> bool:
     except (OSError, TimeoutError):
         return False
     return status.split(b" ")[1:2] == [b"200"]
+
+
+async def _console_answers(settings: Settings) -> bool:
+    """Whether the web console accepts connections (true when it is disabled)."""
+    if not settings.http_enabled:
+        return True
+    try:
+        async with asyncio.timeout(1):
+            _, writer = await asyncio.open_connection(_local(settings.http_host or ""), settings.http_port)
+            writer.close()
+    except (OSError, TimeoutError):
+        return False
+    return True
 
 
 async def _grpc_serving(target: str) -> bool:
@@ -174,7 +193,7 @@ async def _wait_ready(settings: Settings, children: list[Child]) -> list[str]:
         for name, child in list(waiting.items()):
             ready = await _metrics_answer(host, child.metrics_port)
             if ready and name == "server":
-                ready = await _grpc_serving(target)
+                ready = await _grpc_serving(target) and await _console_answers(settings)
             if ready:
                 del waiting[name]
         if waiting:

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_settings(redis_url: str, database_url: str, **overrides: str) -> Settings:
-    environ = {"REDIS_URL": redis_url, "DATABASE_URL": database_url, **overrides}
+    # The web console on any free port: many servers run at once in a test session.
+    environ = {"REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_HTTP_PORT": "0", **overrides}
     return config.load(environ, {})
 
 
@@ -101,6 +102,7 @@ class Roles:
             "SCHEDULER_RECONCILE_INTERVAL": "1s",
             "SCHEDULER_SHUTDOWN_GRACE": "5s",
             "SCHEDULER_METRICS_PORT": "0",  # any free port; a role logs the one it got
+            "SCHEDULER_HTTP_PORT": "0",  # the server's web console too
             **env,
         }
         self.log_dir = log_dir

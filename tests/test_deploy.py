@@ -213,7 +213,7 @@ def test_app_environment_and_ports(model: dict[str, Any]) -> None:
                 assert env["SCHEDULER_METRICS_HOST"] == "0.0.0.0", name
     server = model["services"]["server"]
     assert server["environment"]["SCHEDULER_ADMIN_PASSWORD"] == PASSWORD
-    assert {port["target"] for port in server["ports"]} == {50051, 9090}
+    assert {port["target"] for port in server["ports"]} == {50051, 8080, 9090}
     # Workers drain running jobs for SCHEDULER_SHUTDOWN_GRACE (30s) on SIGTERM: Docker must wait longer.
     worker = model["services"]["worker"]
     assert worker["stop_grace_period"] not in {None, "10s"}

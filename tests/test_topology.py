@@ -38,6 +38,12 @@ def _metrics_base() -> int:
     raise AssertionError("no free metrics ports")
 
 
+def _http_status(port: int, path: str) -> int:
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+        sock.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        return int(sock.recv(64).split(b" ")[1])
+
+
 def _metrics_answer(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
@@ -54,12 +60,13 @@ async def test_the_banner_comes_when_every_role_is_ready(
     pool: asyncpg.Pool,
     tmp_path: Path,
 ) -> None:
-    grpc_port, base = free_port(), _metrics_base()
+    grpc_port, http_port, base = free_port(), free_port(), _metrics_base()
     env = {
         **os.environ,
         "REDIS_URL": servers.redis_url,
         "DATABASE_URL": database_url,
         "SCHEDULER_GRPC_PORT": str(grpc_port),
+        "SCHEDULER_HTTP_PORT": str(http_port),
         "SCHEDULER_DATA_DIR": str(tmp_path),
         "SCHEDULER_LOG_FORMAT": "json",
     }
@@ -96,6 +103,8 @@ async def test_the_banner_comes_when_every_role_is_ready(
             reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2, wait_for_ready=False)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         assert [port for port in (base, base + 1, base + 10) if not _metrics_answer(port)] == []
+        # ... and so does the web console.
+        assert _http_status(http_port, "/login") == 200
     finally:
         process.send_signal(signal.SIGINT)
         try:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import re
 from collections.abc import Iterable
 from typing import Any, Final
@@ -13,9 +11,10 @@ from google.protobuf import field_mask_pb2
 from scheduler_client.v1 import jobs_pb2, jobs_pb2_grpc
 
 from scheduler_grpc.auth import Principal, Role, current_principal
+from scheduler_grpc.control import preview_fire_times
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.jobs import Job, JobSpec
-from scheduler_grpc.schedule import FireTime, fire_times, parse_cron
+from scheduler_grpc.schedule import parse_cron
 from scheduler_grpc.services import Api, convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -157,23 +156,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         start = convert.now()
         if request.HasField("start_time"):
             start = convert.from_timestamp(request.start_time, "start_time")
-
-        def preview() -> list[FireTime]:
-            fires: list[FireTime] = []
-            try:
-                for fire in itertools.islice(fire_times(cron, start), count):
-                    fires.append(fire)
-            except (OverflowError, ValueError):
-                # datetime ends at 9999-12-31: a walk that runs past it (or starts at its edges) stops.
-                if not fires:
-                    raise InvalidArgument("start_time", "no fire time between start_time and year 9999") from None
-                raise InvalidArgument(
-                    "count", f"only {len(fires)} fire times before year 9999; ask for fewer"
-                ) from None
-            return fires
-
-        # Up to 1000 cron steps: CPU work kept off the event loop.
-        fires = await asyncio.to_thread(preview)
+        fires = await preview_fire_times(cron, start, count)
         return jobs_pb2.PreviewScheduleResponse(fire_times=[convert.fire_time(fire) for fire in fires])
 
     async def BackfillJob(self, request: jobs_pb2.BackfillJobRequest, context: Context) -> jobs_pb2.BackfillJobResponse:
