@@ -47,8 +47,13 @@ def _check_request_id(request_id: str | None) -> str | None:
         return None
     if len(request_id) > MAX_REQUEST_ID_LENGTH:
         raise InvalidArgument("request_id", f"must be at most {MAX_REQUEST_ID_LENGTH} characters")
-    if "\x00" in request_id:  # PostgreSQL text cannot hold it (and it would fail a whole trigger batch)
+    # What PostgreSQL text cannot hold would fail the statement (of a whole trigger batch).
+    if "\x00" in request_id:
         raise InvalidArgument("request_id", "must not contain the NUL character (U+0000)")
+    try:
+        request_id.encode()
+    except UnicodeEncodeError:  # a lone surrogate (only from Python: protobuf strings are UTF-8)
+        raise InvalidArgument("request_id", "must be valid Unicode text") from None
     return request_id
 
 

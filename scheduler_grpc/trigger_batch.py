@@ -31,9 +31,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-import asyncpg
-
-from scheduler_grpc import stores
 from scheduler_grpc.db.executions import (
     ExecutionRepository,
     Queued,
@@ -41,7 +38,8 @@ from scheduler_grpc.db.executions import (
     TriggerRequest,
     TriggerResult,
 )
-from scheduler_grpc.errors import Aborted, InvalidArgument, NotFound
+from scheduler_grpc.db.faults import is_request_error
+from scheduler_grpc.errors import Aborted, InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -163,13 +161,11 @@ class TriggerBatcher:
             _fail(groups, Aborted("the server is stopping; retry"))
             raise
         except Exception as exc:
-            if len(groups) > 1 and _may_be_one_request(exc):
-                # Perhaps one request's data: again one by one, so only that request fails.
+            if len(groups) > 1 and is_request_error(exc):
+                # Perhaps one request's data, not the store: again one by one, so only it fails.
                 for group in groups:
                     await self._run([group])
                 return
-            if isinstance(exc, asyncpg.ForeignKeyViolationError):  # the job was deleted meanwhile
-                exc = NotFound(f"job {groups[0].request.job_id} not found")
             _fail(groups, exc)
 
     async def _execute(self, groups: list[_Group]) -> None:
@@ -206,8 +202,3 @@ def _fail(groups: list[_Group], exc: BaseException) -> None:
         for waiter in group.waiters:
             if not waiter.future.done():
                 waiter.future.set_exception(exc)
-
-
-def _may_be_one_request(exc: Exception) -> bool:
-    """Whether a failed statement may be down to one request's data rather than the store."""
-    return isinstance(exc, asyncpg.PostgresError) and not stores.is_unavailable(exc)

@@ -13,9 +13,12 @@ from redis.asyncio import Redis
 from scheduler_client.v1 import jobs_pb2
 
 from scheduler_grpc.control import Control
+from scheduler_grpc.errors import NotFound
 from scheduler_grpc.executions import Trigger
 from scheduler_grpc.jobs import JobSpec, ScheduleKind
 from scheduler_grpc.queue import Queue
+from scheduler_grpc.trigger_batch import MAX_IN_FLIGHT
+from tests.engine_helpers import eventually
 from tests.test_api_support import Harness, api, echo_job  # noqa: F401 - `api` is a fixture
 
 CALLS = 200
@@ -124,3 +127,37 @@ async def test_triggers_in_the_same_microsecond_each_create_their_own_run(
     second = await control.trigger_execution(job.id)
     together = await asyncio.gather(*(control.trigger_execution(job.id) for _ in range(10)))
     assert len({e.run_id for e in [first, second, *together]}) == 12
+
+
+async def test_a_job_deleted_under_a_batch_fails_only_its_own_trigger(control: Control) -> None:
+    """The batch's INSERT reads a job that a concurrent transaction deletes: the foreign key fails
+    the whole statement, which runs again one request at a time, so only that trigger fails."""
+    good = await control.create_job(JobSpec(name="stays", handler="test.echo", schedule_kind=ScheduleKind.MANUAL))
+    doomed = await control.create_job(JobSpec(name="goes", handler="test.echo", schedule_kind=ScheduleKind.MANUAL))
+    pool = control.jobs._pool
+    async with pool.acquire() as deleter:
+        deletion = deleter.transaction()
+        await deletion.start()
+        await deleter.execute("DELETE FROM jobs WHERE id = $1", uuid.UUID(doomed.id))
+        # The first MAX_IN_FLIGHT calls go alone; the next ones form one batch whose foreign-key
+        # check waits for the deleting transaction (the statement's snapshot still sees the job).
+        calls = asyncio.gather(
+            *(control.trigger_job(good.id) for _ in range(MAX_IN_FLIGHT)),
+            control.trigger_job(doomed.id),
+            *(control.trigger_job(good.id) for _ in range(5)),
+            return_exceptions=True,
+        )
+        try:
+            await eventually(
+                lambda: pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%unnest%'"
+                ),
+                within=30,
+                interval=0.01,
+            )
+        finally:
+            await deletion.commit()
+        answers = await calls
+    assert isinstance(answers[MAX_IN_FLIGHT], NotFound), answers
+    others = answers[:MAX_IN_FLIGHT] + answers[MAX_IN_FLIGHT + 1 :]
+    assert all(isinstance(answer, list) and len(answer) == 1 for answer in others), answers

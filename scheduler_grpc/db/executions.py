@@ -407,7 +407,30 @@ class ExecutionRepository:
         """
         if not requests:
             return []
-        rows = await self._pool.fetch(
+        try:
+            rows = await self._fetch_trigger_now(requests)
+        except asyncpg.ForeignKeyViolationError:
+            if len(requests) > 1:
+                raise  # which one is not known: the caller asks again one request at a time
+            return [TriggerResult(TriggerOutcome.NO_JOB)]  # deleted between the statement's read and insert
+        priors = {row["prior_id"] for row in rows if row["id"] is None and row["prior_id"] is not None}
+        earlier = {e.id: e for e in await self.get_many([str(i) for i in priors])} if priors else {}
+        results: list[TriggerResult] = []
+        for row in rows:
+            if row["id"] is not None:
+                results.append(TriggerResult(TriggerOutcome.CREATED, execution_from_row(row), _queued(row)))
+            elif row["prior_id"] is not None and str(row["prior_id"]) in earlier:
+                results.append(TriggerResult(TriggerOutcome.REPEATED, earlier[str(row["prior_id"])]))
+            elif not row["job_found"]:
+                results.append(TriggerResult(TriggerOutcome.NO_JOB))
+            elif not row["eligible"]:
+                results.append(TriggerResult(TriggerOutcome.MISSED))
+            else:
+                results.append(TriggerResult(TriggerOutcome.COLLIDED))
+        return results
+
+    async def _fetch_trigger_now(self, requests: Sequence[TriggerRequest]) -> list[asyncpg.Record]:
+        return await self._pool.fetch(
             f"""
             WITH r AS (
                 SELECT * FROM unnest($1::integer[], $2::uuid[], $3::uuid[], $4::timestamptz[], $5::text[])
@@ -445,21 +468,6 @@ class ExecutionRepository:
             [request.slot for request in requests],
             [request.request_id for request in requests],
         )
-        priors = {row["prior_id"] for row in rows if row["id"] is None and row["prior_id"] is not None}
-        earlier = {e.id: e for e in await self.get_many([str(i) for i in priors])} if priors else {}
-        results: list[TriggerResult] = []
-        for row in rows:
-            if row["id"] is not None:
-                results.append(TriggerResult(TriggerOutcome.CREATED, execution_from_row(row), _queued(row)))
-            elif row["prior_id"] is not None and str(row["prior_id"]) in earlier:
-                results.append(TriggerResult(TriggerOutcome.REPEATED, earlier[str(row["prior_id"])]))
-            elif not row["job_found"]:
-                results.append(TriggerResult(TriggerOutcome.NO_JOB))
-            elif not row["eligible"]:
-                results.append(TriggerResult(TriggerOutcome.MISSED))
-            else:
-                results.append(TriggerResult(TriggerOutcome.COLLIDED))
-        return results
 
     async def claim(self, items: Sequence[tuple[str, str]], worker_id: str) -> list[Claim]:
         """Claim the current attempt of each run `(run_id, lease_token)` for `worker_id`.
