@@ -161,3 +161,11 @@ async def test_a_job_deleted_under_a_batch_fails_only_its_own_trigger(control: C
     assert isinstance(answers[MAX_IN_FLIGHT], NotFound), answers
     others = answers[:MAX_IN_FLIGHT] + answers[MAX_IN_FLIGHT + 1 :]
     assert all(isinstance(answer, list) and len(answer) == 1 for answer in others), answers
+
+
+async def test_concurrent_triggers_with_one_request_id_share_one_run(control: Control) -> None:
+    """The first calls run in concurrent batches (one may meet the other's uncommitted row and retry)."""
+    job = await control.create_job(JobSpec(name="once", handler="test.echo", schedule_kind=ScheduleKind.MANUAL))
+    answers = await asyncio.gather(*(control.trigger_execution(job.id, request_id="same") for _ in range(10)))
+    assert len({answer.id for answer in answers}) == 1
+    assert len(await control.executions.history(job.id)) == 1
