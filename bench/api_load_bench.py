@@ -14,7 +14,10 @@ Exits 1 if any call ended CANCELLED, INTERNAL or UNKNOWN.
 
 `--method TriggerJob` (issue 11's figure) instead creates one `test.echo` job and has `--callers`
 concurrent callers (over the same channels) trigger it back to back for `--seconds` (no streams,
-no prober, no worker: the runs stay queued); it prints RPCs/s, p50/p99 and the server's CPU per call.
+no prober, no worker: the runs stay queued); it prints RPCs/s, p50/p99 and the CPU per call of the
+server and of this client (`--json`: one JSON line: rps, p50_ms, p99_ms, errors, calls, CPU per
+call). `--method HealthCheck` does the same with health Check calls: the floor of a call (gRPC and
+the interceptors, no store) on the same machine in the same conditions.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import json
 import os
 import signal
@@ -94,7 +98,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def trigger_load(args: argparse.Namespace, target: str, server_pid: int) -> int:
-    """`--method TriggerJob`: `--callers` concurrent callers trigger one job for `--seconds`."""
+    """`--method TriggerJob` (or `HealthCheck`, the floor of a call): `--callers` concurrent callers
+    call back to back for `--seconds`."""
     channels = [
         grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(args.channels)
     ]
@@ -112,30 +117,47 @@ async def trigger_load(args: argparse.Namespace, target: str, server_pid: int) -
         latencies: list[float] = []
         codes: collections.Counter[str] = collections.Counter()
         request = jobs_pb2.TriggerJobRequest(id=job.job.id)
+        if args.method == "HealthCheck":
+            checks = [health_pb2_grpc.HealthStub(channel) for channel in channels]
+            calls = [functools.partial(check.Check, health_pb2.HealthCheckRequest(), timeout=60) for check in checks]
+        else:
+            calls = [functools.partial(stub.TriggerJob, request, metadata=token, timeout=60) for stub in stubs]
         stop = time.perf_counter() + args.seconds
 
         async def caller(i: int) -> None:
-            stub = stubs[i % len(stubs)]
+            call = calls[i % len(calls)]
             while time.perf_counter() < stop:
                 began = time.perf_counter()
                 try:
-                    await stub.TriggerJob(request, metadata=token, timeout=60)
+                    await call()
                     codes["OK"] += 1
                 except grpc.aio.AioRpcError as error:
                     codes[error.code().name] += 1
                 latencies.append(time.perf_counter() - began)
 
-        began, cpu_before = time.perf_counter(), cpu_seconds(server_pid)
+        began, cpu_before, own_before = time.perf_counter(), cpu_seconds(server_pid), time.process_time()
         await asyncio.gather(*(caller(i) for i in range(args.callers)))
         elapsed, server_cpu = time.perf_counter() - began, cpu_seconds(server_pid) - cpu_before
+        client_cpu = time.process_time() - own_before
     finally:
         for channel in channels:
             await channel.close()
-    calls = len(latencies)
-    print(f"TriggerJob from {args.callers} concurrent callers for {elapsed:.1f}s over {args.channels} channel(s): "
-          f"{calls / elapsed:,.0f} RPCs/s, p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
-          f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms")  # fmt: skip
-    print(f"codes: {dict(codes)}; server CPU {server_cpu / max(calls, 1) * 1e6:.0f} us per call")
+    done = len(latencies)
+    figures = {
+        "method": args.method, "callers": args.callers, "seconds": round(elapsed, 2), "calls": done,
+        "rps": round(done / elapsed, 1), "p50_ms": round(percentile(latencies, 0.5) * 1000, 2),
+        "p99_ms": round(percentile(latencies, 0.99) * 1000, 2), "errors": done - codes["OK"],
+        "server_cpu_us_per_call": round(server_cpu / max(done, 1) * 1e6),
+        "client_cpu_us_per_call": round(client_cpu / max(done, 1) * 1e6),
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(figures), flush=True)
+    else:
+        print(f"{args.method} from {args.callers} concurrent callers for {elapsed:.1f}s over {args.channels} "
+              f"channel(s): {figures['rps']:,.0f} RPCs/s, p50 {figures['p50_ms']:.1f} ms, "
+              f"p99 {figures['p99_ms']:.1f} ms")  # fmt: skip
+        print(f"codes: {dict(codes)}; CPU per call: server {figures['server_cpu_us_per_call']} us, "
+              f"this client {figures['client_cpu_us_per_call']} us")  # fmt: skip
     return 1 if BAD_CODES & codes.keys() else 0
 
 
@@ -251,14 +273,14 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> i
     finally:
         await pool.close()
     port, metrics_port = free_port(), free_port()
-    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
+    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": args.log_level,
            "SCHEDULER_GRPC_PORT": str(port), "SCHEDULER_METRICS_PORT": str(metrics_port)}  # fmt: skip
     env.pop("SCHEDULER_ADMIN_PASSWORD", None)
     server = await asyncio.create_subprocess_exec(sys.executable, "-m", "scheduler_grpc", "server", env=env, cwd=ROOT)
     try:
         target = f"127.0.0.1:{port}"
         await wait_serving(target, server)
-        if args.method == "TriggerJob":
+        if args.method in {"TriggerJob", "HealthCheck"}:
             return await trigger_load(args, target, server.pid)
         return await load(args, target, metrics_port, server.pid)
     finally:
@@ -272,9 +294,11 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--streams", type=int, default=1_000)
     parser.add_argument("--channels", type=int, default=1)
-    parser.add_argument("--method", choices=("GetQueueStats", "TriggerJob"), default="GetQueueStats")
+    parser.add_argument("--method", choices=("GetQueueStats", "TriggerJob", "HealthCheck"), default="GetQueueStats")
     parser.add_argument("--callers", type=int, default=50, help="TriggerJob: concurrent callers")
     parser.add_argument("--seconds", type=float, default=10.0, help="TriggerJob: how long they call")
+    parser.add_argument("--json", action="store_true", help="TriggerJob/HealthCheck: print one JSON line of figures")
+    parser.add_argument("--log-level", default="WARNING", help="the server's SCHEDULER_LOG_LEVEL (INFO: one per call)")
     parser.add_argument("--probe", help=argparse.SUPPRESS)  # internal: run as the prober of TARGET
     parser.add_argument("--token", help=argparse.SUPPRESS)
     arguments = parser.parse_args()

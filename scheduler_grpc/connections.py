@@ -67,12 +67,15 @@ async def open_redis(url: str, settings: Settings) -> aioredis.Redis:
 
 
 @asynccontextmanager
-async def connect_database(settings: Settings) -> AsyncIterator[Pool]:
-    """A pool on DATABASE_URL, closed on exit (no migrations)."""
+async def connect_database(settings: Settings, *, session_reset: bool = True) -> AsyncIterator[Pool]:
+    """A pool on DATABASE_URL, closed on exit (no migrations); `session_reset` as in `create_pool`."""
     if not settings.database_url:
         raise ConfigError("DATABASE_URL must be set (or use `scheduler-grpc up` in dev mode)")
     pool = await create_pool(
-        settings.database_url, size=settings.db_pool_size, connect_timeout=settings.connect_timeout
+        settings.database_url,
+        size=settings.db_pool_size,
+        connect_timeout=settings.connect_timeout,
+        session_reset=session_reset,
     )
     try:
         yield pool
@@ -81,13 +84,22 @@ async def connect_database(settings: Settings) -> AsyncIterator[Pool]:
 
 
 @asynccontextmanager
-async def connect(settings: Settings, *, run_migrations: bool = True) -> AsyncIterator[Connections]:
-    """Open both servers (and apply pending migrations), close them on exit."""
+async def connect(
+    settings: Settings, *, run_migrations: bool = True, session_reset: bool = True
+) -> AsyncIterator[Connections]:
+    """Open both servers (and apply pending migrations), close them on exit.
+
+    Without `session_reset` (see `db.pool.create_pool`) the connections the migrations used are
+    closed afterwards, so whatever session state they left (the advisory lock, a migration's SET)
+    is not handed to the process's code.
+    """
     if not settings.redis_url:
         raise ConfigError("REDIS_URL must be set (or use `scheduler-grpc up` in dev mode)")
-    async with connect_database(settings) as pool:
+    async with connect_database(settings, session_reset=session_reset) as pool:
         if run_migrations:
             await migrate(pool)
+            if not session_reset:
+                await pool.expire_connections()
         client = await open_redis(settings.redis_url, settings)
         try:
             yield Connections(redis=client, pool=pool)

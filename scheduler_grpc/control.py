@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from redis.asyncio import Redis
 
 from scheduler_grpc import metrics
-from scheduler_grpc.db.executions import ExecutionRepository, Queued
+from scheduler_grpc.db.executions import ExecutionRepository, Queued, TriggerOutcome, TriggerResult
 from scheduler_grpc.db.jobs import JobRepository
 from scheduler_grpc.db.pool import Pool
 from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_new_runs
@@ -25,6 +25,7 @@ from scheduler_grpc.executions import Execution, Trigger
 from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
 from scheduler_grpc.queue import MAX_BATCH
 from scheduler_grpc.schedule import CronSchedule, FireTime, fire_times
+from scheduler_grpc.trigger_batch import TriggerBatcher
 
 MAX_REQUEST_ID_LENGTH = 128
 MAX_BACKFILL_SLOTS = 1000
@@ -47,6 +48,13 @@ def _check_request_id(request_id: str | None) -> str | None:
         return None
     if len(request_id) > MAX_REQUEST_ID_LENGTH:
         raise InvalidArgument("request_id", f"must be at most {MAX_REQUEST_ID_LENGTH} characters")
+    # What PostgreSQL text cannot hold would fail the statement (of a whole trigger batch).
+    if "\x00" in request_id:
+        raise InvalidArgument("request_id", "must not contain the NUL character (U+0000)")
+    try:
+        request_id.encode()
+    except UnicodeEncodeError:  # a lone surrogate (only from Python: protobuf strings are UTF-8)
+        raise InvalidArgument("request_id", "must be valid Unicode text") from None
     return request_id
 
 
@@ -101,6 +109,7 @@ class Control:
         self.jobs = JobRepository(pool)
         self.executions = ExecutionRepository(pool)
         self.queues = Queues(redis)
+        self._triggers = TriggerBatcher(self.executions, self._dispatch)
 
     async def create_job(self, spec: JobSpec, *, request_id: str | None = None) -> Job:
         """Validate and store a job; the same `request_id` returns the same job."""
@@ -187,13 +196,16 @@ class Control:
         metrics.JOBS_DELETED.inc()
 
     async def trigger_job(self, job_id: str, *, request_id: str | None = None) -> list[Queued]:
-        """Run a job now, outside its schedule; the same `request_id` does not run it twice."""
-        request_id = _check_request_id(request_id)
-        job = await self.jobs.get(job_id)
-        now = datetime.now(UTC)
-        runs = await self.executions.trigger(job.id, Trigger.MANUAL, [now], request_id=request_id)
-        await self._dispatch(runs)
-        return runs
+        """Run a job now, outside its schedule; the same `request_id` does not run it twice.
+
+        Returns:
+            The new run (enqueued), or nothing when `request_id` already ran the job.
+
+        Raises:
+            NotFound: no such job.
+        """
+        run = (await self._trigger(job_id, request_id)).run
+        return [run] if run is not None else []
 
     async def trigger_execution(self, job_id: str, *, request_id: str | None = None) -> Execution:
         """Run a job now and return the run's first attempt; a repeated `request_id` returns the
@@ -202,12 +214,20 @@ class Control:
         Raises:
             NotFound: no such job.
         """
-        runs = await self.trigger_job(job_id, request_id=request_id)
-        if runs:
-            return await self.executions.get(runs[0].run_id)
-        if request_id is not None:  # the same request ran before: answer with its run
-            return await self.executions.get_by_request_id(job_id, request_id)
-        raise NotFound(f"job {job_id} not found")
+        execution = (await self._trigger(job_id, request_id)).execution
+        assert execution is not None  # CREATED and REPEATED carry one; _trigger raises otherwise
+        return execution
+
+    async def _trigger(self, job_id: str, request_id: str | None) -> TriggerResult:
+        """One manual trigger, batched with concurrent ones (`trigger_batch`): every concurrent
+        call gets its own run, and the batch shares one statement, one enqueue and one publish."""
+        request_id = _check_request_id(request_id)
+        result = await self._triggers.trigger(job_id, request_id)
+        if result.outcome is TriggerOutcome.NO_JOB:
+            raise NotFound(f"job {job_id} not found")
+        if result.outcome is TriggerOutcome.MISSED:  # a clock far behind the scheduler's
+            raise FailedPrecondition(f"id: now lies inside a range of missed slots of job {job_id}; retry later")
+        return result
 
     async def backfill_range(self, job_id: str, start: datetime, end: datetime) -> list[Execution]:
         """One run per slot of a cron job's schedule in [start, end) that has none yet (trigger

@@ -48,7 +48,7 @@ from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.events import EventFanout
 from scheduler_grpc.handlers import HandlerSettings, default_registry
-from scheduler_grpc.interceptors import AuthInterceptor, ErrorInterceptor, LimitInterceptor, ObserveInterceptor
+from scheduler_grpc.interceptors import ApiInterceptor
 from scheduler_grpc.services import Api, add_services
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ SERVER_OPTIONS: Final[Sequence[tuple[str, int]]] = (
 # the client sees CANCELLED and the server never sees (logs or counts) the call. A burst of a few
 # thousand calls fills that queue faster than one event loop drains it, so both limits are raised
 # well above SCHEDULER_MAX_CONCURRENT_RPCS: every call of a burst then reaches the server, which
-# answers it or refuses it with RESOURCE_EXHAUSTED (LimitInterceptor: logged and counted). The
+# answers it or refuses it with RESOURCE_EXHAUSTED (interceptors.ApiInterceptor: logged and counted). The
 # queue stays bounded (each waiting call holds memory in gRPC core); only a burst beyond it is
 # still cancelled by core.
 MIN_PENDING_REQUESTS: Final = 20_000
@@ -314,14 +314,11 @@ async def serve(
         )
         server = grpc.aio.server(
             interceptors=[
-                ObserveInterceptor(recorder),
-                ErrorInterceptor(CALL_TIMEOUT, recorder),
-                LimitInterceptor(settings.max_concurrent_rpcs),
-                AuthInterceptor(authenticator),
+                ApiInterceptor(recorder, authenticator, call_timeout=CALL_TIMEOUT, limit=settings.max_concurrent_rpcs)
             ],
             options=server_options(settings.max_concurrent_rpcs),
             # Not grpc.aio's maximum_concurrent_rpcs: its refusals bypass the interceptors, so they
-            # were never logged or counted; LimitInterceptor enforces the same limit where they are.
+            # were never logged or counted; ApiInterceptor enforces the same limit where they are.
         )
         services = add_services(server, api)
         health = HealthServicer()
@@ -381,7 +378,13 @@ async def run_server(settings: Settings, args: argparse.Namespace, stop: asyncio
     preflight(settings)  # a bad setting is one line at once, before connecting anywhere
     port = settings.metrics_port if settings.metrics_port is not None else DEFAULT_METRICS_PORT
     async with (
-        connect(settings) as conns,
+        # No session reset on release (one round trip saved per statement): nothing the API runs
+        # leaves session state on a pooled connection. It never LISTENs (the leader's JobChanges
+        # does, on the scheduler's pool; events come from Redis), takes no session advisory lock
+        # (the migration's is released, and its connections closed, before serving), SETs only
+        # LOCAL inside transactions, opens no cursor outside one; an open transaction is still
+        # rolled back by asyncpg on release.
+        connect(settings, session_reset=False) as conns,
         metrics.serve(settings.metrics_host, port),
         serve(settings, conns.redis, conns.pool) as running,
     ):

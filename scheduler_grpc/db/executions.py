@@ -6,6 +6,7 @@ any size costs one round trip and commits atomically.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -131,6 +132,32 @@ def _queued(row: asyncpg.Record) -> Queued:
         str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"], row["queue"],
         payload=row["payload"],
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TriggerRequest:
+    """A manual run asked for `job_id` at `slot` (its `scheduled_for`), idempotent per `request_id`."""
+
+    job_id: str
+    slot: datetime
+    request_id: str | None = None
+
+
+class TriggerOutcome(enum.Enum):
+    """What `ExecutionRepository.trigger_now` made of one request."""
+
+    CREATED = "created"  # a new run: `execution` is its first attempt, `run` what to enqueue
+    REPEATED = "repeated"  # an earlier call with this request_id created `execution`'s run
+    NO_JOB = "no_job"
+    MISSED = "missed"  # the slot lies inside a `missed` range of the job: no run for it
+    COLLIDED = "collided"  # another run of the job has this very slot (or request_id, uncommitted)
+
+
+@dataclass(frozen=True)
+class TriggerResult:
+    outcome: TriggerOutcome
+    execution: Execution | None = None
+    run: Queued | None = None
 
 
 @dataclass(frozen=True)
@@ -363,6 +390,84 @@ class ExecutionRepository:
             list(slots),
         )
         return [_queued(row) for row in rows]
+
+    async def trigger_now(self, requests: Sequence[TriggerRequest]) -> list[TriggerResult]:
+        """Create one manual run per request, for many jobs at once, in ONE statement (group commit).
+
+        Each request is decided on its own (`TriggerOutcome`): a new run, the run an earlier call
+        with the same `request_id` created (idempotency: returned, nothing created), no such job, a
+        slot inside a `missed` range of its job (the range's row is its record, as in `trigger`),
+        or a collision on its slot (another run of the job has the very same `scheduled_for`: the
+        caller retries with another slot). The new run's first attempt comes back from the INSERT
+        itself, so nothing is read again. Requests of one batch must have distinct slots per job
+        and distinct `(job_id, request_id)` pairs.
+
+        Returns:
+            One result per request, in their order.
+        """
+        if not requests:
+            return []
+        try:
+            rows = await self._fetch_trigger_now(requests)
+        except asyncpg.ForeignKeyViolationError:
+            if len(requests) > 1:
+                raise  # which one is not known: the caller asks again one request at a time
+            return [TriggerResult(TriggerOutcome.NO_JOB)]  # deleted between the statement's read and insert
+        priors = {row["prior_id"] for row in rows if row["id"] is None and row["prior_id"] is not None}
+        earlier = {e.id: e for e in await self.get_many([str(i) for i in priors])} if priors else {}
+        results: list[TriggerResult] = []
+        for row in rows:
+            if row["id"] is not None:
+                results.append(TriggerResult(TriggerOutcome.CREATED, execution_from_row(row), _queued(row)))
+            elif row["prior_id"] is not None and str(row["prior_id"]) in earlier:
+                results.append(TriggerResult(TriggerOutcome.REPEATED, earlier[str(row["prior_id"])]))
+            elif not row["job_found"]:
+                results.append(TriggerResult(TriggerOutcome.NO_JOB))
+            elif not row["eligible"]:
+                results.append(TriggerResult(TriggerOutcome.MISSED))
+            else:
+                results.append(TriggerResult(TriggerOutcome.COLLIDED))
+        return results
+
+    async def _fetch_trigger_now(self, requests: Sequence[TriggerRequest]) -> list[asyncpg.Record]:
+        return await self._pool.fetch(
+            f"""
+            WITH r AS (
+                SELECT * FROM unnest($1::integer[], $2::uuid[], $3::uuid[], $4::timestamptz[], $5::text[])
+                    AS r(ord, id, job_id, slot, request_id)
+            ), eligible AS (
+                SELECT r.id, r.job_id, r.slot, r.request_id, j.priority, {_snapshot("j")}
+                FROM r JOIN jobs j ON j.id = r.job_id
+                WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
+                    SELECT 1 FROM (
+                        SELECT m.missed_through FROM job_executions m
+                        WHERE m.job_id = r.job_id AND m.status = 'missed' AND m.scheduled_for <= r.slot
+                        ORDER BY m.scheduled_for DESC LIMIT 1
+                    ) AS range WHERE range.missed_through >= r.slot
+                )
+            ), inserted AS (
+                INSERT INTO job_executions AS e (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
+                                                 priority, request_id, {_SNAPSHOT_COLUMNS})
+                SELECT id, id, job_id, slot, 1, 'queued', 'manual', now(), priority, request_id, {_SNAPSHOT_COLUMNS}
+                FROM eligible
+                ON CONFLICT DO NOTHING
+                RETURNING {_COLUMNS}, e.handler, e.queue, e.payload
+            )
+            SELECT r.ord, j.id IS NOT NULL AS job_found, el.id IS NOT NULL AS eligible, p.id AS prior_id, i.*
+            FROM r
+            LEFT JOIN jobs j ON j.id = r.job_id
+            LEFT JOIN eligible el ON el.id = r.id
+            LEFT JOIN inserted i ON i.id = r.id
+            -- The statement's snapshot: a run an EARLIER call created (not one this INSERT made).
+            LEFT JOIN job_executions p ON p.job_id = r.job_id AND p.request_id = r.request_id
+            ORDER BY r.ord
+            """,
+            list(range(len(requests))),
+            [uuid.uuid4() for _ in requests],
+            [uuid.UUID(request.job_id) for request in requests],
+            [request.slot for request in requests],
+            [request.request_id for request in requests],
+        )
 
     async def claim(self, items: Sequence[tuple[str, str]], worker_id: str) -> list[Claim]:
         """Claim the current attempt of each run `(run_id, lease_token)` for `worker_id`.

@@ -39,8 +39,24 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-async def create_pool(database_url: str, *, size: int, connect_timeout: timedelta) -> asyncpg.Pool:
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset of a released connection when sessions are not reset (`session_reset=False`):
+    nothing beyond what asyncpg always does (roll back an open transaction, drop listener callbacks)."""
+
+
+async def create_pool(
+    database_url: str, *, size: int, connect_timeout: timedelta, session_reset: bool = True
+) -> asyncpg.Pool:
     """Open a pool and prove the server answers.
+
+    Args:
+        database_url: The PostgreSQL URL.
+        size: Most connections open at once.
+        connect_timeout: Bound on connecting (and on the first answer).
+        session_reset: Whether each released connection has its session reset (asyncpg's default
+            `SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`: one more round trip
+            per release). Only a process whose code never leaves session state on a pooled connection
+            may turn it off (see `connections.connect`).
 
     Raises:
         ConfigError: the server cannot be reached or refuses us (names DATABASE_URL).
@@ -55,6 +71,7 @@ async def create_pool(database_url: str, *, size: int, connect_timeout: timedelt
                 timeout=seconds,
                 command_timeout=max(seconds, 30.0),
                 init=_init_connection,
+                reset=None if session_reset else _keep_session,
             ),
             timeout=seconds * 2,
         )

@@ -1,0 +1,204 @@
+"""Group commit of manual triggers: concurrent TriggerJob calls share one statement, one enqueue
+script call and one event publish.
+
+A trigger is one row, one enqueue and one event; done one call at a time, each pays a PostgreSQL
+round trip and commit, two Redis script calls and the pool's bookkeeping. Here a caller adds its
+request to a queue and waits on its own future. While fewer than `max_in_flight` batches are
+running, a batch starts at once with whatever is queued (the first caller of a quiet server waits
+for nobody); calls that arrive while batches are in flight form the next batch. No timer: the batch
+size follows the load.
+
+Each caller gets its own answer: a new run, the run of an earlier call with the same `request_id`,
+or its own error (an unknown job is NOT_FOUND for that caller only). A statement error that may come
+from one request's data (not a store outage) makes the batch run again one request at a time, so
+only that request fails.
+
+Manual runs are keyed by their trigger time (`scheduled_for`, unique per job and attempt with the
+scheduled slots). Slots come from a per-process clock that never hands out the same microsecond
+twice, so concurrent triggers of one job never collide here; one that collides anyway (another
+server process, a scheduled slot at that very microsecond) is retried with a fresh slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+from scheduler_grpc.db.executions import (
+    ExecutionRepository,
+    Queued,
+    TriggerOutcome,
+    TriggerRequest,
+    TriggerResult,
+)
+from scheduler_grpc.db.faults import is_request_error
+from scheduler_grpc.errors import Aborted, InvalidArgument
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH: Final = 500  # requests per statement (bounds its parameters and the enqueue script's)
+MAX_IN_FLIGHT: Final = 2  # batches running at once (each holds one pool connection)
+MAX_COLLISIONS: Final = 5  # fresh slots tried for one request before giving up (ABORTED)
+BATCH_TIMEOUT: Final = timedelta(seconds=30)  # one batch: statement, enqueue and publish
+
+Dispatch = Callable[[Sequence[Queued]], Awaitable[object]]
+
+
+@dataclass(eq=False)
+class _Waiter:
+    job_id: str
+    request_id: str | None
+    future: asyncio.Future[TriggerResult]
+    collisions: int = 0
+
+
+@dataclass
+class _Group:
+    """The callers of one request (the same job and request_id in one batch share it)."""
+
+    request: TriggerRequest
+    waiters: list[_Waiter] = field(default_factory=list)
+
+
+class TriggerBatcher:
+    """Runs manual triggers in batches (see the module docstring).
+
+    Args:
+        executions: Where runs are created (`ExecutionRepository.trigger_now`).
+        dispatch: Announces and enqueues a batch's new runs (one publish, one script call per queue).
+        max_batch: Most requests per batch.
+        max_in_flight: Most batches running at once.
+    """
+
+    def __init__(
+        self,
+        executions: ExecutionRepository,
+        dispatch: Dispatch,
+        *,
+        max_batch: int = MAX_BATCH,
+        max_in_flight: int = MAX_IN_FLIGHT,
+    ) -> None:
+        self._executions = executions
+        self._dispatch = dispatch
+        self._max_batch = max_batch
+        self._max_in_flight = max_in_flight
+        # Bounded by the callers waiting on it: each waits for its answer (and the gRPC server caps
+        # concurrent calls, SCHEDULER_MAX_CONCURRENT_RPCS).
+        self._pending: deque[_Waiter] = deque()
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_slot = datetime.min.replace(tzinfo=UTC)
+
+    async def trigger(self, job_id: str, request_id: str | None = None) -> TriggerResult:
+        """Create a manual run of `job_id` now (or find the one `request_id` created before).
+
+        Returns:
+            CREATED (with the run to enqueue, already enqueued), REPEATED, NO_JOB or MISSED.
+
+        Raises:
+            InvalidArgument: `job_id` is not a UUID (naming `id`).
+            Aborted: the request collided with other runs' slots `MAX_COLLISIONS` times.
+            Exception: what the statement or the dispatch raised for this caller's batch.
+        """
+        try:
+            job_id = str(uuid.UUID(job_id))
+        except (ValueError, AttributeError, TypeError):
+            raise InvalidArgument("id", f"{job_id!r} is not a valid id") from None
+        waiter = _Waiter(job_id, request_id, asyncio.get_running_loop().create_future())
+        self._pending.append(waiter)
+        self._pump()
+        return await waiter.future
+
+    def _slot(self) -> datetime:
+        """Now, but never the same microsecond twice in this process."""
+        now = datetime.now(UTC)
+        if now <= self._last_slot:
+            now = self._last_slot + timedelta(microseconds=1)
+        self._last_slot = now
+        return now
+
+    def _pump(self) -> None:
+        while self._pending and self._in_flight < self._max_in_flight:
+            groups: dict[tuple[str, str | None], _Group] = {}
+            while self._pending and len(groups) < self._max_batch:
+                waiter = self._pending.popleft()
+                if waiter.future.done():  # its caller went away (cancelled)
+                    continue
+                # Calls without a request_id each get a run; calls with the same one share it.
+                key = (waiter.job_id, waiter.request_id) if waiter.request_id else (waiter.job_id, str(id(waiter)))
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = _Group(TriggerRequest(waiter.job_id, self._slot(), waiter.request_id))
+                group.waiters.append(waiter)
+            if not groups:
+                return
+            self._in_flight += 1
+            # A context of its own: the batch serves many calls, not the one whose call started it.
+            task = asyncio.get_running_loop().create_task(
+                self._run(list(groups.values())), name="trigger-batch", context=contextvars.Context()
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._in_flight -= 1
+        if not task.cancelled() and task.exception() is not None:  # a bug: _run answers every error
+            log.error("trigger batch failed", exc_info=task.exception())
+        self._pump()
+
+    async def _run(self, groups: list[_Group]) -> None:
+        try:
+            await self._execute(groups)
+        except asyncio.CancelledError:
+            _fail(groups, Aborted("the server is stopping; retry"))
+            raise
+        except Exception as exc:
+            if len(groups) > 1 and is_request_error(exc):
+                # Perhaps one request's data, not the store: again one by one, so only it fails.
+                for group in groups:
+                    await self._run([group])
+                return
+            _fail(groups, exc)
+
+    async def _execute(self, groups: list[_Group]) -> None:
+        async with asyncio.timeout(BATCH_TIMEOUT.total_seconds()):
+            results = await self._executions.trigger_now([group.request for group in groups])
+            created = [result.run for result in results if result.run is not None]
+            dispatched: Exception | None = None
+            if created:
+                try:
+                    await self._dispatch(created)
+                except Exception as exc:  # committed: the leader's reconcile enqueues them later
+                    dispatched = exc
+        for group, result in zip(groups, results, strict=True):
+            if result.outcome is TriggerOutcome.COLLIDED:
+                self._retry(group)
+            elif result.outcome is TriggerOutcome.CREATED and dispatched is not None:
+                _fail([group], dispatched)
+            else:
+                for waiter in group.waiters:
+                    if not waiter.future.done():
+                        waiter.future.set_result(result)
+
+    def _retry(self, group: _Group) -> None:
+        for waiter in group.waiters:
+            waiter.collisions += 1
+            if waiter.collisions >= MAX_COLLISIONS:
+                _fail([_Group(group.request, [waiter])], Aborted("the trigger kept colliding with other runs; retry"))
+            else:
+                self._pending.appendleft(waiter)  # the next batch (started when this one finishes)
+
+
+def _fail(groups: list[_Group], exc: BaseException) -> None:
+    for group in groups:
+        for waiter in group.waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(exc)
