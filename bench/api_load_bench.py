@@ -274,7 +274,8 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> i
         await pool.close()
     port, metrics_port = free_port(), free_port()
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": args.log_level,
-           "SCHEDULER_GRPC_PORT": str(port), "SCHEDULER_METRICS_PORT": str(metrics_port)}  # fmt: skip
+           "SCHEDULER_GRPC_PORT": str(port), "SCHEDULER_METRICS_PORT": str(metrics_port),
+           "SCHEDULER_HTTP_PORT": "0"}  # fmt: skip
     env.pop("SCHEDULER_ADMIN_PASSWORD", None)
     server = await asyncio.create_subprocess_exec(sys.executable, "-m", "scheduler_grpc", "server", env=env, cwd=ROOT)
     try:

@@ -93,7 +93,8 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
     port, metrics_port = free_port(), free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
            "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
-           "SCHEDULER_GRPC_PORT": str(port), "SCHEDULER_METRICS_PORT": str(metrics_port)}  # fmt: skip
+           "SCHEDULER_GRPC_PORT": str(port), "SCHEDULER_METRICS_PORT": str(metrics_port),
+           "SCHEDULER_HTTP_PORT": "0"}  # fmt: skip
     server = await asyncio.create_subprocess_exec(sys.executable, "-m", "scheduler_grpc", "server", env=env, cwd=ROOT)
     worker = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "scheduler_grpc", "worker", env={**env, "SCHEDULER_METRICS_PORT": "0"}, cwd=ROOT
