@@ -51,6 +51,7 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
             page_size=convert.page_size(request.page_size),
             page_token=request.page_token,
             with_output=not basic,
+            flow_run_id=convert.resource_id(request.flow_run_id, "flow_run_id") if request.flow_run_id else None,
         )
         executions, cut = convert.fill_page(page.executions, _basic_execution if basic else convert.execution_to_proto)
         token = page.token_after(page.executions[len(executions) - 1]) if cut else page.next_page_token
@@ -61,6 +62,18 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
     ) -> executions_pb2.CancelExecutionResponse:
         execution = await self._control.cancel_execution(convert.resource_id(request.id))
         return executions_pb2.CancelExecutionResponse(execution=convert.execution_to_proto(execution))
+
+    async def GetFlowRun(
+        self, request: executions_pb2.GetFlowRunRequest, context: Context
+    ) -> executions_pb2.GetFlowRunResponse:
+        flow = await self._control.get_flow_run(convert.resource_id(request.id))
+        return executions_pb2.GetFlowRunResponse(flow_run=convert.flow_run_to_proto(flow))
+
+    async def CancelFlowRun(
+        self, request: executions_pb2.CancelFlowRunRequest, context: Context
+    ) -> executions_pb2.CancelFlowRunResponse:
+        flow = await self._control.cancel_flow_run(convert.resource_id(request.id))
+        return executions_pb2.CancelFlowRunResponse(flow_run=convert.flow_run_to_proto(flow))
 
     async def WatchExecutions(
         self, request: executions_pb2.WatchExecutionsRequest, context: Context
