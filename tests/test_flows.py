@@ -189,7 +189,7 @@ def test_from_references_resolve_by_the_longest_upstream_name() -> None:
     assert resolve_payload(payload, results) == {
         "a": "/tmp/x", "b": ["/tmp/y"], "c": 2, "d": results["extract"], "e": 5,
     }  # fmt: skip
-    with pytest.raises(UnresolvedReference, match="extract.result has no 'missing'"):
+    with pytest.raises(UnresolvedReference, match=r"extract\.result has no 'missing'"):
         resolve_payload({"x": {"$from": "extract.result.missing"}}, results)
     with pytest.raises(UnresolvedReference, match="no upstream"):
         resolve_payload({"x": {"$from": "other.result"}}, results)
