@@ -690,12 +690,18 @@ class SchedulerClient:
         states: Iterable[int | str] = (),
         page_size: int = 0,
         view: int | str | None = None,
+        flow_run_id: str | None = None,
     ) -> AsyncIterator[executions_pb2.Execution]:
         """Every execution, page after page, newest first."""
         wanted = list(states)
         return _pages(
             lambda token: self.list_executions(
-                job_id=job_id, states=wanted, page_size=page_size, page_token=token, view=view
+                job_id=job_id,
+                states=wanted,
+                page_size=page_size,
+                page_token=token,
+                view=view,
+                flow_run_id=flow_run_id,
             )
         )
 
