@@ -346,7 +346,9 @@ async def _resolve_upstreams(conn: Any, given: tuple[str, ...], job_id: str) -> 
         return []
     ids = [value for value in given if _is_uuid(value)]
     rows = await conn.fetch(
-        "SELECT id::text AS id, name FROM jobs WHERE id = ANY($1::uuid[]) OR name = ANY($2::text[])",
+        # Two index probes (an OR of both would scan the table).
+        """SELECT id::text AS id, name FROM jobs WHERE id = ANY($1::uuid[])
+           UNION SELECT id::text, name FROM jobs WHERE name = ANY($2::text[])""",
         ids,
         list(given),
     )
