@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import metrics
+from scheduler_grpc import events, flowrun, metrics
 from scheduler_grpc.db.executions import ExecutionRepository, Queued
 from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.jobs import JobRepository
@@ -314,7 +314,8 @@ class Control:
             NotFound: no such flow run.
             FailedPrecondition: it has already finished.
         """
-        started = await self.flows.cancel(flow_run_id)
+        started, recorded = await self.flows.cancel(flow_run_id)
+        await events.publish(self._redis, flowrun.recorded_events(recorded))
         by_queue: dict[str, list[str]] = {}
         for run_id, queue in started:
             by_queue.setdefault(queue, []).append(run_id)

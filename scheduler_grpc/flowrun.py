@@ -16,9 +16,11 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
+from scheduler_grpc import events
 from scheduler_grpc.db.executions import Queued
-from scheduler_grpc.db.flows import FlowRepository, NodeDecision, OpenNode
+from scheduler_grpc.db.flows import FlowRepository, NodeDecision, OpenNode, Recorded
 from scheduler_grpc.dispatch import Queues, dispatch_new_runs
+from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.flows import (
     Decision,
     Outcome,
@@ -34,6 +36,23 @@ log = logging.getLogger(__name__)
 
 MAX_OPEN_FLOWS = 200  # flow runs one step looks at (the oldest first; the next step goes on)
 PAUSED_ERROR = "skipped: its job is paused"
+
+
+_EVENT_OF = {
+    "upstream_failed": EventType.UPSTREAM_FAILED,
+    "skipped": EventType.SKIPPED,
+    "cancelled": EventType.CANCELLED,
+    "dead": EventType.DEAD,
+}
+
+
+def recorded_events(recorded: Sequence[Recorded]) -> list[ExecutionEvent]:
+    """The event of each row a flow run recorded for a job it did not run."""
+    return [
+        ExecutionEvent(_EVENT_OF[row.status], row.run_id, row.run_id, row.job_id, 1, handler=row.handler,
+                       error=row.error)
+        for row in recorded
+    ]  # fmt: skip
 
 
 def _decisions(nodes: Sequence[OpenNode]) -> list[tuple[OpenNode, Decision]]:
@@ -55,16 +74,16 @@ def _decisions(nodes: Sequence[OpenNode]) -> list[tuple[OpenNode, Decision]]:
 
 async def _decide_flow(
     flows: FlowRepository, flow_run_id: str, nodes: Sequence[OpenNode], term: int
-) -> tuple[list[Queued], int]:
-    """Decide and record the ready nodes of one flow run; returns the runs queued and how many
-    nodes were decided."""
+) -> tuple[list[Queued], list[Recorded], int]:
+    """Decide and record the ready nodes of one flow run; returns the runs queued, the rows
+    recorded as not run, and how many nodes were decided."""
     ready = _decisions(nodes)
     if not ready:
         state = flow_state([outcome(node.status) for node in nodes])
         if state is not None:
             async with flows.fenced(term) as fenced:
                 await fenced.finish(flow_run_id, state)
-        return [], 0
+        return [], [], 0
     by_job = {node.job_id: node for node in nodes}
     to_run = [node.job_id for node, decision in ready if decision is Decision.RUN and not node.job_paused]
     payloads = await flows.payloads(to_run) if to_run else {}
@@ -91,8 +110,8 @@ async def _decide_flow(
         else:
             decisions.append(NodeDecision(node.job_id, "queued", payload=resolved))
     async with flows.fenced(term) as fenced:
-        queued = await fenced.decide(flow_run_id, decisions, term)
-    return queued, len(decisions)
+        queued, recorded = await fenced.decide(flow_run_id, decisions, term)
+    return queued, recorded, len(decisions)
 
 
 async def advance(flows: FlowRepository, redis: Redis, queues: Queues, term: int) -> int:
@@ -104,8 +123,9 @@ async def advance(flows: FlowRepository, redis: Redis, queues: Queues, term: int
     """
     decided = 0
     for flow_run_id, nodes in (await flows.open_nodes(MAX_OPEN_FLOWS)).items():
-        queued, count = await _decide_flow(flows, flow_run_id, nodes, term)
+        queued, recorded, count = await _decide_flow(flows, flow_run_id, nodes, term)
         decided += count
+        await events.publish(redis, recorded_events(recorded))
         if queued:
             await dispatch_new_runs(redis, queues, queued)
     return decided

@@ -229,7 +229,7 @@ async def test_a_downstream_run_committed_but_never_enqueued_is_enqueued_by_reco
 
     await eventually(first_done, within=15)
     async with pool.acquire() as conn, conn.transaction():
-        queued = await FlowRepository(conn).decide(flow_id, [NodeDecision(b.id, "queued")], None)
+        queued, _ = await FlowRepository(conn).decide(flow_id, [NodeDecision(b.id, "queued")], None)
     assert len(queued) == 1  # committed, and (the crash) not enqueued
     roles.start("scheduler")
     flow = await finished(control, flow_id)

@@ -47,6 +47,17 @@ class OpenNode(Node):
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """A finished row a decision recorded for a node (not run: upstream_failed, skipped, ...)."""
+
+    run_id: str
+    job_id: str
+    status: str
+    handler: str
+    error: str
+
+
+@dataclass(frozen=True)
 class NodeDecision:
     """What a waiting node becomes: a run with this status (`queued`, or a finished row with `error`)."""
 
@@ -119,7 +130,9 @@ class FlowRepository:
         )
         return {str(row["run_id"]): row["result"] for row in rows}
 
-    async def decide(self, flow_run_id: str, decisions: Sequence[NodeDecision], term: int | None) -> list[Queued]:
+    async def decide(
+        self, flow_run_id: str, decisions: Sequence[NodeDecision], term: int | None
+    ) -> tuple[list[Queued], list[Recorded]]:
         """Record decisions on waiting nodes of a flow run that is still running; call it inside
         `fenced` (or a transaction of its own).
 
@@ -130,13 +143,14 @@ class FlowRepository:
 
         Returns:
             The runs created `queued`, to be enqueued (PostgreSQL first: reconcile re-enqueues a
-            queued run Redis lacks, so a crash after the commit loses nothing).
+            queued run Redis lacks, so a crash after the commit loses nothing), and the finished
+            rows recorded (upstream_failed, skipped, cancelled, dead), to be announced.
         """
         state = await self._pool.fetchval(
             "SELECT state FROM flow_runs WHERE id = $1 FOR UPDATE", uuid.UUID(flow_run_id)
         )
         if state != "running" or not decisions:
-            return []
+            return [], []
         rows = await self._pool.fetch(
             f"""
             WITH d AS (
@@ -154,7 +168,7 @@ class FlowRepository:
                    j.handler, coalesce(c.payload, j.payload), j.queue, j.timeout, j.max_retries, j.initial_backoff,
                    j.max_backoff, j.retry_jitter
             FROM claimed c JOIN jobs j ON j.id = c.job_id
-            RETURNING id AS run_id, job_id, status, priority, due_at, handler, queue, payload
+            RETURNING id AS run_id, job_id, status, priority, due_at, handler, queue, payload, error
             """,
             uuid.UUID(flow_run_id),
             [uuid.uuid4() for _ in decisions],
@@ -164,11 +178,17 @@ class FlowRepository:
             [decision.error for decision in decisions],
             term,
         )
-        return [
+        queued = [
             Queued(str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"],
                    row["queue"], payload=row["payload"])
             for row in rows if row["status"] == "queued"
         ]  # fmt: skip
+        recorded = [
+            Recorded(str(row["run_id"]), str(row["job_id"]), row["status"], row["handler"], row["error"] or "")
+            for row in rows
+            if row["status"] != "queued"
+        ]
+        return queued, recorded
 
     async def payloads(self, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The payload of each job as it is now, by job id (only read for nodes about to run)."""
@@ -186,13 +206,14 @@ class FlowRepository:
         )
         return bool(result == "UPDATE 1")
 
-    async def cancel(self, flow_run_id: str) -> list[tuple[str, str]]:
+    async def cancel(self, flow_run_id: str) -> tuple[list[tuple[str, str]], list[Recorded]]:
         """Cancel a running flow run: its waiting nodes are recorded `cancelled` (a history row
         each) and the flow run `cancelled`, in one transaction.
 
         Returns:
             `(run_id, queue)` of the runs of its nodes that were created already, for the caller to
-            cancel (those already finished are left as they are by the cancel).
+            cancel (those already finished are left as they are by the cancel), and the `cancelled`
+            rows recorded for the waiting nodes, to be announced.
 
         Raises:
             NotFound: no such flow run.
@@ -209,7 +230,7 @@ class FlowRepository:
             if state != "running":
                 raise FailedPrecondition(f"id: flow run {flow_run_id} has already finished ({state})")
             waiting = await conn.fetch("SELECT job_id FROM flow_nodes WHERE flow_run_id = $1 AND run_id IS NULL", key)
-            await inner.decide(
+            _, recorded = await inner.decide(
                 flow_run_id,
                 [NodeDecision(str(row["job_id"]), "cancelled", error="cancelled: its flow run was cancelled")
                  for row in waiting],
@@ -222,7 +243,7 @@ class FlowRepository:
                    WHERE n.flow_run_id = $1""",
                 key,
             )
-        return [(str(row["run_id"]), row["queue"]) for row in started]
+        return [(str(row["run_id"]), row["queue"]) for row in started], recorded
 
     async def get(self, flow_run_id: str) -> FlowRun:
         """A flow run with every node and its state.
@@ -245,6 +266,11 @@ class FlowRepository:
             finished_at=row["finished_at"],
             nodes=tuple(_node(node) for node in nodes),
         )
+
+    async def flow_of_run(self, run_id: str) -> str | None:
+        """The flow run a run belongs to, if any."""
+        value = await self._pool.fetchval("SELECT flow_run_id FROM flow_nodes WHERE run_id = $1", _uuid(run_id))
+        return str(value) if value is not None else None
 
     async def run_ids(self, flow_run_id: str) -> list[str]:
         """The runs of a flow run's nodes (ListExecutions / WatchExecutions by flow run)."""

@@ -325,6 +325,7 @@ _EVENT_TYPE = {
     EventType.INTERRUPTED: executions_pb2.EVENT_TYPE_INTERRUPTED,
     EventType.SKIPPED: executions_pb2.EVENT_TYPE_SKIPPED,
     EventType.MISSED: executions_pb2.EVENT_TYPE_MISSED,
+    EventType.UPSTREAM_FAILED: executions_pb2.EVENT_TYPE_UPSTREAM_FAILED,
 }
 _ROLE = {Role.VIEWER: auth_pb2.ROLE_VIEWER, Role.OPERATOR: auth_pb2.ROLE_OPERATOR, Role.ADMIN: auth_pb2.ROLE_ADMIN}
 _UNSET = 0  # every proto enum's UNSPECIFIED value

@@ -462,7 +462,7 @@ async def cmd_executions_watch(ctx: Context) -> int:
     if not ctx.json:
         print(show.event_header(), flush=True)
     events = ctx.client.watch_executions(job_ids=job_ids, types=args.type or (), handler=args.handler,
-                                         cursor=args.cursor)  # fmt: skip
+                                         cursor=args.cursor, flow_run_id=args.flow_run)  # fmt: skip
     async with contextlib.aclosing(events):
         async for event in events:
             if ctx.json:
@@ -716,6 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--type", action="append", choices=EVENT_TYPE.choices(), help="only these events (repeatable)")
     watch.add_argument("--handler", help="only this handler's events")
     watch.add_argument("--cursor", help="continue after this event cursor")
+    watch.add_argument("--flow-run", metavar="FLOW_RUN_ID", help="only this flow run's events")
     watch.add_argument("--count", type=positive_int, help="stop after this many events")
 
     flows = command(commands, "flows", "show and cancel flow runs (job dependencies)")

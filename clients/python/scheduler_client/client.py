@@ -744,6 +744,7 @@ class SchedulerClient:
         types: Iterable[int | str] = (),
         handler: str | None = None,
         cursor: str | None = None,
+        flow_run_id: str | None = None,
         max_reconnects: int = 10,
         reconnect_delay: float = 0.1,
         max_reconnect_delay: float = 2.0,
@@ -767,6 +768,7 @@ class SchedulerClient:
             types=[EVENT_TYPE.name(kind) for kind in types],
             handler=handler or "",
             cursor=cursor or "",
+            flow_run_id=flow_run_id or "",
         )
         failures = 0
         delay = reconnect_delay

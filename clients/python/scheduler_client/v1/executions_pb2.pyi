@@ -58,6 +58,7 @@ class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_TYPE_SKIPPED: _ClassVar[EventType]
     EVENT_TYPE_MISSED: _ClassVar[EventType]
     EVENT_TYPE_INTERRUPTED: _ClassVar[EventType]
+    EVENT_TYPE_UPSTREAM_FAILED: _ClassVar[EventType]
 
 class TriggerRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -109,6 +110,7 @@ EVENT_TYPE_ABANDONED: EventType
 EVENT_TYPE_SKIPPED: EventType
 EVENT_TYPE_MISSED: EventType
 EVENT_TYPE_INTERRUPTED: EventType
+EVENT_TYPE_UPSTREAM_FAILED: EventType
 TRIGGER_RULE_UNSPECIFIED: TriggerRule
 TRIGGER_RULE_ALL_SUCCEEDED: TriggerRule
 TRIGGER_RULE_ALL_DONE: TriggerRule
@@ -232,16 +234,18 @@ class ExecutionEvent(_message.Message):
     def __init__(self, cursor: _Optional[str] = ..., type: _Optional[_Union[EventType, str]] = ..., execution_id: _Optional[str] = ..., run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., handler: _Optional[str] = ..., worker_id: _Optional[str] = ..., error: _Optional[str] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WatchExecutionsRequest(_message.Message):
-    __slots__ = ("job_ids", "types", "handler", "cursor")
+    __slots__ = ("job_ids", "types", "handler", "cursor", "flow_run_id")
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     TYPES_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
+    FLOW_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     job_ids: _containers.RepeatedScalarFieldContainer[str]
     types: _containers.RepeatedScalarFieldContainer[EventType]
     handler: str
     cursor: str
-    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., types: _Optional[_Iterable[_Union[EventType, str]]] = ..., handler: _Optional[str] = ..., cursor: _Optional[str] = ...) -> None: ...
+    flow_run_id: str
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., types: _Optional[_Iterable[_Union[EventType, str]]] = ..., handler: _Optional[str] = ..., cursor: _Optional[str] = ..., flow_run_id: _Optional[str] = ...) -> None: ...
 
 class WatchExecutionsResponse(_message.Message):
     __slots__ = ("event",)
