@@ -85,7 +85,7 @@ async def diamond(control: Control, *, b_handler: str = "test.echo", b_payload: 
     return a.id
 
 
-async def test_a_diamond_runs_its_join_once_per_flow_run_with_both_results(
+async def test_a_diamond_runs_its_join_once_per_flow_run_with_both_results_and_retries_finish_first(
     roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:
     await start_engine(roles, redis, workers=2)
@@ -101,12 +101,19 @@ async def test_a_diamond_runs_its_join_once_per_flow_run_with_both_results(
         assert d.flow_run_id == flow_id
         assert d.result == {"echo": {"b": {"echo": {"input": "/data/a.csv"}}, "rows": 3}}
     assert await runs_per_flow(pool, "D") == dict.fromkeys(flow_ids, 1)
+    # What a handler's context would carry (ExecutionContext.upstream_results).
+    assert await FlowRepository(pool).upstream_results(d_run) == {
+        "B": {"echo": {"input": "/data/a.csv"}},
+        "C": {"echo": {"rows": 3}},
+    }
     # Every run of the flow runs is listed by flow run.
     page = await control.executions.list_page(flow_run_id=flow_ids[0])
     assert sorted(e.job_id for e in page.executions) == sorted(node.job_id for node in flow.nodes)
+    # The same engine: a retried upstream (the flow waits for the run's final state).
+    await check_a_retried_upstream_lets_the_flow_go_on_once_it_succeeds(control)
 
 
-async def test_failure_records_dependents_upstream_failed_and_rules_decide(
+async def test_failure_records_dependents_upstream_failed_rules_decide_and_from_errors_are_named(
     roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:
     await start_engine(roles, redis)
@@ -131,12 +138,11 @@ async def test_failure_records_dependents_upstream_failed_and_rules_decide(
         history = await control.executions.history(node.job_id)
         assert len(history) == 1, (node.job_name, history)
         assert history[0].flow_run_id == flow.id
+    # The same engine: a `$from` path the upstream's result lacks.
+    await check_a_missing_from_path_fails_the_downstream_run_with_the_reference_named(control)
 
 
-async def test_a_retried_upstream_lets_the_flow_go_on_once_it_succeeds(
-    roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
-) -> None:
-    await start_engine(roles, redis)
+async def check_a_retried_upstream_lets_the_flow_go_on_once_it_succeeds(control: Control) -> None:
     a = await control.create_job(
         job("flaky", handler="test.fail", payload={"fail_attempts": 1},
             retry=RetryPolicy(max_retries=2, initial_backoff=timedelta(milliseconds=100), jitter=False))
@@ -149,10 +155,7 @@ async def test_a_retried_upstream_lets_the_flow_go_on_once_it_succeeds(
     assert downstream.result == {"echo": {"attempt": 2}}
 
 
-async def test_a_missing_from_path_fails_the_downstream_run_with_the_reference_named(
-    roles: Roles, control: Control, redis: aioredis.Redis
-) -> None:
-    await start_engine(roles, redis)
+async def check_a_missing_from_path_fails_the_downstream_run_with_the_reference_named(control: Control) -> None:
     a = await control.create_job(job("up", payload={"x": 1}))
     b = await control.create_job(job("down", "up", payload={"y": {"$from": "up.result.echo.nope"}}))
     flow = await finished(control, (await control.trigger_job(a.id))[0].run_id)
