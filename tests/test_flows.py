@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import uuid
 from dataclasses import replace
 
 import asyncpg
@@ -15,6 +16,7 @@ from scheduler_client.errors import FailedPrecondition as ClientFailedPreconditi
 from scheduler_client.errors import InvalidArgument as ClientInvalidArgument
 
 from scheduler_grpc.control import Control
+from scheduler_grpc.db.flows import FlowRepository, NodeDecision
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.flows import (
     Decision,
@@ -193,3 +195,26 @@ def test_from_references_resolve_by_the_longest_upstream_name() -> None:
         resolve_payload({"x": {"$from": "extract.result.missing"}}, results)
     with pytest.raises(UnresolvedReference, match="no upstream"):
         resolve_payload({"x": {"$from": "other.result"}}, results)
+
+
+async def test_two_deciders_racing_on_one_node_create_one_run(control: Control, pool: asyncpg.Pool) -> None:
+    """Two upstreams finishing at the same instant (two leaders, or a leader and its successor):
+    both decide the join in their own transaction at once; the compare-and-set keyed on (flow run,
+    job) lets exactly one create its run."""
+    a = await control.create_job(spec("root"))
+    await control.create_job(spec("left", "root"))
+    await control.create_job(spec("right", "root"))
+    join = await control.create_job(spec("join", "left", "right"))
+    flow_ids = [(await control.trigger_job(a.id))[0].run_id for _ in range(20)]
+
+    async def decide(flow_id: str) -> int:
+        async with pool.acquire() as conn, conn.transaction():
+            queued, _ = await FlowRepository(conn).decide(flow_id, [NodeDecision(join.id, "queued")], None)
+            return len(queued)
+
+    created = await asyncio.gather(*(decide(flow_id) for flow_id in flow_ids for _ in range(2)))
+    assert sorted(created) == [0] * 20 + [1] * 20
+    runs = await pool.fetch("SELECT run_id FROM job_executions WHERE job_id = $1", uuid.UUID(join.id))
+    assert len(runs) == 20
+    nodes = await pool.fetch("SELECT run_id FROM flow_nodes WHERE job_id = $1", uuid.UUID(join.id))
+    assert sorted(str(row["run_id"]) for row in nodes) == sorted(str(row["run_id"]) for row in runs)
