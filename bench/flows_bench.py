@@ -13,7 +13,9 @@ walk upward; `db/jobs.py _cycle`) inside a transaction that writes nothing, and 
 `Control.update_job` (validation, the check and the write) on a copy of the edit. About a quarter
 of the edits target an upstream that is downstream of the job (a cycle: refused, path named).
 A floor is timed alongside: the same transaction with trivial statements (lock, two round trips,
-commit). Prints one JSON object: p50 / p99 / max in milliseconds, and this process's CPU time per
+commit). Last, the cost of the statement trigger that starts flow runs (migration 0007) on a batch insert
+of `--batch` runs of jobs without dependents, against the same insert with the trigger disabled.
+Prints one JSON object: p50 / p99 / max in milliseconds, and this process's CPU time per
 edit.
 Timings on a shared 2-core machine are noisy; the CPU figure and the ratio between shapes are
 the steadier numbers.
@@ -35,6 +37,7 @@ import uuid
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -67,6 +70,47 @@ def _edges(shape: str, jobs: int, edges: int, flow_size: int, rng: random.Random
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+
+async def _insert_runs(pool: Any, job_ids: list[uuid.UUID], batch: int) -> float:
+    """One INSERT of `batch` queued first attempts (as the scheduler's fire makes them), rolled
+    back; returns its server-side time in ms (EXPLAIN ANALYZE, the statement trigger included)."""
+    async with pool.acquire() as conn:
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            plan = await conn.fetchval(
+                """EXPLAIN (ANALYZE, FORMAT JSON)
+                   INSERT INTO job_executions (id, run_id, job_id, scheduled_for, status, trigger)
+                   SELECT r.id, r.id, r.job_id, now(), 'queued', 'schedule'
+                   FROM unnest($1::uuid[], $2::uuid[]) AS r(id, job_id)""",
+                [uuid.uuid4() for _ in range(batch)],
+                [job_ids[i % len(job_ids)] for i in range(batch)],
+            )
+        finally:
+            await tr.rollback()
+    document = json.loads(plan) if isinstance(plan, str) else plan
+    return float(document[0]["Execution Time"])
+
+
+async def _trigger_overhead(pool: Any, ids: list[uuid.UUID], batch: int, rounds: int) -> dict[str, Any]:
+    """What the flow-start trigger adds to a batch insert of runs: jobs without dependents (the
+    trigger's EXISTS finds nothing), and with the trigger disabled (the floor), in the same run."""
+    no_dependents = [
+        row["id"]
+        for row in await pool.fetch(
+            """SELECT j.id FROM jobs j WHERE NOT EXISTS (SELECT 1 FROM job_dependencies d WHERE d.upstream_id = j.id)
+               LIMIT $1""",
+            batch,
+        )
+    ]
+    figures: dict[str, Any] = {"batch": batch}
+    for label, enabled in (("with_trigger_ms", True), ("trigger_disabled_ms", False)):
+        await pool.execute(f"ALTER TABLE job_executions {'ENABLE' if enabled else 'DISABLE'} TRIGGER flows_start")
+        times = [await _insert_runs(pool, no_dependents, batch) for _ in range(rounds)]
+        figures[label] = {"p50": _pct(times, 0.5), "p90": _pct(times, 0.9)}
+    await pool.execute("ALTER TABLE job_executions ENABLE TRIGGER flows_start")
+    return figures
 
 
 async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> None:
@@ -120,6 +164,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
             await control.update_job(job, replace(current, depends_on=given))
         update_ms.append((time.perf_counter() - began) * 1000)
     cpu_per_edit = (time.process_time() - cpu_before) / args.edits * 1000
+    trigger = await _trigger_overhead(pool, ids, args.batch, args.rounds)
     print(json.dumps({
         "shape": args.shape, "jobs": args.jobs, "edges": args.edges, "edits": args.edits,
         "cycles_refused": cycles,
@@ -128,6 +173,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
         "floor_ms": {"p50": _pct(floor_ms, 0.5), "p99": _pct(floor_ms, 0.99)},
         "update_job_ms": {"p50": _pct(update_ms, 0.5), "p99": _pct(update_ms, 0.99), "max": round(max(update_ms), 2)},
         "client_cpu_ms_per_edit": round(cpu_per_edit, 2),
+        "flow_start_trigger": trigger,
     }))  # fmt: skip
     await redis.aclose()
     await registry.aclose()
@@ -142,6 +188,8 @@ if __name__ == "__main__":
     parser.add_argument("--flow-size", type=int, default=20, help="jobs per flow (shape flows; default 20)")
     parser.add_argument("--edits", type=int, default=300)
     parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--batch", type=int, default=500, help="runs per insert for the trigger figure (500)")
+    parser.add_argument("--rounds", type=int, default=30, help="inserts timed per variant (30)")
     arguments = parser.parse_args()
     with embedded_servers(
         ROOT / ".data", redis_url=os.environ.get("REDIS_URL"), database_url=os.environ.get("DATABASE_URL"),
