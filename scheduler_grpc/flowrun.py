@@ -34,7 +34,7 @@ from scheduler_grpc.flows import (
 
 log = logging.getLogger(__name__)
 
-MAX_OPEN_FLOWS = 200  # flow runs one step looks at (the oldest first; the next step goes on)
+FLOW_PAGE = 200  # flow runs read per query; a step pages through every open flow run
 PAUSED_ERROR = "skipped: its job is paused"
 
 
@@ -55,6 +55,14 @@ def recorded_events(recorded: Sequence[Recorded]) -> list[ExecutionEvent]:
     ]  # fmt: skip
 
 
+def _outcome(node: OpenNode) -> Outcome | None:
+    # A node whose run has no row any more (its history was pruned, or deleted with its job)
+    # counts as failed, so the flow run can still end rather than wait for ever.
+    if node.run_id is not None and node.status is None:
+        return Outcome.FAILED
+    return outcome(node.status)
+
+
 def _decisions(nodes: Sequence[OpenNode]) -> list[tuple[OpenNode, Decision]]:
     by_job = {node.job_id: node for node in nodes}
     ready: list[tuple[OpenNode, Decision]] = []
@@ -63,8 +71,7 @@ def _decisions(nodes: Sequence[OpenNode]) -> list[tuple[OpenNode, Decision]]:
             continue
         # An upstream node that is gone (its job deleted meanwhile) counts as skipped.
         outcomes = [
-            outcome(by_job[upstream].status) if upstream in by_job else Outcome.SKIPPED
-            for upstream in node.upstream_ids
+            _outcome(by_job[upstream]) if upstream in by_job else Outcome.SKIPPED for upstream in node.upstream_ids
         ]
         decision = decide(node.trigger_rule, outcomes)
         if decision is not None:
@@ -79,7 +86,7 @@ async def _decide_flow(
     recorded as not run, and how many nodes were decided."""
     ready = _decisions(nodes)
     if not ready:
-        state = flow_state([outcome(node.status) for node in nodes])
+        state = flow_state([_outcome(node) for node in nodes])
         if state is not None:
             async with flows.fenced(term) as fenced:
                 await fenced.finish(flow_run_id, state)
@@ -122,10 +129,14 @@ async def advance(flows: FlowRepository, redis: Redis, queues: Queues, term: int
         Exception: store errors; the loop retries with backoff.
     """
     decided = 0
-    for flow_run_id, nodes in (await flows.open_nodes(MAX_OPEN_FLOWS)).items():
-        queued, recorded, count = await _decide_flow(flows, flow_run_id, nodes, term)
-        decided += count
-        await events.publish(redis, recorded_events(recorded))
-        if queued:
-            await dispatch_new_runs(redis, queues, queued)
-    return decided
+    after = None
+    while True:
+        page, after = await flows.open_nodes(FLOW_PAGE, after)
+        for flow_run_id, nodes in page.items():
+            queued, recorded, count = await _decide_flow(flows, flow_run_id, nodes, term)
+            decided += count
+            await events.publish(redis, recorded_events(recorded))
+            if queued:
+                await dispatch_new_runs(redis, queues, queued)
+        if after is None:
+            return decided

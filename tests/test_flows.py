@@ -15,9 +15,12 @@ from scheduler_client import SchedulerClient
 from scheduler_client.errors import FailedPrecondition as ClientFailedPrecondition
 from scheduler_client.errors import InvalidArgument as ClientInvalidArgument
 
+from scheduler_grpc import flowrun
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.flows import FlowRepository, NodeDecision
-from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, NotFound
+from scheduler_grpc.db.leadership import LeadershipRepository
+from scheduler_grpc.dispatch import Queues
+from scheduler_grpc.errors import FailedPrecondition, Fenced, InvalidArgument, NotFound
 from scheduler_grpc.flows import (
     Decision,
     Outcome,
@@ -218,3 +221,35 @@ async def test_two_deciders_racing_on_one_node_create_one_run(control: Control, 
     assert len(runs) == 20
     nodes = await pool.fetch("SELECT run_id FROM flow_nodes WHERE job_id = $1", uuid.UUID(join.id))
     assert sorted(str(row["run_id"]) for row in nodes) == sorted(str(row["run_id"]) for row in runs)
+
+
+async def test_the_leader_step_pages_through_every_open_flow_run_and_is_fenced(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In-process leader step (no worker: the root runs are finished by hand, as a worker would):
+    more open flow runs than one page are all advanced, and a stale term writes nothing."""
+    root = await control.create_job(spec("page-root"))
+    child = await control.create_job(spec("page-child", "page-root"))
+    flow_ids = [(await control.trigger_job(root.id))[0].run_id for _ in range(5)]
+    await pool.execute(
+        """UPDATE job_executions SET status = 'succeeded', started_at = now(), finished_at = now(),
+               worker_id = 'test', claim_token = 't', result = '{"n": 1}'
+           WHERE job_id = $1""",
+        uuid.UUID(root.id),
+    )
+    old = await LeadershipRepository(pool).begin_term("scheduler", "old")
+    current = await LeadershipRepository(pool).begin_term("scheduler", "new")
+    assert old is not None
+    assert current is not None
+    monkeypatch.setattr(flowrun, "FLOW_PAGE", 2)
+    flows, queues = FlowRepository(pool), Queues(redis)
+    with pytest.raises(Fenced):
+        await flowrun.advance(flows, redis, queues, old.term)
+    assert await pool.fetchval("SELECT count(*) FROM job_executions WHERE job_id = $1", uuid.UUID(child.id)) == 0
+    assert await flowrun.advance(flows, redis, queues, current.term) == 5
+    assert await flowrun.advance(flows, redis, queues, current.term) == 0  # decided once
+    for flow_id in flow_ids:
+        flow = await control.get_flow_run(flow_id)
+        assert {node.job_name: node.state for node in flow.nodes} == {"page-root": "succeeded", "page-child": "queued"}
+    assert await queues.get("default").stats() is not None
+    assert (await queues.get("default").stats()).ready == 5 + 5  # the roots (never claimed) and the children

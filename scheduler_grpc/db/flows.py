@@ -106,19 +106,28 @@ class FlowRepository:
             await assert_current_term(conn, self._scope, term)
             yield FlowRepository(conn, scope=self._scope)
 
-    async def open_nodes(self, limit: int) -> dict[str, list[OpenNode]]:
-        """The nodes of up to `limit` open flow runs, oldest first (the partial index
-        `flow_runs_open_idx`: O(open flow runs), never O(history))."""
+    async def open_nodes(
+        self, limit: int, after: tuple[Any, str] | None = None
+    ) -> tuple[dict[str, list[OpenNode]], tuple[Any, str] | None]:
+        """The nodes of up to `limit` open flow runs after the position `after`, oldest first (the
+        partial index `flow_runs_open_idx`: O(open flow runs), never O(history)), and the position
+        of the last one (None when no more follow)."""
         ids = await self._pool.fetch(
-            "SELECT id FROM flow_runs WHERE state = 'running' ORDER BY created_at LIMIT $1", limit
+            """SELECT id, created_at FROM flow_runs
+               WHERE state = 'running' AND ($2::timestamptz IS NULL OR (created_at, id) > ($2, $3::uuid))
+               ORDER BY created_at, id LIMIT $1""",
+            limit,
+            after[0] if after else None,
+            uuid.UUID(after[1]) if after else None,
         )
         if not ids:
-            return {}
+            return {}, None
         rows = await self._pool.fetch(_NODES, [row["id"] for row in ids])
         flows: dict[str, list[OpenNode]] = {str(row["id"]): [] for row in ids}
         for row in rows:
             flows[str(row["flow_run_id"])].append(_node(row))
-        return flows
+        last = (ids[-1]["created_at"], str(ids[-1]["id"])) if len(ids) == limit else None
+        return flows, last
 
     async def results(self, run_ids: Sequence[str]) -> dict[str, Any]:
         """The result of each run's latest attempt, by run id (None for a run that has none)."""

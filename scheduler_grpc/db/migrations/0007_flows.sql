@@ -40,7 +40,7 @@ CREATE TABLE flow_runs (
     CHECK ((state = 'running') = (finished_at IS NULL))
 );
 -- The leader's advance loop reads only open flow runs: O(open flow runs), not O(history).
-CREATE INDEX flow_runs_open_idx ON flow_runs (created_at) WHERE state = 'running';
+CREATE INDEX flow_runs_open_idx ON flow_runs (created_at, id) WHERE state = 'running';
 
 -- One node per job of a flow run, created with the flow run (the reachable sub-DAG as it was
 -- then: `upstream_ids` and `trigger_rule` are snapshots). `run_id` is NULL while the node waits;
