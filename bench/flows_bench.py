@@ -148,7 +148,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
         began = time.perf_counter()
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", jobs_db.GRAPH_LOCK)
-            resolved = await jobs_db._resolve_upstreams(conn, given, job)
+            resolved = await jobs_db._resolve_upstreams(conn, given, job, current.payload)
             found = await jobs_db._cycle(conn, job, resolved)
             check_ms.append((time.perf_counter() - began) * 1000)  # the transaction wrote nothing
         cycles += bool(found)

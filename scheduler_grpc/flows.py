@@ -18,9 +18,10 @@ node is never silently absent. The leader makes these decisions (`scheduler_grpc
 
 Results downstream: a payload value `{"$from": "<upstream job name>.result[.<key or index>...]"}`
 anywhere in a downstream job's payload is replaced, when its run is created, by that part of the
-upstream's result in the same flow run (`resolve_payload`). A reference that cannot be resolved
-(no such upstream in the flow run, a missing key) makes the run `dead` at once, with the
-reference named in its error, and its dependents follow their rules.
+upstream's result in the same flow run (`resolve_payload`). A reference must name one of the
+job's upstreams when the job is defined (`check_reference_names`); one that cannot be resolved
+when the run is created (the upstream is not in that flow run, a missing key) makes the run `dead`
+at once, with the reference named in its error, and its dependents follow their rules.
 """
 
 from __future__ import annotations
@@ -130,6 +131,20 @@ def check_references(payload: Mapping[str, Any]) -> None:
         if not isinstance(ref, str) or ".result" not in ref:
             raise InvalidArgument(
                 "payload", f'{{"$from": {ref!r}}}: expected "<upstream job name>.result[.<key or index>...]"'
+            )
+
+
+def check_reference_names(payload: Mapping[str, Any], upstream_names: Sequence[str]) -> None:
+    """Refuse `$from` references that name none of the job's upstreams (they could never resolve).
+
+    Raises:
+        InvalidArgument: naming `payload` and the reference.
+    """
+    for ref in references(payload):
+        if not any(ref == f"{name}.result" or ref.startswith(f"{name}.result.") for name in upstream_names):
+            known = ", ".join(upstream_names) or "none"
+            raise InvalidArgument(
+                "payload", f'{{"$from": "{ref}"}} names no upstream of this job (its depends_on: {known})'
             )
 
 

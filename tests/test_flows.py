@@ -64,6 +64,22 @@ async def test_unknown_upstream_is_refused_naming_the_index(control: Control) ->
         await control.jobs.get_by_name("c")
 
 
+async def test_from_references_must_name_an_upstream(control: Control) -> None:
+    await control.create_job(spec("src"))
+    ok = await control.create_job(
+        replace(spec("dst", "src"), payload={"x": {"$from": "src.result.path"}, "y": [{"$from": "src.result"}]})
+    )
+    assert ok.payload["x"] == {"$from": "src.result.path"}
+    with pytest.raises(InvalidArgument) as error:
+        await control.create_job(replace(spec("orphan"), payload={"x": {"$from": "src.result"}}))
+    assert error.value.field == "payload"
+    assert "names no upstream of this job (its depends_on: none)" in error.value.message
+    with pytest.raises(InvalidArgument, match=r"payload: .*expected"):
+        await control.create_job(replace(spec("bad", "src"), payload={"x": {"$from": "src"}}))
+    with pytest.raises(InvalidArgument, match=r"its depends_on: src\)"):
+        await control.update_job(ok.id, replace(ok, payload={"x": {"$from": "other.result"}}))
+
+
 async def test_a_cycle_of_length_1_is_refused(control: Control) -> None:
     with pytest.raises(InvalidArgument) as error:
         await control.create_job(spec("self", "self"))

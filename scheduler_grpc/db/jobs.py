@@ -13,7 +13,7 @@ import asyncpg
 
 from scheduler_grpc import pagetokens
 from scheduler_grpc.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from scheduler_grpc.flows import TriggerRule
+from scheduler_grpc.flows import TriggerRule, check_reference_names
 from scheduler_grpc.jobs import (
     ConcurrencyPolicy,
     Job,
@@ -138,7 +138,7 @@ class JobRepository:
                 )
                 if row is not None:
                     # A new job has no dependents yet: its edges cannot close a cycle (only name it).
-                    upstreams = await _resolve_upstreams(conn, spec.depends_on, str(row["id"]))
+                    upstreams = await _resolve_upstreams(conn, spec.depends_on, str(row["id"]), spec.payload)
                     await _write_edges(conn, str(row["id"]), upstreams)
                     job = await _read(conn, str(row["id"]))
         except asyncpg.UniqueViolationError:
@@ -259,7 +259,7 @@ class JobRepository:
             async with self._pool.acquire() as conn, conn.transaction():
                 if spec.depends_on:
                     await conn.execute("SELECT pg_advisory_xact_lock($1)", GRAPH_LOCK)
-                upstreams = await _resolve_upstreams(conn, spec.depends_on, key)
+                upstreams = await _resolve_upstreams(conn, spec.depends_on, key, spec.payload)
                 cycle = await _cycle(conn, key, upstreams)
                 if cycle:
                     raise InvalidArgument("depends_on", f"would create a cycle: {' → '.join(cycle)}")
@@ -336,13 +336,19 @@ async def _read(conn: Any, job_id: str) -> Job:
     return job_from_row(row)
 
 
-async def _resolve_upstreams(conn: Any, given: tuple[str, ...], job_id: str) -> list[str]:
-    """The ids of the upstream jobs `given` (ids or names), in order.
+async def _resolve_upstreams(
+    conn: Any, given: tuple[str, ...], job_id: str, payload: dict[str, Any] | None = None
+) -> list[str]:
+    """The ids of the upstream jobs `given` (ids or names), in order; with `payload`, its `$from`
+    references must name one of them.
 
     Raises:
-        InvalidArgument: `depends_on[i]` names no job, or the job itself.
+        InvalidArgument: `depends_on[i]` names no job, or the job itself; a reference in `payload`
+            names none of them.
     """
     if not given:
+        if payload is not None:
+            check_reference_names(payload, [])
         return []
     ids = [value for value in given if _is_uuid(value)]
     rows = await conn.fetch(
@@ -366,6 +372,9 @@ async def _resolve_upstreams(conn: Any, given: tuple[str, ...], job_id: str) -> 
             )
         if found not in resolved:
             resolved.append(found)
+    if payload is not None:
+        names = {row["id"]: row["name"] for row in rows}
+        check_reference_names(payload, [names[upstream] for upstream in resolved])
     return resolved
 
 
