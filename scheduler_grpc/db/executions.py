@@ -823,7 +823,9 @@ class ExecutionRepository:
                 WHERE ($1::uuid IS NULL OR e.job_id = $1)
                   AND (cardinality($2::text[]) = 0 OR e.status = ANY($2))
                   AND ($3::timestamptz IS NULL OR (e.created_at, e.id) < ($3, $4::uuid))
-                  AND ($6::uuid IS NULL OR e.run_id IN (SELECT n.run_id FROM flow_nodes n WHERE n.flow_run_id = $6))
+                  -- By flow run: its runs' ids first (one probe), then their rows by the run index.
+                  AND ($6::uuid IS NULL
+                       OR e.run_id = ANY(ARRAY(SELECT n.run_id FROM flow_nodes n WHERE n.flow_run_id = $6)))
                 ORDER BY e.created_at DESC, e.id DESC LIMIT $5""",
             uuid.UUID(job_id) if job_id else None,
             [status.value for status in statuses],
