@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import uuid
 from dataclasses import replace
+from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -17,10 +18,12 @@ from scheduler_client.errors import InvalidArgument as ClientInvalidArgument
 
 from scheduler_grpc import flowrun
 from scheduler_grpc.control import Control
+from scheduler_grpc.db.executions import Advance, ExecutionRepository, PlannedSlot
 from scheduler_grpc.db.flows import FlowRepository, NodeDecision
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.dispatch import Queues
 from scheduler_grpc.errors import FailedPrecondition, Fenced, InvalidArgument, NotFound
+from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.flows import (
     Decision,
     Outcome,
@@ -29,7 +32,7 @@ from scheduler_grpc.flows import (
     decide,
     resolve_payload,
 )
-from scheduler_grpc.jobs import JobSpec
+from scheduler_grpc.jobs import JobSpec, ScheduleKind
 from tests.api_helpers import ADMIN, ADMIN_PASSWORD, start_server, wait_for_server
 from tests.engine_helpers import Roles
 
@@ -269,3 +272,34 @@ async def test_the_leader_step_pages_through_every_open_flow_run_and_is_fenced(
         assert {node.job_name: node.state for node in flow.nodes} == {"page-root": "succeeded", "page-child": "queued"}
     assert await queues.get("default").stats() is not None
     assert (await queues.get("default").stats()).ready == 5 + 5  # the roots (never claimed) and the children
+
+
+async def test_a_fired_slot_starts_a_flow_run_over_its_own_descendants_only(
+    control: Control, pool: asyncpg.Pool
+) -> None:
+    """The scheduler's fire statement (a cron job in the middle of a graph) starts a flow run in its
+    own transaction, covering the fired job and what is downstream of it, not its upstreams."""
+    await control.create_job(spec("upper"))
+    middle = await control.create_job(
+        replace(spec("middle", "upper"), schedule_kind=ScheduleKind.CRON, cron="* * * * *")
+    )
+    await control.create_job(spec("lower", "middle"))
+    await control.create_job(spec("unrelated"))
+    term = await LeadershipRepository(pool).begin_term("scheduler", "leader")
+    assert term is not None
+    assert middle.next_run_time is not None
+    slot = middle.next_run_time
+    (run,) = await ExecutionRepository(pool).fire(
+        term.term,
+        [Advance(middle.id, slot, slot + timedelta(minutes=1))],
+        [PlannedSlot(middle.id, slot, ExecutionStatus.QUEUED, slot)],
+    )
+    flow = await control.get_flow_run(run.run_id)
+    assert flow.root_job_id == middle.id
+    assert {node.job_name: node.state for node in flow.nodes} == {"middle": "queued", "lower": "pending"}
+    assert (await control.executions.get(run.run_id)).flow_run_id == run.run_id
+    # A job without dependents starts none.
+    lone = await control.create_job(spec("lone"))
+    (alone,) = await control.trigger_job(lone.id)
+    assert (await control.executions.get(alone.run_id)).flow_run_id is None
+    assert await pool.fetchval("SELECT count(*) FROM flow_runs") == 1
