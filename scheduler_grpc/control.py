@@ -15,13 +15,15 @@ from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import metrics
+from scheduler_grpc import events, flowrun, metrics
 from scheduler_grpc.db.executions import ExecutionRepository, Queued, TriggerOutcome, TriggerResult
+from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.jobs import JobRepository
 from scheduler_grpc.db.pool import Pool
 from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_new_runs
 from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.executions import Execution, Trigger
+from scheduler_grpc.flows import FlowRun
 from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
 from scheduler_grpc.queue import MAX_BATCH
 from scheduler_grpc.schedule import CronSchedule, FireTime, fire_times
@@ -108,6 +110,7 @@ class Control:
         self._handlers = handlers
         self.jobs = JobRepository(pool)
         self.executions = ExecutionRepository(pool)
+        self.flows = FlowRepository(pool)
         self.queues = Queues(redis)
         self._triggers = TriggerBatcher(self.executions, self._dispatch)
 
@@ -191,8 +194,15 @@ class Control:
         metrics.JOBS_UPDATED.inc()
         return job
 
-    async def delete_job(self, job_id: str) -> None:
-        await self.jobs.delete(job_id)
+    async def delete_job(self, job_id: str, *, detach_dependents: bool = False) -> None:
+        """Delete a job and its history.
+
+        Raises:
+            NotFound: no such job.
+            FailedPrecondition: other jobs depend on it and `detach_dependents` is not set (with it,
+                they simply lose that upstream).
+        """
+        await self.jobs.delete(job_id, detach_dependents=detach_dependents)
         metrics.JOBS_DELETED.inc()
 
     async def trigger_job(self, job_id: str, *, request_id: str | None = None) -> list[Queued]:
@@ -331,6 +341,31 @@ class Control:
         if not latest:
             raise FailedPrecondition(f"id: the run of execution {execution_id} has already finished")
         return latest[0]
+
+    async def get_flow_run(self, flow_run_id: str) -> FlowRun:
+        """A flow run (job dependencies) with every node and its state.
+
+        Raises:
+            NotFound: no such flow run.
+        """
+        return await self.flows.get(flow_run_id)
+
+    async def cancel_flow_run(self, flow_run_id: str) -> FlowRun:
+        """Cancel a flow run: its waiting nodes are recorded `cancelled`, and its queued and running
+        runs are cancelled (a running one by its worker); finished runs stay as they are.
+
+        Raises:
+            NotFound: no such flow run.
+            FailedPrecondition: it has already finished.
+        """
+        started, recorded = await self.flows.cancel(flow_run_id)
+        await events.publish(self._redis, flowrun.recorded_events(recorded))
+        by_queue: dict[str, list[str]] = {}
+        for run_id, queue in started:
+            by_queue.setdefault(queue, []).append(run_id)
+        for queue, run_ids in by_queue.items():
+            await cancel_runs(self._redis, self.queues, self.executions, queue, run_ids)
+        return await self.flows.get(flow_run_id)
 
     async def _dispatch(self, runs: Sequence[Queued]) -> None:
         await dispatch_new_runs(self._redis, self.queues, runs)

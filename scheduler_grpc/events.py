@@ -54,6 +54,7 @@ class EventType(enum.StrEnum):
     INTERRUPTED = "interrupted"
     SKIPPED = "skipped"
     MISSED = "missed"
+    UPSTREAM_FAILED = "upstream_failed"  # a flow run recorded a job not run: its upstreams failed
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ class ExecutionStatus(enum.StrEnum):
     # Not run: the misfire policy dropped slots missed while no leader ran. One row is a whole run
     # of such slots: scheduled_for .. missed_through, missed_count of them (None: not counted).
     MISSED = "missed"
+    # Not run: in a flow run, its upstreams' outcomes can no longer meet its trigger rule.
+    UPSTREAM_FAILED = "upstream_failed"
 
     @property
     def finished(self) -> bool:
@@ -40,6 +42,7 @@ class Trigger(enum.StrEnum):
     RETRY = "retry"
     BACKFILL = "backfill"
     DLQ_REQUEUE = "dlq_requeue"
+    UPSTREAM = "upstream"  # created by a flow run once its upstream runs had finished
 
 
 @dataclass(frozen=True)
@@ -64,3 +67,4 @@ class Execution:
     term: int | None = None
     missed_through: datetime | None = None  # `missed` only: the last slot of the range not run
     missed_count: int | None = None  # `missed` only: slots in the range (None: not counted)
+    flow_run_id: str | None = None  # the flow run (job dependencies) the run belongs to, if any

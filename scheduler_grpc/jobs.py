@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from scheduler_grpc.errors import InvalidArgument
+from scheduler_grpc.flows import MAX_UPSTREAMS, TriggerRule, check_references
 from scheduler_grpc.rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.schedule import CronSchedule, FoldPolicy, GapPolicy, next_fire_time, parse_cron, parse_time_zone
 
@@ -96,6 +97,10 @@ class JobSpec:
     misfire_policy: MisfirePolicy = MisfirePolicy.RUN_ONCE
     concurrency_policy: ConcurrencyPolicy = ConcurrencyPolicy.ALLOW
     status: JobStatus = JobStatus.ACTIVE
+    # Upstream jobs (ids or names as given; ids once stored), and when this job runs after them
+    # in a flow run (see `scheduler_grpc.flows`).
+    depends_on: tuple[str, ...] = ()
+    trigger_rule: TriggerRule = TriggerRule.ALL_SUCCEEDED
 
     @property
     def cron_schedule(self) -> CronSchedule | None:
@@ -189,7 +194,17 @@ def validate_job(spec: JobSpec, handlers: PayloadValidator) -> JobSpec:
     if isinstance(spec.priority, bool) or not PRIORITY_MIN <= spec.priority <= PRIORITY_MAX:
         raise InvalidArgument("priority", f"must be between {PRIORITY_MIN} and {PRIORITY_MAX}")
     check_json(spec.payload)
+    check_references(spec.payload)
     payload = handlers.validate(spec.handler, spec.payload)
+    if len(spec.depends_on) > MAX_UPSTREAMS:
+        raise InvalidArgument("depends_on", f"at most {MAX_UPSTREAMS} upstream jobs")
+    for index, upstream in enumerate(spec.depends_on):
+        if not isinstance(upstream, str) or not upstream.strip():
+            raise InvalidArgument(f"depends_on[{index}]", "must name a job (by id or name)")
+        if upstream.strip() == name:
+            raise InvalidArgument(
+                f"depends_on[{index}]", f"would create a cycle: {name} → {name} (a job cannot depend on itself)"
+            )
     kind = _enum(ScheduleKind, spec.schedule_kind, "schedule_kind")
     gap = _enum(GapPolicy, spec.dst_gap_policy, "dst_gap_policy")
     fold = _enum(FoldPolicy, spec.dst_fold_policy, "dst_fold_policy")
@@ -234,4 +249,6 @@ def validate_job(spec: JobSpec, handlers: PayloadValidator) -> JobSpec:
         misfire_policy=_enum(MisfirePolicy, spec.misfire_policy, "misfire_policy"),
         concurrency_policy=_enum(ConcurrencyPolicy, spec.concurrency_policy, "concurrency_policy"),
         status=_enum(JobStatus, spec.status, "status"),
+        depends_on=tuple(dict.fromkeys(upstream.strip() for upstream in spec.depends_on)),
+        trigger_rule=_enum(TriggerRule, spec.trigger_rule, "trigger_rule"),
     )

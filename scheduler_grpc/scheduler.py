@@ -7,6 +7,8 @@
 * reconcile: runs PostgreSQL has `queued` that Redis does not know (crash between commit and
   enqueue, Redis restarted empty, FLUSHALL) are enqueued again, and dead runs (latest attempt
   `dead`, not purged) that Redis does not know are parked in the dead-letter queue again.
+* flows: open flow runs (job dependencies) get their next nodes decided, each in one fenced
+  transaction, and the runs that creates are enqueued (see `scheduler_grpc.flowrun`).
 
 Every decision uses the database clock, so the scheduler hosts' clocks do not matter.
 
@@ -40,10 +42,11 @@ from datetime import datetime, timedelta
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import metrics, stores
+from scheduler_grpc import flowrun, metrics, stores
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Advance, ExecutionRepository, PlannedSlot, Queued
+from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.jobs import JobChanges, JobRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.pool import Pool
@@ -140,6 +143,7 @@ class LoopSettings:
     stale_running_grace: timedelta = timedelta(seconds=30)  # running past timeout + this: worker gone [30 s]
     # A leader whose scan has made no progress this long hands over [2 x leader TTL, at least 3 scans].
     step_down_after: timedelta = timedelta(seconds=5)
+    flow_interval: timedelta = timedelta(milliseconds=200)  # flow runs advanced this often [200 ms]
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LoopSettings:
@@ -255,6 +259,7 @@ class LeaderLoops:
         self._jobs = JobRepository(pool)
         self._executions = ExecutionRepository(pool)
         self._changes = JobChanges(pool)
+        self._flows = FlowRepository(pool)
         self._queues = Queues(redis)
         self._queues.get(default_queue)
         self.scans = 0
@@ -279,6 +284,7 @@ class LeaderLoops:
                 group.create_task(self._every(self._loop.promote_interval, self._promote, term), name="promote")
                 group.create_task(self._every(self._loop.reconcile_interval, self._reconcile, term), name="reconcile")
                 group.create_task(self._every(METRICS_INTERVAL, self._observe_queues, term), name="queue-metrics")
+                group.create_task(self._every(self._loop.flow_interval, self._advance_flows, term), name="flows")
         finally:
             metrics.LEADER.set(0)
             metrics.LEADERSHIP_CHANGES.inc()
@@ -437,6 +443,10 @@ class LeaderLoops:
             ExecutionEvent(EventType.DEAD, e.id, e.run_id, e.job_id, e.attempt, error=reason) for e in dead
         ])  # fmt: skip
         log.error("runs dead-lettered after stalling", extra={"runs": list(run_ids)})
+
+    async def _advance_flows(self, term: Term) -> None:
+        """Advance open flow runs (job dependencies; see `scheduler_grpc.flowrun`)."""
+        await flowrun.advance(self._flows, self._redis, self._queues, term.token)
 
     async def _promote(self, term: Term) -> None:
         for queue in self._queues.known():

@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import asyncpg
@@ -140,6 +141,53 @@ def test_cli_walk_through(api: Api, tmp_path: Path) -> None:
     assert "Logged out" in cli.ok("logout")
     assert api.target not in json.loads(credentials.read_text())["servers"]
     assert "schedctl login" in cli.fails("jobs", "list", code=1)
+
+
+def test_cli_flows(api: Api, tmp_path: Path) -> None:
+    cli = Schedctl(api.target, tmp_path / "schedctl")
+    cli.ok("login", "--username", ADMIN, "--password", ADMIN_PASSWORD)
+    # Job dependencies: --depends-on / --trigger-rule, a cycle refused, a flow run drawn with states.
+    cli.ok("jobs", "create", "--name", "extract", "--handler", "test.echo")
+    cli.ok("jobs", "create", "--name", "transform", "--handler", "test.echo", "--depends-on", "extract")
+    load = cli.json("jobs", "create", "--name", "load", "--handler", "test.echo", "--depends-on", "transform",
+                    "--depends-on", "extract", "--trigger-rule", "all_done")  # fmt: skip
+    assert load["triggerRule"] == "TRIGGER_RULE_ALL_DONE"
+    assert len(load["dependsOn"]) == 2
+    cycle = cli.fails("jobs", "update", "extract", "--depends-on", "load", code=2)
+    assert "job.depends_on: would create a cycle: extract → load → extract" in cycle
+    flow_run = cli.json("jobs", "trigger", "extract", "--wait")["runId"]
+    deadline = time.monotonic() + 30
+    while cli.json("flows", "get", flow_run)["state"] == "FLOW_RUN_STATE_RUNNING":
+        assert time.monotonic() < deadline, "the flow run did not finish"
+    assert cli.ok("flows", "get", flow_run).splitlines() == [
+        f"flow run {flow_run}: succeeded",
+        "extract [succeeded]",
+        "├─▶ load [succeeded]  ← transform, extract",
+        "└─▶ transform [succeeded]",
+        "    └─▶ load (see above)",
+    ]
+    assert len(cli.json("executions", "list", "--flow-run", flow_run)["executions"]) == 3
+    watched = cli.ok(
+        "--json",
+        "executions",
+        "watch",
+        "--flow-run",
+        flow_run,
+        "--cursor",
+        "0-0",
+        "--type",
+        "succeeded",
+        "--count",
+        "3",
+    )  # fmt: skip (the earlier `hello` run is left out)
+    assert sorted(json.loads(line)["jobId"] for line in watched.splitlines()) == sorted(
+        cli.json("jobs", "get", name)["id"] for name in ("extract", "transform", "load")
+    )
+    assert "load" in cli.fails("jobs", "delete", "transform", code=1)
+    cli.ok("jobs", "delete", "transform", "--detach-dependents")
+    cli.ok("jobs", "update", "load", "--no-depends-on")
+    for name in ("load", "extract"):
+        cli.ok("jobs", "delete", name)
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,8 @@ _COLUMNS = """e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.status, e.
     e.created_at, e.worker_id, e.started_at, e.finished_at, e.error, e.result, e.term, e.missed_through,
     e.missed_count"""
 
+# What the API reads of an execution: its columns plus its flow run (job dependencies), if any.
+_FLOW_RUN = "(SELECT n.flow_run_id FROM flow_nodes n WHERE n.run_id = e.run_id) AS flow_run_id"
 MAX_PAGE_SIZE = 1000
 # What a list without outputs selects (the basic view): no error, no result.
 _COLUMNS_WITHOUT_OUTPUT = _COLUMNS.replace("e.error, e.result", "NULL::text AS error, NULL::jsonb AS result")
@@ -85,6 +87,7 @@ def execution_from_row(row: asyncpg.Record) -> Execution:
         # .get: not every statement that builds an Execution selects the range columns.
         missed_through=row.get("missed_through"),
         missed_count=row.get("missed_count"),
+        flow_run_id=str(row["flow_run_id"]) if row.get("flow_run_id") is not None else None,
     )
 
 
@@ -866,7 +869,7 @@ class ExecutionRepository:
             key = uuid.UUID(execution_id)
         except ValueError:
             raise InvalidArgument("id", f"{execution_id!r} is not a valid id") from None
-        row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM job_executions e WHERE e.id = $1", key)
+        row = await self._pool.fetchrow(f"SELECT {_COLUMNS}, {_FLOW_RUN} FROM job_executions e WHERE e.id = $1", key)
         if row is None:
             raise NotFound(f"execution {execution_id} not found")
         return execution_from_row(row)
@@ -904,6 +907,7 @@ class ExecutionRepository:
         page_size: int = 100,
         page_token: str = "",
         with_output: bool = True,
+        flow_run_id: str | None = None,
     ) -> ExecutionPage:
         """Newest first; by job (served by the (job_id, scheduled_for, attempt) index) or overall.
 
@@ -912,29 +916,36 @@ class ExecutionRepository:
         if not 0 <= page_size <= MAX_PAGE_SIZE:
             raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
         size = page_size or 100
-        scope = {"job_id": job_id, "states": sorted(status.value for status in statuses)}
+        scope: dict[str, Any] = {"job_id": job_id, "states": sorted(status.value for status in statuses)}
+        if flow_run_id:
+            scope["flow_run_id"] = flow_run_id
         cursor_time: datetime | None = None
         cursor_id: uuid.UUID | None = None
         if page_token:
             cursor_time, cursor_id = _decode_cursor(pagetokens.decode(page_token, "executions", scope))
         rows = await self._pool.fetch(
-            f"""SELECT {_COLUMNS if with_output else _COLUMNS_WITHOUT_OUTPUT} FROM job_executions e
+            f"""SELECT {_COLUMNS if with_output else _COLUMNS_WITHOUT_OUTPUT}, {_FLOW_RUN} FROM job_executions e
                 WHERE ($1::uuid IS NULL OR e.job_id = $1)
                   AND (cardinality($2::text[]) = 0 OR e.status = ANY($2))
                   AND ($3::timestamptz IS NULL OR (e.created_at, e.id) < ($3, $4::uuid))
+                  -- By flow run: its runs' ids first (one probe), then their rows by the run index.
+                  AND ($6::uuid IS NULL
+                       OR e.run_id = ANY(ARRAY(SELECT n.run_id FROM flow_nodes n WHERE n.flow_run_id = $6)))
                 ORDER BY e.created_at DESC, e.id DESC LIMIT $5""",
             uuid.UUID(job_id) if job_id else None,
             [status.value for status in statuses],
             cursor_time,
             cursor_id,
             size + 1,
+            uuid.UUID(flow_run_id) if flow_run_id else None,
         )
         return ExecutionPage([execution_from_row(row) for row in rows[:size]], len(rows) > size, scope)
 
     async def history(self, job_id: str) -> list[Execution]:
         """Every attempt of a job, oldest slot first (tests, small jobs)."""
         rows = await self._pool.fetch(
-            f"SELECT {_COLUMNS} FROM job_executions e WHERE e.job_id = $1 ORDER BY e.scheduled_for, e.attempt",
+            f"""SELECT {_COLUMNS}, {_FLOW_RUN} FROM job_executions e WHERE e.job_id = $1
+                ORDER BY e.scheduled_for, e.attempt""",
             uuid.UUID(job_id),
         )
         return [execution_from_row(row) for row in rows]

@@ -12,7 +12,8 @@ from typing import Any
 import asyncpg
 
 from scheduler_grpc import pagetokens
-from scheduler_grpc.errors import Aborted, AlreadyExists, InvalidArgument, NotFound
+from scheduler_grpc.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from scheduler_grpc.flows import TriggerRule, check_reference_names
 from scheduler_grpc.jobs import (
     ConcurrencyPolicy,
     Job,
@@ -28,9 +29,22 @@ _COLUMNS = """id, name, handler, payload, queue, schedule_kind, cron, time_zone,
     dst_fold_policy, next_run_time, priority, max_retries, initial_backoff, max_backoff, retry_jitter,
     timeout, misfire_policy, concurrency_policy, status, version, created_at, updated_at"""
 
+# What the API reads of a job: its columns plus its dependency edges (the due scan, which never
+# needs the edges, reads `_COLUMNS` only). Used on `FROM jobs` (not aliased).
+_API_COLUMNS = (
+    _COLUMNS
+    + """, trigger_rule,
+    ARRAY(SELECT d.upstream_id::text FROM job_dependencies d WHERE d.job_id = jobs.id ORDER BY d.position)
+        AS depends_on"""
+)
+# The dependency graph's transaction-scoped advisory lock (arbitrary, fixed): every write that adds
+# edges, and every delete, takes it first, so the cycle check and the write it allowed are one
+# step across all server processes (two concurrent edits A->B and B->A cannot both pass).
+GRAPH_LOCK = 0x5C4ED_F10_0013
+
 MAX_PAGE_SIZE = 1000
 # What a list without payloads selects (the basic view): an empty object in the payload's place.
-_COLUMNS_WITHOUT_PAYLOAD = _COLUMNS.replace("payload,", "'{}'::jsonb AS payload,", 1)
+_COLUMNS_WITHOUT_PAYLOAD = _API_COLUMNS.replace("payload,", "'{}'::jsonb AS payload,", 1)
 # NOTIFY channel: a job's schedule changed, so a sleeping leader re-plans its next scan at once.
 JOBS_CHANGED_CHANNEL = "scheduler_jobs_changed"
 
@@ -55,6 +69,9 @@ def job_from_row(row: asyncpg.Record) -> Job:
         misfire_policy=MisfirePolicy(row["misfire_policy"]),
         concurrency_policy=ConcurrencyPolicy(row["concurrency_policy"]),
         status=JobStatus(row["status"]),
+        # .get: the due scan does not read the edges.
+        depends_on=tuple(row.get("depends_on") or ()),
+        trigger_rule=TriggerRule(row.get("trigger_rule") or TriggerRule.ALL_SUCCEEDED),
         version=row["version"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
@@ -94,25 +111,36 @@ class JobRepository:
         self._pool = pool
 
     async def create(self, spec: JobSpec, next_run_time: datetime | None, request_id: str | None = None) -> Job:
-        """Store a new job; with a `request_id` seen before, return the job it created.
+        """Store a new job and its dependency edges; with a `request_id` seen before, return the job
+        it created.
 
         Raises:
             AlreadyExists: another job has this name.
+            InvalidArgument: an upstream that does not exist (`depends_on[i]`), or the job itself.
         """
         try:
-            row = await self._pool.fetchrow(
-                f"""INSERT INTO jobs (name, handler, payload, queue, schedule_kind, cron, time_zone, run_at,
-                        dst_gap_policy, dst_fold_policy, priority, max_retries, initial_backoff, max_backoff,
-                        retry_jitter, timeout, misfire_policy, concurrency_policy, status, next_run_time,
-                        request_id)
-                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-                        $20, $21)
-                    ON CONFLICT (request_id) DO NOTHING
-                    RETURNING {_COLUMNS}""",
-                *_spec_values(spec),
-                next_run_time,
-                request_id,
-            )
+            async with self._pool.acquire() as conn, conn.transaction():
+                if spec.depends_on:
+                    await conn.execute("SELECT pg_advisory_xact_lock($1)", GRAPH_LOCK)
+                row = await conn.fetchrow(
+                    """INSERT INTO jobs (name, handler, payload, queue, schedule_kind, cron, time_zone, run_at,
+                            dst_gap_policy, dst_fold_policy, priority, max_retries, initial_backoff, max_backoff,
+                            retry_jitter, timeout, misfire_policy, concurrency_policy, status, next_run_time,
+                            request_id, trigger_rule)
+                        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+                            $19, $20, $21, $22)
+                        ON CONFLICT (request_id) DO NOTHING
+                        RETURNING id""",
+                    *_spec_values(spec),
+                    next_run_time,
+                    request_id,
+                    spec.trigger_rule.value,
+                )
+                if row is not None:
+                    # A new job has no dependents yet: its edges cannot close a cycle (only name it).
+                    upstreams = await _resolve_upstreams(conn, spec.depends_on, str(row["id"]), spec.payload)
+                    await _write_edges(conn, str(row["id"]), upstreams)
+                    job = await _read(conn, str(row["id"]))
         except asyncpg.UniqueViolationError:
             # A retry of the same request racing the first one can trip over the name first (PostgreSQL
             # checks the unique indexes in its own order): then the job of this request_id is the answer.
@@ -121,15 +149,15 @@ class JobRepository:
                 raise AlreadyExists(f"name: a job named {spec.name!r} already exists") from None
             return taken
         if row is None:  # the request_id was used before: same request, same answer
-            row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE request_id = $1", request_id)
-            if row is None:
+            taken = await self._by_request_id(request_id) if request_id is not None else None
+            if taken is None:
                 raise Aborted("request_id: the job created by this request was deleted meanwhile")
-            return job_from_row(row)
+            return taken
         await self._notify()
-        return job_from_row(row)
+        return job
 
     async def _by_request_id(self, request_id: str) -> Job | None:
-        row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE request_id = $1", request_id)
+        row = await self._pool.fetchrow(f"SELECT {_API_COLUMNS} FROM jobs WHERE request_id = $1", request_id)
         return job_from_row(row) if row is not None else None
 
     async def _notify(self) -> None:
@@ -167,13 +195,13 @@ class JobRepository:
         return now
 
     async def get(self, job_id: str) -> Job:
-        row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE id = $1", _uuid(job_id))
+        row = await self._pool.fetchrow(f"SELECT {_API_COLUMNS} FROM jobs WHERE id = $1", _uuid(job_id))
         if row is None:
             raise NotFound(f"job {job_id} not found")
         return job_from_row(row)
 
     async def get_by_name(self, name: str) -> Job:
-        row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE name = $1", name)
+        row = await self._pool.fetchrow(f"SELECT {_API_COLUMNS} FROM jobs WHERE name = $1", name)
         if row is None:
             raise NotFound(f"job named {name!r} not found")
         return job_from_row(row)
@@ -202,7 +230,7 @@ class JobRepository:
                 raise InvalidArgument("page_token", "not a token this server issued")
             after = position[0]
         rows = await self._pool.fetch(
-            f"""SELECT {_COLUMNS if with_payload else _COLUMNS_WITHOUT_PAYLOAD} FROM jobs
+            f"""SELECT {_API_COLUMNS if with_payload else _COLUMNS_WITHOUT_PAYLOAD} FROM jobs
                 WHERE ($1::text IS NULL OR name > $1) AND ($2::text IS NULL OR status = $2)
                   AND ($3::text IS NULL OR handler = $3)
                 ORDER BY name LIMIT $4""",
@@ -214,40 +242,58 @@ class JobRepository:
         return JobPage([job_from_row(row) for row in rows[:size]], len(rows) > size, scope)
 
     async def update(self, job_id: str, spec: JobSpec, next_run_time: datetime | None, expected_version: int) -> Job:
-        """Replace a job's definition if it is still at `expected_version` (optimistic concurrency).
+        """Replace a job's definition and its dependency edges if it is still at `expected_version`
+        (optimistic concurrency).
+
+        New edges are checked under the graph's advisory lock (`GRAPH_LOCK`): the walk upward
+        from the new upstreams (`_cycle`) and the write are one step for every server process.
 
         Raises:
             NotFound: no such job.
             Aborted: someone else changed it first (stale etag).
             AlreadyExists: the new name is taken.
+            InvalidArgument: `depends_on` names an unknown job or the job itself, or would close a cycle.
         """
+        key = _uuid(job_id)
         try:
-            row = await self._pool.fetchrow(
-                f"""UPDATE jobs SET name = $1, handler = $2, payload = $3, queue = $4, schedule_kind = $5,
-                        cron = $6, time_zone = $7, run_at = $8, dst_gap_policy = $9, dst_fold_policy = $10,
-                        priority = $11, max_retries = $12, initial_backoff = $13, max_backoff = $14,
-                        retry_jitter = $15, timeout = $16, misfire_policy = $17, concurrency_policy = $18,
-                        status = $19, next_run_time = $20, version = version + 1, updated_at = now()
-                    WHERE id = $21 AND version = $22
-                    RETURNING {_COLUMNS}""",
-                *_spec_values(spec),
-                next_run_time,
-                _uuid(job_id),
-                expected_version,
-            )
+            async with self._pool.acquire() as conn, conn.transaction():
+                if spec.depends_on:
+                    await conn.execute("SELECT pg_advisory_xact_lock($1)", GRAPH_LOCK)
+                upstreams = await _resolve_upstreams(conn, spec.depends_on, key, spec.payload)
+                cycle = await _cycle(conn, key, upstreams)
+                if cycle:
+                    raise InvalidArgument("depends_on", f"would create a cycle: {' → '.join(cycle)}")
+                row = await conn.fetchrow(
+                    """UPDATE jobs SET name = $1, handler = $2, payload = $3, queue = $4, schedule_kind = $5,
+                            cron = $6, time_zone = $7, run_at = $8, dst_gap_policy = $9, dst_fold_policy = $10,
+                            priority = $11, max_retries = $12, initial_backoff = $13, max_backoff = $14,
+                            retry_jitter = $15, timeout = $16, misfire_policy = $17, concurrency_policy = $18,
+                            status = $19, next_run_time = $20, trigger_rule = $23, version = version + 1,
+                            updated_at = now()
+                        WHERE id = $21 AND version = $22
+                        RETURNING id""",
+                    *_spec_values(spec),
+                    next_run_time,
+                    key,
+                    expected_version,
+                    spec.trigger_rule.value,
+                )
+                if row is not None:
+                    await _write_edges(conn, key, upstreams)
+                    job = await _read(conn, key)
         except asyncpg.UniqueViolationError:
             raise AlreadyExists(f"name: a job named {spec.name!r} already exists") from None
         if row is None:
             current = await self.get(job_id)
             raise Aborted(f"etag: job changed meanwhile (now {current.etag}); read it again and retry")
         await self._notify()
-        return job_from_row(row)
+        return job
 
     async def set_status(self, job_id: str, status: JobStatus, next_run_time: datetime | None) -> Job:
         """Pause or resume; resuming sets the next run from now (paused slots are not caught up)."""
         row = await self._pool.fetchrow(
             f"""UPDATE jobs SET status = $2, next_run_time = $3, version = version + 1, updated_at = now()
-                WHERE id = $1 RETURNING {_COLUMNS}""",
+                WHERE id = $1 RETURNING {_API_COLUMNS}""",
             _uuid(job_id),
             status.value,
             next_run_time,
@@ -257,11 +303,161 @@ class JobRepository:
         await self._notify()
         return job_from_row(row)
 
-    async def delete(self, job_id: str) -> None:
-        """Delete a job and its history."""
-        result = await self._pool.execute("DELETE FROM jobs WHERE id = $1", _uuid(job_id))
+    async def delete(self, job_id: str, *, detach_dependents: bool = False) -> None:
+        """Delete a job and its history.
+
+        Raises:
+            NotFound: no such job.
+            FailedPrecondition: other jobs depend on it and `detach_dependents` is not set (with it,
+                their edges to this job are deleted with it).
+        """
+        key = _uuid(job_id)
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", GRAPH_LOCK)
+            if not detach_dependents:
+                names = await conn.fetch(
+                    """SELECT j.name FROM job_dependencies d JOIN jobs j ON j.id = d.job_id
+                       WHERE d.upstream_id = $1 ORDER BY j.name LIMIT 11""",
+                    key,
+                )
+                if names:
+                    listed = ", ".join(row["name"] for row in names[:10]) + (", ..." if len(names) > 10 else "")
+                    raise FailedPrecondition(
+                        f"id: other jobs depend on job {job_id} ({listed}); delete or change them first, "
+                        "or delete with detach_dependents"
+                    )
+            result = await conn.execute("DELETE FROM jobs WHERE id = $1", key)
         if result == "DELETE 0":
             raise NotFound(f"job {job_id} not found")
+
+
+async def _read(conn: Any, job_id: str) -> Job:
+    row = await conn.fetchrow(f"SELECT {_API_COLUMNS} FROM jobs WHERE id = $1", uuid.UUID(job_id))
+    return job_from_row(row)
+
+
+async def _resolve_upstreams(
+    conn: Any, given: tuple[str, ...], job_id: str, payload: dict[str, Any] | None = None
+) -> list[str]:
+    """The ids of the upstream jobs `given` (ids or names), in order; with `payload`, its `$from`
+    references must name one of them.
+
+    Raises:
+        InvalidArgument: `depends_on[i]` names no job, or the job itself; a reference in `payload`
+            names none of them.
+    """
+    if not given:
+        if payload is not None:
+            check_reference_names(payload, [])
+        return []
+    ids = [value for value in given if _is_uuid(value)]
+    rows = await conn.fetch(
+        # Two index probes (an OR of both would scan the table).
+        """SELECT id::text AS id, name FROM jobs WHERE id = ANY($1::uuid[])
+           UNION SELECT id::text, name FROM jobs WHERE name = ANY($2::text[])""",
+        ids,
+        list(given),
+    )
+    by_id = {row["id"]: row["id"] for row in rows}
+    by_name = {row["name"]: row["id"] for row in rows}
+    resolved: list[str] = []
+    for index, value in enumerate(given):
+        found = by_id.get(str(uuid.UUID(value))) if _is_uuid(value) else None
+        found = found or by_name.get(value)
+        if found is None:
+            raise InvalidArgument(f"depends_on[{index}]", f"no job {value!r}")
+        if found == job_id:
+            raise InvalidArgument(
+                f"depends_on[{index}]", f"would create a cycle: {value} → {value} (a job cannot depend on itself)"
+            )
+        if found not in resolved:
+            resolved.append(found)
+    if payload is not None:
+        names = {row["id"]: row["name"] for row in rows}
+        check_reference_names(payload, [names[upstream] for upstream in resolved])
+    return resolved
+
+
+async def _cycle(conn: Any, job_id: str, upstreams: list[str]) -> list[str]:
+    """The cycle that edges `upstream -> job_id` for each of `upstreams` would close, as job names
+    from `job_id` round to it again; empty when there is none.
+
+    One recursive walk upward from the new upstreams (the dependency table's primary key): it
+    costs O(edges reachable upward from them), never O(all jobs). Only when the job is found
+    (a cycle: rare) are the edges walked read again to name the path.
+    """
+    if not upstreams:
+        return []
+    ids = [uuid.UUID(value) for value in upstreams]
+    key = uuid.UUID(job_id)
+    found = await conn.fetchval(
+        """WITH RECURSIVE up (id) AS (
+               SELECT unnest($1::uuid[])
+               UNION
+               SELECT d.upstream_id FROM up JOIN job_dependencies d ON d.job_id = up.id WHERE up.id <> $2
+           )
+           SELECT EXISTS (SELECT 1 FROM up WHERE id = $2)""",
+        ids,
+        key,
+    )
+    if not found:
+        return []
+    rows = await conn.fetch(
+        """WITH RECURSIVE up (id) AS (
+               SELECT unnest($1::uuid[])
+               UNION
+               SELECT d.upstream_id FROM up JOIN job_dependencies d ON d.job_id = up.id WHERE up.id <> $2
+           )
+           SELECT d.job_id, d.upstream_id FROM job_dependencies d JOIN up ON d.job_id = up.id""",
+        ids,
+        key,
+    )
+    upstreams_of: dict[uuid.UUID, list[uuid.UUID]] = {}
+    for row in rows:
+        upstreams_of.setdefault(row["job_id"], []).append(row["upstream_id"])
+    # Breadth-first upward from the new upstreams to the job: the shortest such path.
+    parent: dict[uuid.UUID, uuid.UUID | None] = {value: None for value in ids}
+    frontier = list(ids)
+    while frontier and key not in parent:
+        following = []
+        for node in frontier:
+            for upstream in upstreams_of.get(node, ()):
+                if upstream not in parent:
+                    parent[upstream] = node
+                    following.append(upstream)
+        frontier = following
+    if key not in parent:  # the job is itself a new upstream (refused before) or raced: name it alone
+        chain = [key]
+    else:
+        chain, step = [], parent[key]
+        while step is not None:
+            chain.append(step)
+            step = parent[step]
+        chain = [key, *chain]
+    names = {
+        row["id"]: row["name"]
+        for row in await conn.fetch("SELECT id, name FROM jobs WHERE id = ANY($1::uuid[])", chain)
+    }
+    return [names.get(node, str(node)) for node in [*chain, key]]
+
+
+async def _write_edges(conn: Any, job_id: str, upstreams: list[str]) -> None:
+    await conn.execute("DELETE FROM job_dependencies WHERE job_id = $1", uuid.UUID(job_id))
+    if upstreams:
+        await conn.execute(
+            """INSERT INTO job_dependencies (job_id, upstream_id, position)
+               SELECT $1, u.id, u.position - 1 FROM unnest($2::uuid[]) WITH ORDINALITY AS u(id, position)""",
+            uuid.UUID(job_id),
+            [uuid.UUID(value) for value in upstreams],
+        )
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except (ValueError, AttributeError, TypeError):
+        return False
+    return True
 
 
 class JobChanges:

@@ -24,7 +24,7 @@ import logging
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from ipaddress import IPv4Network, IPv6Network
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
@@ -111,6 +111,9 @@ class ExecutionContext:
         settings: handler settings of this process.
         maintenance: housekeeping operations, or None where the worker offers none.
         log: logger carrying the execution's context (job_id, execution_id, ...).
+        upstream_results: in a flow run (job dependencies), the result of each upstream job's run
+            of the same flow run, by job name (None for one that did not succeed); empty
+            otherwise. (A payload can also take them by `{"$from": "<job>.result.<path>"}`.)
     """
 
     execution_id: str
@@ -122,6 +125,7 @@ class ExecutionContext:
     settings: HandlerSettings
     maintenance: Maintenance | None
     log: logging.Logger | logging.LoggerAdapter[Any]
+    upstream_results: Mapping[str, Any] = field(default_factory=dict)
 
 
 class HandlerError(SchedulerError):

@@ -25,6 +25,7 @@ from scheduler_grpc.db.api_keys import ApiKeyRecord
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
+from scheduler_grpc.flows import FlowRun, TriggerRule
 from scheduler_grpc.handlers import handler_of_breaker_key
 from scheduler_grpc.jobs import (
     ConcurrencyPolicy,
@@ -68,6 +69,8 @@ _JOB_FIELDS = {
     "misfire_policy": "job.misfire_policy",
     "concurrency_policy": "job.concurrency_policy",
     "status": "job.state",
+    "depends_on": "job.depends_on",
+    "trigger_rule": "job.trigger_rule",
     "id": "job.id",
 }
 # Domain field -> field path in PreviewScheduleRequest.
@@ -86,6 +89,8 @@ def _remap(field: str, mapping: Mapping[str, str]) -> str:
     if dot and head == "payload":
         return f"job.payload.{rest}"
     if dot and head == "retry_policy":
+        return f"job.{field}"
+    if field.startswith("depends_on["):
         return f"job.{field}"
     return field
 
@@ -286,6 +291,7 @@ _EXECUTION_STATE = {
     ExecutionStatus.INTERRUPTED: executions_pb2.EXECUTION_STATE_INTERRUPTED,
     ExecutionStatus.SKIPPED: executions_pb2.EXECUTION_STATE_SKIPPED,
     ExecutionStatus.MISSED: executions_pb2.EXECUTION_STATE_MISSED,
+    ExecutionStatus.UPSTREAM_FAILED: executions_pb2.EXECUTION_STATE_UPSTREAM_FAILED,
 }
 _TRIGGER = {
     Trigger.SCHEDULE: executions_pb2.TRIGGER_SCHEDULE,
@@ -293,6 +299,18 @@ _TRIGGER = {
     Trigger.RETRY: executions_pb2.TRIGGER_RETRY,
     Trigger.BACKFILL: executions_pb2.TRIGGER_BACKFILL,
     Trigger.DLQ_REQUEUE: executions_pb2.TRIGGER_DLQ_REQUEUE,
+    Trigger.UPSTREAM: executions_pb2.TRIGGER_UPSTREAM,
+}
+_TRIGGER_RULE = {
+    TriggerRule.ALL_SUCCEEDED: executions_pb2.TRIGGER_RULE_ALL_SUCCEEDED,
+    TriggerRule.ALL_DONE: executions_pb2.TRIGGER_RULE_ALL_DONE,
+    TriggerRule.ANY_FAILED: executions_pb2.TRIGGER_RULE_ANY_FAILED,
+}
+_FLOW_RUN_STATE = {
+    "running": executions_pb2.FLOW_RUN_STATE_RUNNING,
+    "succeeded": executions_pb2.FLOW_RUN_STATE_SUCCEEDED,
+    "failed": executions_pb2.FLOW_RUN_STATE_FAILED,
+    "cancelled": executions_pb2.FLOW_RUN_STATE_CANCELLED,
 }
 _EVENT_TYPE = {
     EventType.CREATED: executions_pb2.EVENT_TYPE_CREATED,
@@ -307,6 +325,7 @@ _EVENT_TYPE = {
     EventType.INTERRUPTED: executions_pb2.EVENT_TYPE_INTERRUPTED,
     EventType.SKIPPED: executions_pb2.EVENT_TYPE_SKIPPED,
     EventType.MISSED: executions_pb2.EVENT_TYPE_MISSED,
+    EventType.UPSTREAM_FAILED: executions_pb2.EVENT_TYPE_UPSTREAM_FAILED,
 }
 _ROLE = {Role.VIEWER: auth_pb2.ROLE_VIEWER, Role.OPERATOR: auth_pb2.ROLE_OPERATOR, Role.ADMIN: auth_pb2.ROLE_ADMIN}
 _UNSET = 0  # every proto enum's UNSPECIFIED value
@@ -365,6 +384,8 @@ def job_to_proto(job: Job) -> jobs_pb2.Job:
         etag=job.etag,
         create_time=timestamp(job.created_at),
         update_time=timestamp(job.updated_at),
+        depends_on=list(job.depends_on),
+        trigger_rule=_TRIGGER_RULE[job.trigger_rule],
     )
 
 
@@ -422,6 +443,10 @@ def job_spec(message: jobs_pb2.Job, status: JobStatus = JobStatus.ACTIVE) -> Job
         misfire_policy=misfire,
         concurrency_policy=concurrency,
         status=status,
+        depends_on=tuple(message.depends_on),
+        trigger_rule=_required(
+            _from_proto(_TRIGGER_RULE, message.trigger_rule, "job.trigger_rule", TriggerRule.ALL_SUCCEEDED)
+        ),
     )
 
 
@@ -490,10 +515,38 @@ def execution_to_proto(execution: Execution) -> executions_pb2.Execution:
         error=execution.error or "",
         missed_through=timestamp(execution.missed_through),
         missed_count=execution.missed_count or 0,
+        flow_run_id=execution.flow_run_id or "",
     )
     if execution.result is not None:
         message.result.CopyFrom(json_value(execution.result))
     return message
+
+
+def flow_run_to_proto(flow: FlowRun) -> executions_pb2.FlowRun:
+    """A flow run with its nodes (a waiting node's state is UNSPECIFIED)."""
+    return executions_pb2.FlowRun(
+        id=flow.id,
+        root_job_id=flow.root_job_id,
+        state=_FLOW_RUN_STATE[flow.state],
+        create_time=timestamp(flow.created_at),
+        end_time=timestamp(flow.finished_at),
+        nodes=[
+            executions_pb2.FlowNode(
+                job_id=node.job_id,
+                job_name=node.job_name,
+                upstream_job_ids=list(node.upstream_ids),
+                trigger_rule=_TRIGGER_RULE[node.trigger_rule],
+                run_id=node.run_id or "",
+                execution_id=node.execution_id or "",
+                state=(
+                    _EXECUTION_STATE[ExecutionStatus(node.status)]
+                    if node.status
+                    else executions_pb2.EXECUTION_STATE_UNSPECIFIED
+                ),
+            )
+            for node in flow.nodes
+        ],
+    )
 
 
 def execution_states(values: Sequence[int], field: str = "states") -> list[ExecutionStatus]:

@@ -8,9 +8,11 @@ from typing import Any, Final
 import grpc
 from scheduler_client.v1 import executions_pb2, executions_pb2_grpc
 
+from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import EventFilter, SubscriberTooSlow
 from scheduler_grpc.executions import Execution
+from scheduler_grpc.flows import FlowRun
 from scheduler_grpc.services import Api, convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -25,6 +27,36 @@ def _basic_execution(execution: Execution) -> executions_pb2.Execution:
     message.ClearField("result")
     message.ClearField("error")
     return message
+
+
+_NO_JOB: Final = "-"  # a job id no job has: filters every event out
+_MAX_OUTSIDERS: Final = 10_000
+
+
+class _FlowMembers:
+    """Which runs belong to one flow run, for WatchExecutions: its nodes' runs as read at the start,
+    and runs created later, looked up once on their first event (a run's row and its flow node
+    commit before its first event is published) and remembered either way."""
+
+    def __init__(self, flows: FlowRepository, flow: FlowRun) -> None:
+        self._flows = flows
+        self._flow_run_id = flow.id
+        self.job_ids = frozenset(node.job_id for node in flow.nodes)
+        self._members = {node.run_id for node in flow.nodes if node.run_id}
+        self._outsiders: set[str] = set()
+
+    async def contains(self, run_id: str) -> bool:
+        if run_id in self._members:
+            return True
+        if run_id in self._outsiders:
+            return False
+        if await self._flows.flow_of_run(run_id) == self._flow_run_id:
+            self._members.add(run_id)
+            return True
+        if len(self._outsiders) >= _MAX_OUTSIDERS:  # bounded: forget, and look up again if need be
+            self._outsiders.clear()
+        self._outsiders.add(run_id)
+        return False
 
 
 class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
@@ -51,6 +83,7 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
             page_size=convert.page_size(request.page_size),
             page_token=request.page_token,
             with_output=not basic,
+            flow_run_id=convert.resource_id(request.flow_run_id, "flow_run_id") if request.flow_run_id else None,
         )
         executions, cut = convert.fill_page(page.executions, _basic_execution if basic else convert.execution_to_proto)
         token = page.token_after(page.executions[len(executions) - 1]) if cut else page.next_page_token
@@ -62,16 +95,31 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
         execution = await self._control.cancel_execution(convert.resource_id(request.id))
         return executions_pb2.CancelExecutionResponse(execution=convert.execution_to_proto(execution))
 
+    async def GetFlowRun(
+        self, request: executions_pb2.GetFlowRunRequest, context: Context
+    ) -> executions_pb2.GetFlowRunResponse:
+        flow = await self._control.get_flow_run(convert.resource_id(request.id))
+        return executions_pb2.GetFlowRunResponse(flow_run=convert.flow_run_to_proto(flow))
+
+    async def CancelFlowRun(
+        self, request: executions_pb2.CancelFlowRunRequest, context: Context
+    ) -> executions_pb2.CancelFlowRunResponse:
+        flow = await self._control.cancel_flow_run(convert.resource_id(request.id))
+        return executions_pb2.CancelFlowRunResponse(flow_run=convert.flow_run_to_proto(flow))
+
     async def WatchExecutions(
         self, request: executions_pb2.WatchExecutionsRequest, context: Context
     ) -> AsyncIterator[executions_pb2.WatchExecutionsResponse]:
         if len(request.job_ids) > MAX_JOB_FILTERS:
             raise InvalidArgument("job_ids", f"at most {MAX_JOB_FILTERS} jobs")
-        event_filter = EventFilter(
-            job_ids=frozenset(convert.resource_id(job_id, f"job_ids[{i}]") for i, job_id in enumerate(request.job_ids)),
-            types=convert.event_types(request.types),
-            handler=request.handler,
-        )
+        job_ids = frozenset(convert.resource_id(job_id, f"job_ids[{i}]") for i, job_id in enumerate(request.job_ids))
+        members: _FlowMembers | None = None
+        if request.flow_run_id:
+            flow = await self._control.get_flow_run(convert.resource_id(request.flow_run_id, "flow_run_id"))
+            members = _FlowMembers(self._control.flows, flow)
+            # Only the flow run's jobs can have events of it: the stream is filtered by them first.
+            job_ids = (job_ids & members.job_ids if job_ids else members.job_ids) or frozenset({_NO_JOB})
+        event_filter = EventFilter(job_ids=job_ids, types=convert.event_types(request.types), handler=request.handler)
         try:
             async with self._fanout.subscribe(event_filter, request.cursor or None) as subscription:
                 self._metrics.watchers(self._fanout.subscriber_count)
@@ -79,7 +127,8 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
                 # every later event will reach it, and where to resume if none comes.
                 await context.send_initial_metadata(((CURSOR_METADATA, subscription.cursor),))
                 async for event in subscription:
-                    yield convert.event_response(event)
+                    if members is None or await members.contains(event.run_id):
+                        yield convert.event_response(event)
         except SubscriberTooSlow:
             self._metrics.watcher_too_slow()
             raise

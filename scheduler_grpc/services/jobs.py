@@ -28,7 +28,7 @@ _SUBMESSAGE_FIELDS: Final = {
 }
 _WRITABLE: Final = (
     "name", "handler", "payload", "schedule", "queue", "priority", "retry_policy", "timeout", "misfire_policy",
-    "concurrency_policy",
+    "concurrency_policy", "depends_on", "trigger_rule",
 )  # fmt: skip
 _OUTPUT_ONLY: Final = frozenset({"id", "state", "next_run_time", "etag", "create_time", "update_time"})
 
@@ -123,7 +123,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.UpdateJobResponse(job=convert.job_to_proto(job))
 
     async def DeleteJob(self, request: jobs_pb2.DeleteJobRequest, context: Context) -> jobs_pb2.DeleteJobResponse:
-        await self._control.delete_job(convert.resource_id(request.id))
+        await self._control.delete_job(convert.resource_id(request.id), detach_dependents=request.detach_dependents)
         return jobs_pb2.DeleteJobResponse()
 
     async def PauseJob(self, request: jobs_pb2.PauseJobRequest, context: Context) -> jobs_pb2.PauseJobResponse:

@@ -148,10 +148,56 @@ def job_fields(job: jobs_pb2.Job) -> list[tuple[str, object]]:
         ("timeout", duration(job.timeout)),
         ("misfire policy", label(jobs_pb2.MisfirePolicy.Name(job.misfire_policy))),
         ("concurrency policy", label(jobs_pb2.ConcurrencyPolicy.Name(job.concurrency_policy))),
+        ("depends on", ", ".join(job.depends_on) or "-"),
+        ("trigger rule", label(executions_pb2.TriggerRule.Name(job.trigger_rule))),
         ("etag", job.etag or "-"),
         ("created", when(job.create_time)),
         ("updated", when(job.update_time)),
     ]
+
+
+def flow_lines(flow: executions_pb2.FlowRun) -> list[str]:
+    """A flow run drawn as text: a tree from the root along the dependency edges, each job with its
+    state; a job with several upstreams is drawn in full under the first and marked `(see above)`
+    under the others, with its upstreams listed."""
+    nodes = {node.job_id: node for node in flow.nodes}
+    children: dict[str, list[str]] = {job_id: [] for job_id in nodes}
+    for node in flow.nodes:
+        for upstream in node.upstream_job_ids:
+            if upstream in children:
+                children[upstream].append(node.job_id)
+    for ids in children.values():
+        ids.sort(key=lambda job_id: nodes[job_id].job_name)
+
+    def state(node: executions_pb2.FlowNode) -> str:
+        if node.state == executions_pb2.EXECUTION_STATE_UNSPECIFIED:
+            return "pending"
+        return label(executions_pb2.ExecutionState.Name(node.state))
+
+    def text(node: executions_pb2.FlowNode) -> str:
+        upstreams = [nodes[u].job_name for u in node.upstream_job_ids if u in nodes]
+        after = f"  ← {', '.join(upstreams)}" if len(upstreams) > 1 else ""
+        return f"{node.job_name} [{state(node)}]{after}"
+
+    lines = [f"flow run {flow.id}: {label(executions_pb2.FlowRunState.Name(flow.state))}"]
+    drawn: set[str] = set()
+
+    def draw(job_id: str, prefix: str, last: bool, top: bool) -> None:
+        node = nodes[job_id]
+        branch = "" if top else ("└─▶ " if last else "├─▶ ")
+        if job_id in drawn:
+            lines.append(f"{prefix}{branch}{node.job_name} (see above)")
+            return
+        drawn.add(job_id)
+        lines.append(f"{prefix}{branch}{text(node)}")
+        below = prefix if top else prefix + ("    " if last else "│   ")
+        for index, child in enumerate(children[job_id]):
+            draw(child, below, index == len(children[job_id]) - 1, False)
+
+    roots = [n.job_id for n in flow.nodes if not any(u in nodes for u in n.upstream_job_ids)]
+    for root in sorted(roots, key=lambda job_id: (job_id != flow.root_job_id, nodes[job_id].job_name)):
+        draw(root, "", True, True)
+    return lines
 
 
 def execution_state(execution: executions_pb2.Execution) -> str:

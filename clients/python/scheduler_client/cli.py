@@ -39,6 +39,7 @@ from scheduler_client.client import (
     EXECUTION_STATE,
     JOB_STATE,
     MISFIRE_POLICY,
+    TRIGGER_RULE,
     SchedulerClient,
     to_datetime,
 )
@@ -315,8 +316,10 @@ def _show_job(ctx: Context, job: Any) -> int:
 def _job_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The job flags `jobs create` and `jobs update` share, as client keyword arguments."""
     names = ("payload", "cron", "time_zone", "run_at", "queue", "priority", "max_retries", "initial_backoff",
-             "max_backoff", "jitter", "timeout", "misfire_policy", "concurrency_policy")  # fmt: skip
-    return {name: getattr(args, name) for name in names}
+             "max_backoff", "jitter", "timeout", "misfire_policy", "concurrency_policy", "trigger_rule")  # fmt: skip
+    settings = {name: getattr(args, name) for name in names}
+    settings["depends_on"] = [] if getattr(args, "no_depends_on", False) else args.depends_on
+    return settings
 
 
 async def cmd_jobs_get(ctx: Context) -> int:
@@ -388,7 +391,7 @@ async def cmd_jobs_trigger(ctx: Context) -> int:
 
 async def cmd_jobs_delete(ctx: Context) -> int:
     job_id = await ctx.job_id(ctx.args.job)
-    await ctx.client.delete_job(job_id)
+    await ctx.client.delete_job(job_id, detach_dependents=ctx.args.detach_dependents)
     if ctx.json:
         show.print_json({"deleted": job_id})
     else:
@@ -416,7 +419,8 @@ async def cmd_executions_list(ctx: Context) -> int:
     job_id = await ctx.job_id(args.job) if args.job else None
     executions = []
     async for execution in ctx.client.iter_executions(job_id=job_id, states=args.state or (),
-                                                      page_size=min(args.limit, 1000)):  # fmt: skip
+                                                      page_size=min(args.limit, 1000),
+                                                      flow_run_id=args.flow_run):  # fmt: skip
         executions.append(execution)
         if len(executions) >= args.limit:
             break
@@ -458,7 +462,7 @@ async def cmd_executions_watch(ctx: Context) -> int:
     if not ctx.json:
         print(show.event_header(), flush=True)
     events = ctx.client.watch_executions(job_ids=job_ids, types=args.type or (), handler=args.handler,
-                                         cursor=args.cursor)  # fmt: skip
+                                         cursor=args.cursor, flow_run_id=args.flow_run)  # fmt: skip
     async with contextlib.aclosing(events):
         async for event in events:
             if ctx.json:
@@ -468,6 +472,24 @@ async def cmd_executions_watch(ctx: Context) -> int:
             seen += 1
             if args.count and seen >= args.count:
                 break
+    return 0
+
+
+async def cmd_flows_get(ctx: Context) -> int:
+    flow = await ctx.client.get_flow_run(ctx.args.flow_run)
+    if ctx.json:
+        show.print_json(show.message_dict(flow))
+    else:
+        print("\n".join(show.flow_lines(flow)))
+    return 0
+
+
+async def cmd_flows_cancel(ctx: Context) -> int:
+    flow = await ctx.client.cancel_flow_run(ctx.args.flow_run)
+    if ctx.json:
+        show.print_json(show.message_dict(flow))
+    else:
+        print("\n".join(show.flow_lines(flow)))
     return 0
 
 
@@ -606,6 +628,12 @@ def _job_flags(parser: argparse.ArgumentParser, *, update: bool) -> None:
     parser.add_argument("--timeout", type=parse_duration, metavar="DURATION", help="longest an attempt runs (5m)")
     parser.add_argument("--misfire-policy", choices=MISFIRE_POLICY.choices(), help="slots missed with no leader")
     parser.add_argument("--concurrency-policy", choices=CONCURRENCY_POLICY.choices(), help="overlapping runs")
+    parser.add_argument("--depends-on", action="append", metavar="JOB",
+                        help="an upstream job, id or name (repeatable; on update: replaces the list)")  # fmt: skip
+    parser.add_argument("--trigger-rule", choices=TRIGGER_RULE.choices(),
+                        help="when it runs after its upstreams in a flow run (default all_succeeded)")  # fmt: skip
+    if update:
+        parser.add_argument("--no-depends-on", action="store_true", help="remove every upstream")
     if update:
         parser.add_argument("--etag", help="fail (ABORTED) if the job changed since it had this etag")
     else:
@@ -652,6 +680,9 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = command(job_commands, name, help_text, handler)
         sub.add_argument("job", metavar="JOB", help="job id or name")
+        if name == "delete":
+            sub.add_argument("--detach-dependents", action="store_true",
+                             help="delete it even if other jobs depend on it (they lose that upstream)")  # fmt: skip
     trigger = command(job_commands, "trigger", "run a job now", cmd_jobs_trigger)
     trigger.add_argument("job", metavar="JOB", help="job id or name")
     trigger.add_argument("--request-id", help="idempotency key: the same id never runs the job twice")
@@ -674,6 +705,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--state", action="append", choices=EXECUTION_STATE.choices(),
                          help="only executions in this state (repeatable)")  # fmt: skip
     listing.add_argument("--limit", type=positive_int, default=20, help="at most this many (default 20)")
+    listing.add_argument("--flow-run", metavar="FLOW_RUN_ID", help="only this flow run's")
     get = command(execution_commands, "get", "show one execution", cmd_executions_get)
     get.add_argument("execution", metavar="EXECUTION", help="execution id")
     cancel = command(execution_commands, "cancel", "cancel a run", cmd_executions_cancel)
@@ -684,7 +716,16 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--type", action="append", choices=EVENT_TYPE.choices(), help="only these events (repeatable)")
     watch.add_argument("--handler", help="only this handler's events")
     watch.add_argument("--cursor", help="continue after this event cursor")
+    watch.add_argument("--flow-run", metavar="FLOW_RUN_ID", help="only this flow run's events")
     watch.add_argument("--count", type=positive_int, help="stop after this many events")
+
+    flows = command(commands, "flows", "show and cancel flow runs (job dependencies)")
+    flow_commands = flows.add_subparsers(dest="flows_command", metavar="ACTION", required=True)
+    get = command(flow_commands, "get", "draw a flow run's jobs as a tree with their states", cmd_flows_get)
+    get.add_argument("flow_run", metavar="FLOW_RUN_ID", help="flow run id (the run id of the run that started it)")
+    cancel = command(flow_commands, "cancel", "cancel a flow run's queued, running and waiting jobs",
+                     cmd_flows_cancel)  # fmt: skip
+    cancel.add_argument("flow_run", metavar="FLOW_RUN_ID", help="flow run id")
 
     dlq = command(commands, "dlq", "list, requeue and purge dead-lettered runs")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)

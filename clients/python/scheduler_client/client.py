@@ -142,6 +142,8 @@ JOB_VIEW = _EnumType(jobs_pb2.JobView, "JOB_VIEW_", "view")
 EXECUTION_VIEW = _EnumType(executions_pb2.ExecutionView, "EXECUTION_VIEW_", "view")
 EVENT_TYPE = _EnumType(executions_pb2.EventType, "EVENT_TYPE_", "event type")
 ROLE = _EnumType(auth_pb2.Role, "ROLE_", "role")
+TRIGGER_RULE = _EnumType(executions_pb2.TriggerRule, "TRIGGER_RULE_", "trigger_rule")
+FLOW_RUN_STATE = _EnumType(executions_pb2.FlowRunState, "FLOW_RUN_STATE_", "flow run state")
 
 _LABEL_PREFIXES = (
     "JOB_STATE_",
@@ -152,6 +154,8 @@ _LABEL_PREFIXES = (
     "DST_EFFECT_",
     "EXECUTION_STATE_",
     "EVENT_TYPE_",
+    "TRIGGER_RULE_",
+    "FLOW_RUN_STATE_",
     "TRIGGER_",
     "ROLE_",
     "BREAKER_STATE_",
@@ -383,6 +387,8 @@ class SchedulerClient:
         timeout: Seconds | None = None,  # noqa: ASYNC109 - the job's attempt timeout, not this call's
         misfire_policy: int | str | None = None,
         concurrency_policy: int | str | None = None,
+        depends_on: Sequence[str] | None = None,
+        trigger_rule: int | str | None = None,
         request_id: str | None = None,
         rpc_timeout: float | None = None,
     ) -> jobs_pb2.Job:
@@ -408,6 +414,8 @@ class SchedulerClient:
             timeout=timeout,
             misfire_policy=misfire_policy,
             concurrency_policy=concurrency_policy,
+            depends_on=depends_on,
+            trigger_rule=trigger_rule,
         )
         return await self.create_job_message(job, request_id=request_id, rpc_timeout=rpc_timeout)
 
@@ -496,6 +504,8 @@ class SchedulerClient:
         timeout: Seconds | None = None,  # noqa: ASYNC109 - the job's attempt timeout, not this call's
         misfire_policy: int | str | None = None,
         concurrency_policy: int | str | None = None,
+        depends_on: Sequence[str] | None = None,
+        trigger_rule: int | str | None = None,
         rpc_timeout: float | None = None,
     ) -> jobs_pb2.Job:
         """Change the given fields only (a field mask of the arguments not None).
@@ -520,6 +530,8 @@ class SchedulerClient:
             timeout=timeout,
             misfire_policy=misfire_policy,
             concurrency_policy=concurrency_policy,
+            depends_on=depends_on,
+            trigger_rule=trigger_rule,
         )
         job.id = job_id
         given = {
@@ -540,6 +552,8 @@ class SchedulerClient:
             "timeout": timeout,
             "misfire_policy": misfire_policy,
             "concurrency_policy": concurrency_policy,
+            "depends_on": depends_on,  # [] clears them
+            "trigger_rule": trigger_rule,
         }
         paths = [path for path, value in given.items() if value is not None]
         if not paths:
@@ -561,10 +575,15 @@ class SchedulerClient:
         response = await self._call(_JOBS + "UpdateJob", request, jobs_pb2.UpdateJobResponse, rpc_timeout)
         return response.job
 
-    async def delete_job(self, job_id: str, *, rpc_timeout: float | None = None) -> None:
-        """Delete a job and its history."""
+    async def delete_job(
+        self, job_id: str, *, detach_dependents: bool = False, rpc_timeout: float | None = None
+    ) -> None:
+        """Delete a job and its history (one others depend on only with `detach_dependents`)."""
         await self._call(
-            _JOBS + "DeleteJob", jobs_pb2.DeleteJobRequest(id=job_id), jobs_pb2.DeleteJobResponse, rpc_timeout
+            _JOBS + "DeleteJob",
+            jobs_pb2.DeleteJobRequest(id=job_id, detach_dependents=detach_dependents),
+            jobs_pb2.DeleteJobResponse,
+            rpc_timeout,
         )
 
     async def pause_job(self, job_id: str, *, rpc_timeout: float | None = None) -> jobs_pb2.Job:
@@ -646,6 +665,7 @@ class SchedulerClient:
         page_size: int = 0,
         page_token: str = "",
         view: int | str | None = None,
+        flow_run_id: str | None = None,
         rpc_timeout: float | None = None,
     ) -> Page[executions_pb2.Execution]:
         """One page of executions, newest first, optionally of one job and in some states ("succeeded", ...);
@@ -656,6 +676,7 @@ class SchedulerClient:
             job_id=job_id or "",
             states=[EXECUTION_STATE.name(state) for state in states],
             view=EXECUTION_VIEW.name(view) if view is not None else "EXECUTION_VIEW_UNSPECIFIED",
+            flow_run_id=flow_run_id or "",
         )
         response = await self._call(
             _EXECUTIONS + "ListExecutions", request, executions_pb2.ListExecutionsResponse, rpc_timeout
@@ -669,14 +690,40 @@ class SchedulerClient:
         states: Iterable[int | str] = (),
         page_size: int = 0,
         view: int | str | None = None,
+        flow_run_id: str | None = None,
     ) -> AsyncIterator[executions_pb2.Execution]:
         """Every execution, page after page, newest first."""
         wanted = list(states)
         return _pages(
             lambda token: self.list_executions(
-                job_id=job_id, states=wanted, page_size=page_size, page_token=token, view=view
+                job_id=job_id,
+                states=wanted,
+                page_size=page_size,
+                page_token=token,
+                view=view,
+                flow_run_id=flow_run_id,
             )
         )
+
+    async def get_flow_run(self, flow_run_id: str, *, rpc_timeout: float | None = None) -> executions_pb2.FlowRun:
+        """A flow run (job dependencies) with every node and its state."""
+        response = await self._call(
+            _EXECUTIONS + "GetFlowRun",
+            executions_pb2.GetFlowRunRequest(id=flow_run_id),
+            executions_pb2.GetFlowRunResponse,
+            rpc_timeout,
+        )
+        return response.flow_run
+
+    async def cancel_flow_run(self, flow_run_id: str, *, rpc_timeout: float | None = None) -> executions_pb2.FlowRun:
+        """Cancel a flow run: its queued and running runs, and the nodes still waiting."""
+        response = await self._call(
+            _EXECUTIONS + "CancelFlowRun",
+            executions_pb2.CancelFlowRunRequest(id=flow_run_id),
+            executions_pb2.CancelFlowRunResponse,
+            rpc_timeout,
+        )
+        return response.flow_run
 
     async def cancel_execution(
         self, execution_id: str, *, rpc_timeout: float | None = None
@@ -697,6 +744,7 @@ class SchedulerClient:
         types: Iterable[int | str] = (),
         handler: str | None = None,
         cursor: str | None = None,
+        flow_run_id: str | None = None,
         max_reconnects: int = 10,
         reconnect_delay: float = 0.1,
         max_reconnect_delay: float = 2.0,
@@ -720,6 +768,7 @@ class SchedulerClient:
             types=[EVENT_TYPE.name(kind) for kind in types],
             handler=handler or "",
             cursor=cursor or "",
+            flow_run_id=flow_run_id or "",
         )
         failures = 0
         delay = reconnect_delay
@@ -929,6 +978,8 @@ def build_job(
     timeout: Seconds | None = None,
     misfire_policy: int | str | None = None,
     concurrency_policy: int | str | None = None,
+    depends_on: Sequence[str] | None = None,
+    trigger_rule: int | str | None = None,
 ) -> jobs_pb2.Job:
     """A `Job` message from plain arguments; unset ones stay unset (server defaults).
 
@@ -950,6 +1001,10 @@ def build_job(
         job.MergeFrom(jobs_pb2.Job(misfire_policy=MISFIRE_POLICY.name(misfire_policy)))
     if concurrency_policy is not None:
         job.MergeFrom(jobs_pb2.Job(concurrency_policy=CONCURRENCY_POLICY.name(concurrency_policy)))
+    if depends_on is not None:
+        job.depends_on.extend(depends_on)
+    if trigger_rule is not None:
+        job.MergeFrom(jobs_pb2.Job(trigger_rule=TRIGGER_RULE.name(trigger_rule)))
     return job
 
 

@@ -26,41 +26,57 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dscheduler/v1/executions.proto\x12\x0cscheduler.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x04\n\tExecution\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x31\n\rschedule_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12+\n\x05state\x18\x06 \x01(\x0e\x32\x1c.scheduler.v1.ExecutionState\x12&\n\x07trigger\x18\x07 \x01(\x0e\x32\x15.scheduler.v1.Trigger\x12,\n\x08\x64ue_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x11\n\tworker_id\x18\n \x01(\t\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x0e \x01(\t\x12&\n\x06result\x18\x0f \x01(\x0b\x32\x16.google.protobuf.Value\x12\x32\n\x0emissed_through\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cmissed_count\x18\x11 \x01(\x05\"!\n\x13GetExecutionRequest\x12\n\n\x02id\x18\x01 \x01(\t\"B\n\x14GetExecutionResponse\x12*\n\texecution\x18\x01 \x01(\x0b\x32\x17.scheduler.v1.Execution\"\xa7\x01\n\x15ListExecutionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12,\n\x06states\x18\x04 \x03(\x0e\x32\x1c.scheduler.v1.ExecutionState\x12)\n\x04view\x18\x05 \x01(\x0e\x32\x1b.scheduler.v1.ExecutionView\"^\n\x16ListExecutionsResponse\x12+\n\nexecutions\x18\x01 \x03(\x0b\x32\x17.scheduler.v1.Execution\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"$\n\x16\x43\x61ncelExecutionRequest\x12\n\n\x02id\x18\x01 \x01(\t\"E\n\x17\x43\x61ncelExecutionResponse\x12*\n\texecution\x18\x01 \x01(\x0b\x32\x17.scheduler.v1.Execution\"\xf1\x01\n\x0e\x45xecutionEvent\x12\x0e\n\x06\x63ursor\x18\x01 \x01(\t\x12%\n\x04type\x18\x02 \x01(\x0e\x32\x17.scheduler.v1.EventType\x12\x14\n\x0c\x65xecution_id\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x0f\n\x07handler\x18\x07 \x01(\t\x12\x11\n\tworker_id\x18\x08 \x01(\t\x12\r\n\x05\x65rror\x18\t \x01(\t\x12.\n\nevent_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"r\n\x16WatchExecutionsRequest\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\x12&\n\x05types\x18\x02 \x03(\x0e\x32\x17.scheduler.v1.EventType\x12\x0f\n\x07handler\x18\x03 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\t\"F\n\x17WatchExecutionsResponse\x12+\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1c.scheduler.v1.ExecutionEvent*\xf6\x02\n\x0e\x45xecutionState\x12\x1f\n\x1b\x45XECUTION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45XECUTION_STATE_QUEUED\x10\x01\x12\x1b\n\x17\x45XECUTION_STATE_RUNNING\x10\x02\x12\x1d\n\x19\x45XECUTION_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16\x45XECUTION_STATE_FAILED\x10\x04\x12\x1d\n\x19\x45XECUTION_STATE_TIMED_OUT\x10\x05\x12\x1d\n\x19\x45XECUTION_STATE_CANCELLED\x10\x06\x12\x18\n\x14\x45XECUTION_STATE_DEAD\x10\x07\x12\x1d\n\x19\x45XECUTION_STATE_ABANDONED\x10\x08\x12\x1b\n\x17\x45XECUTION_STATE_SKIPPED\x10\t\x12\x1a\n\x16\x45XECUTION_STATE_MISSED\x10\n\x12\x1f\n\x1b\x45XECUTION_STATE_INTERRUPTED\x10\x0b*\x8e\x01\n\x07Trigger\x12\x17\n\x13TRIGGER_UNSPECIFIED\x10\x00\x12\x14\n\x10TRIGGER_SCHEDULE\x10\x01\x12\x12\n\x0eTRIGGER_MANUAL\x10\x02\x12\x11\n\rTRIGGER_RETRY\x10\x03\x12\x14\n\x10TRIGGER_BACKFILL\x10\x04\x12\x17\n\x13TRIGGER_DLQ_REQUEUE\x10\x05*b\n\rExecutionView\x12\x1e\n\x1a\x45XECUTION_VIEW_UNSPECIFIED\x10\x00\x12\x18\n\x14\x45XECUTION_VIEW_BASIC\x10\x01\x12\x17\n\x13\x45XECUTION_VIEW_FULL\x10\x02*\xcf\x02\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x45VENT_TYPE_CREATED\x10\x01\x12\x16\n\x12\x45VENT_TYPE_STARTED\x10\x02\x12\x18\n\x14\x45VENT_TYPE_SUCCEEDED\x10\x03\x12\x15\n\x11\x45VENT_TYPE_FAILED\x10\x04\x12\x18\n\x14\x45VENT_TYPE_TIMED_OUT\x10\x05\x12\x17\n\x13\x45VENT_TYPE_RETRYING\x10\x06\x12\x13\n\x0f\x45VENT_TYPE_DEAD\x10\x07\x12\x18\n\x14\x45VENT_TYPE_CANCELLED\x10\x08\x12\x18\n\x14\x45VENT_TYPE_ABANDONED\x10\t\x12\x16\n\x12\x45VENT_TYPE_SKIPPED\x10\n\x12\x15\n\x11\x45VENT_TYPE_MISSED\x10\x0b\x12\x1a\n\x16\x45VENT_TYPE_INTERRUPTED\x10\x0c\x32\x88\x03\n\x10\x45xecutionService\x12U\n\x0cGetExecution\x12!.scheduler.v1.GetExecutionRequest\x1a\".scheduler.v1.GetExecutionResponse\x12[\n\x0eListExecutions\x12#.scheduler.v1.ListExecutionsRequest\x1a$.scheduler.v1.ListExecutionsResponse\x12^\n\x0f\x43\x61ncelExecution\x12$.scheduler.v1.CancelExecutionRequest\x1a%.scheduler.v1.CancelExecutionResponse\x12`\n\x0fWatchExecutions\x12$.scheduler.v1.WatchExecutionsRequest\x1a%.scheduler.v1.WatchExecutionsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dscheduler/v1/executions.proto\x12\x0cscheduler.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x04\n\tExecution\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x31\n\rschedule_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12+\n\x05state\x18\x06 \x01(\x0e\x32\x1c.scheduler.v1.ExecutionState\x12&\n\x07trigger\x18\x07 \x01(\x0e\x32\x15.scheduler.v1.Trigger\x12,\n\x08\x64ue_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x11\n\tworker_id\x18\n \x01(\t\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x0e \x01(\t\x12&\n\x06result\x18\x0f \x01(\x0b\x32\x16.google.protobuf.Value\x12\x32\n\x0emissed_through\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cmissed_count\x18\x11 \x01(\x05\x12\x13\n\x0b\x66low_run_id\x18\x12 \x01(\t\"!\n\x13GetExecutionRequest\x12\n\n\x02id\x18\x01 \x01(\t\"B\n\x14GetExecutionResponse\x12*\n\texecution\x18\x01 \x01(\x0b\x32\x17.scheduler.v1.Execution\"\xbc\x01\n\x15ListExecutionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12,\n\x06states\x18\x04 \x03(\x0e\x32\x1c.scheduler.v1.ExecutionState\x12)\n\x04view\x18\x05 \x01(\x0e\x32\x1b.scheduler.v1.ExecutionView\x12\x13\n\x0b\x66low_run_id\x18\x06 \x01(\t\"^\n\x16ListExecutionsResponse\x12+\n\nexecutions\x18\x01 \x03(\x0b\x32\x17.scheduler.v1.Execution\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"$\n\x16\x43\x61ncelExecutionRequest\x12\n\n\x02id\x18\x01 \x01(\t\"E\n\x17\x43\x61ncelExecutionResponse\x12*\n\texecution\x18\x01 \x01(\x0b\x32\x17.scheduler.v1.Execution\"\xf1\x01\n\x0e\x45xecutionEvent\x12\x0e\n\x06\x63ursor\x18\x01 \x01(\t\x12%\n\x04type\x18\x02 \x01(\x0e\x32\x17.scheduler.v1.EventType\x12\x14\n\x0c\x65xecution_id\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x0f\n\x07handler\x18\x07 \x01(\t\x12\x11\n\tworker_id\x18\x08 \x01(\t\x12\r\n\x05\x65rror\x18\t \x01(\t\x12.\n\nevent_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x87\x01\n\x16WatchExecutionsRequest\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\x12&\n\x05types\x18\x02 \x03(\x0e\x32\x17.scheduler.v1.EventType\x12\x0f\n\x07handler\x18\x03 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\t\x12\x13\n\x0b\x66low_run_id\x18\x05 \x01(\t\"F\n\x17WatchExecutionsResponse\x12+\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1c.scheduler.v1.ExecutionEvent\"\xca\x01\n\x08\x46lowNode\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08job_name\x18\x02 \x01(\t\x12\x18\n\x10upstream_job_ids\x18\x03 \x03(\t\x12/\n\x0ctrigger_rule\x18\x04 \x01(\x0e\x32\x19.scheduler.v1.TriggerRule\x12\x0e\n\x06run_id\x18\x05 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x06 \x01(\t\x12+\n\x05state\x18\x07 \x01(\x0e\x32\x1c.scheduler.v1.ExecutionState\"\xdb\x01\n\x07\x46lowRun\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0broot_job_id\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.scheduler.v1.FlowRunState\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x05nodes\x18\x06 \x03(\x0b\x32\x16.scheduler.v1.FlowNode\"\x1f\n\x11GetFlowRunRequest\x12\n\n\x02id\x18\x01 \x01(\t\"=\n\x12GetFlowRunResponse\x12\'\n\x08\x66low_run\x18\x01 \x01(\x0b\x32\x15.scheduler.v1.FlowRun\"\"\n\x14\x43\x61ncelFlowRunRequest\x12\n\n\x02id\x18\x01 \x01(\t\"@\n\x15\x43\x61ncelFlowRunResponse\x12\'\n\x08\x66low_run\x18\x01 \x01(\x0b\x32\x15.scheduler.v1.FlowRun*\x9b\x03\n\x0e\x45xecutionState\x12\x1f\n\x1b\x45XECUTION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45XECUTION_STATE_QUEUED\x10\x01\x12\x1b\n\x17\x45XECUTION_STATE_RUNNING\x10\x02\x12\x1d\n\x19\x45XECUTION_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16\x45XECUTION_STATE_FAILED\x10\x04\x12\x1d\n\x19\x45XECUTION_STATE_TIMED_OUT\x10\x05\x12\x1d\n\x19\x45XECUTION_STATE_CANCELLED\x10\x06\x12\x18\n\x14\x45XECUTION_STATE_DEAD\x10\x07\x12\x1d\n\x19\x45XECUTION_STATE_ABANDONED\x10\x08\x12\x1b\n\x17\x45XECUTION_STATE_SKIPPED\x10\t\x12\x1a\n\x16\x45XECUTION_STATE_MISSED\x10\n\x12\x1f\n\x1b\x45XECUTION_STATE_INTERRUPTED\x10\x0b\x12#\n\x1f\x45XECUTION_STATE_UPSTREAM_FAILED\x10\x0c*\xa4\x01\n\x07Trigger\x12\x17\n\x13TRIGGER_UNSPECIFIED\x10\x00\x12\x14\n\x10TRIGGER_SCHEDULE\x10\x01\x12\x12\n\x0eTRIGGER_MANUAL\x10\x02\x12\x11\n\rTRIGGER_RETRY\x10\x03\x12\x14\n\x10TRIGGER_BACKFILL\x10\x04\x12\x17\n\x13TRIGGER_DLQ_REQUEUE\x10\x05\x12\x14\n\x10TRIGGER_UPSTREAM\x10\x06*b\n\rExecutionView\x12\x1e\n\x1a\x45XECUTION_VIEW_UNSPECIFIED\x10\x00\x12\x18\n\x14\x45XECUTION_VIEW_BASIC\x10\x01\x12\x17\n\x13\x45XECUTION_VIEW_FULL\x10\x02*\xef\x02\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x45VENT_TYPE_CREATED\x10\x01\x12\x16\n\x12\x45VENT_TYPE_STARTED\x10\x02\x12\x18\n\x14\x45VENT_TYPE_SUCCEEDED\x10\x03\x12\x15\n\x11\x45VENT_TYPE_FAILED\x10\x04\x12\x18\n\x14\x45VENT_TYPE_TIMED_OUT\x10\x05\x12\x17\n\x13\x45VENT_TYPE_RETRYING\x10\x06\x12\x13\n\x0f\x45VENT_TYPE_DEAD\x10\x07\x12\x18\n\x14\x45VENT_TYPE_CANCELLED\x10\x08\x12\x18\n\x14\x45VENT_TYPE_ABANDONED\x10\t\x12\x16\n\x12\x45VENT_TYPE_SKIPPED\x10\n\x12\x15\n\x11\x45VENT_TYPE_MISSED\x10\x0b\x12\x1a\n\x16\x45VENT_TYPE_INTERRUPTED\x10\x0c\x12\x1e\n\x1a\x45VENT_TYPE_UPSTREAM_FAILED\x10\r*\x83\x01\n\x0bTriggerRule\x12\x1c\n\x18TRIGGER_RULE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTRIGGER_RULE_ALL_SUCCEEDED\x10\x01\x12\x19\n\x15TRIGGER_RULE_ALL_DONE\x10\x02\x12\x1b\n\x17TRIGGER_RULE_ANY_FAILED\x10\x03*\xa1\x01\n\x0c\x46lowRunState\x12\x1e\n\x1a\x46LOW_RUN_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46LOW_RUN_STATE_RUNNING\x10\x01\x12\x1c\n\x18\x46LOW_RUN_STATE_SUCCEEDED\x10\x02\x12\x19\n\x15\x46LOW_RUN_STATE_FAILED\x10\x03\x12\x1c\n\x18\x46LOW_RUN_STATE_CANCELLED\x10\x04\x32\xb3\x04\n\x10\x45xecutionService\x12U\n\x0cGetExecution\x12!.scheduler.v1.GetExecutionRequest\x1a\".scheduler.v1.GetExecutionResponse\x12[\n\x0eListExecutions\x12#.scheduler.v1.ListExecutionsRequest\x1a$.scheduler.v1.ListExecutionsResponse\x12^\n\x0f\x43\x61ncelExecution\x12$.scheduler.v1.CancelExecutionRequest\x1a%.scheduler.v1.CancelExecutionResponse\x12`\n\x0fWatchExecutions\x12$.scheduler.v1.WatchExecutionsRequest\x1a%.scheduler.v1.WatchExecutionsResponse0\x01\x12O\n\nGetFlowRun\x12\x1f.scheduler.v1.GetFlowRunRequest\x1a .scheduler.v1.GetFlowRunResponse\x12X\n\rCancelFlowRun\x12\".scheduler.v1.CancelFlowRunRequest\x1a#.scheduler.v1.CancelFlowRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'scheduler.v1.executions_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EXECUTIONSTATE']._serialized_start=1587
-  _globals['_EXECUTIONSTATE']._serialized_end=1961
-  _globals['_TRIGGER']._serialized_start=1964
-  _globals['_TRIGGER']._serialized_end=2106
-  _globals['_EXECUTIONVIEW']._serialized_start=2108
-  _globals['_EXECUTIONVIEW']._serialized_end=2206
-  _globals['_EVENTTYPE']._serialized_start=2209
-  _globals['_EVENTTYPE']._serialized_end=2544
+  _globals['_EXECUTIONSTATE']._serialized_start=2276
+  _globals['_EXECUTIONSTATE']._serialized_end=2687
+  _globals['_TRIGGER']._serialized_start=2690
+  _globals['_TRIGGER']._serialized_end=2854
+  _globals['_EXECUTIONVIEW']._serialized_start=2856
+  _globals['_EXECUTIONVIEW']._serialized_end=2954
+  _globals['_EVENTTYPE']._serialized_start=2957
+  _globals['_EVENTTYPE']._serialized_end=3324
+  _globals['_TRIGGERRULE']._serialized_start=3327
+  _globals['_TRIGGERRULE']._serialized_end=3458
+  _globals['_FLOWRUNSTATE']._serialized_start=3461
+  _globals['_FLOWRUNSTATE']._serialized_end=3622
   _globals['_EXECUTION']._serialized_start=111
-  _globals['_EXECUTION']._serialized_end=674
-  _globals['_GETEXECUTIONREQUEST']._serialized_start=676
-  _globals['_GETEXECUTIONREQUEST']._serialized_end=709
-  _globals['_GETEXECUTIONRESPONSE']._serialized_start=711
-  _globals['_GETEXECUTIONRESPONSE']._serialized_end=777
-  _globals['_LISTEXECUTIONSREQUEST']._serialized_start=780
-  _globals['_LISTEXECUTIONSREQUEST']._serialized_end=947
-  _globals['_LISTEXECUTIONSRESPONSE']._serialized_start=949
-  _globals['_LISTEXECUTIONSRESPONSE']._serialized_end=1043
-  _globals['_CANCELEXECUTIONREQUEST']._serialized_start=1045
-  _globals['_CANCELEXECUTIONREQUEST']._serialized_end=1081
-  _globals['_CANCELEXECUTIONRESPONSE']._serialized_start=1083
-  _globals['_CANCELEXECUTIONRESPONSE']._serialized_end=1152
-  _globals['_EXECUTIONEVENT']._serialized_start=1155
-  _globals['_EXECUTIONEVENT']._serialized_end=1396
-  _globals['_WATCHEXECUTIONSREQUEST']._serialized_start=1398
-  _globals['_WATCHEXECUTIONSREQUEST']._serialized_end=1512
-  _globals['_WATCHEXECUTIONSRESPONSE']._serialized_start=1514
-  _globals['_WATCHEXECUTIONSRESPONSE']._serialized_end=1584
-  _globals['_EXECUTIONSERVICE']._serialized_start=2547
-  _globals['_EXECUTIONSERVICE']._serialized_end=2939
+  _globals['_EXECUTION']._serialized_end=695
+  _globals['_GETEXECUTIONREQUEST']._serialized_start=697
+  _globals['_GETEXECUTIONREQUEST']._serialized_end=730
+  _globals['_GETEXECUTIONRESPONSE']._serialized_start=732
+  _globals['_GETEXECUTIONRESPONSE']._serialized_end=798
+  _globals['_LISTEXECUTIONSREQUEST']._serialized_start=801
+  _globals['_LISTEXECUTIONSREQUEST']._serialized_end=989
+  _globals['_LISTEXECUTIONSRESPONSE']._serialized_start=991
+  _globals['_LISTEXECUTIONSRESPONSE']._serialized_end=1085
+  _globals['_CANCELEXECUTIONREQUEST']._serialized_start=1087
+  _globals['_CANCELEXECUTIONREQUEST']._serialized_end=1123
+  _globals['_CANCELEXECUTIONRESPONSE']._serialized_start=1125
+  _globals['_CANCELEXECUTIONRESPONSE']._serialized_end=1194
+  _globals['_EXECUTIONEVENT']._serialized_start=1197
+  _globals['_EXECUTIONEVENT']._serialized_end=1438
+  _globals['_WATCHEXECUTIONSREQUEST']._serialized_start=1441
+  _globals['_WATCHEXECUTIONSREQUEST']._serialized_end=1576
+  _globals['_WATCHEXECUTIONSRESPONSE']._serialized_start=1578
+  _globals['_WATCHEXECUTIONSRESPONSE']._serialized_end=1648
+  _globals['_FLOWNODE']._serialized_start=1651
+  _globals['_FLOWNODE']._serialized_end=1853
+  _globals['_FLOWRUN']._serialized_start=1856
+  _globals['_FLOWRUN']._serialized_end=2075
+  _globals['_GETFLOWRUNREQUEST']._serialized_start=2077
+  _globals['_GETFLOWRUNREQUEST']._serialized_end=2108
+  _globals['_GETFLOWRUNRESPONSE']._serialized_start=2110
+  _globals['_GETFLOWRUNRESPONSE']._serialized_end=2171
+  _globals['_CANCELFLOWRUNREQUEST']._serialized_start=2173
+  _globals['_CANCELFLOWRUNREQUEST']._serialized_end=2207
+  _globals['_CANCELFLOWRUNRESPONSE']._serialized_start=2209
+  _globals['_CANCELFLOWRUNRESPONSE']._serialized_end=2273
+  _globals['_EXECUTIONSERVICE']._serialized_start=3625
+  _globals['_EXECUTIONSERVICE']._serialized_end=4188
 # @@protoc_insertion_point(module_scope)

@@ -25,6 +25,7 @@ class ExecutionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXECUTION_STATE_SKIPPED: _ClassVar[ExecutionState]
     EXECUTION_STATE_MISSED: _ClassVar[ExecutionState]
     EXECUTION_STATE_INTERRUPTED: _ClassVar[ExecutionState]
+    EXECUTION_STATE_UPSTREAM_FAILED: _ClassVar[ExecutionState]
 
 class Trigger(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -34,6 +35,7 @@ class Trigger(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRIGGER_RETRY: _ClassVar[Trigger]
     TRIGGER_BACKFILL: _ClassVar[Trigger]
     TRIGGER_DLQ_REQUEUE: _ClassVar[Trigger]
+    TRIGGER_UPSTREAM: _ClassVar[Trigger]
 
 class ExecutionView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -56,6 +58,22 @@ class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_TYPE_SKIPPED: _ClassVar[EventType]
     EVENT_TYPE_MISSED: _ClassVar[EventType]
     EVENT_TYPE_INTERRUPTED: _ClassVar[EventType]
+    EVENT_TYPE_UPSTREAM_FAILED: _ClassVar[EventType]
+
+class TriggerRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRIGGER_RULE_UNSPECIFIED: _ClassVar[TriggerRule]
+    TRIGGER_RULE_ALL_SUCCEEDED: _ClassVar[TriggerRule]
+    TRIGGER_RULE_ALL_DONE: _ClassVar[TriggerRule]
+    TRIGGER_RULE_ANY_FAILED: _ClassVar[TriggerRule]
+
+class FlowRunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FLOW_RUN_STATE_UNSPECIFIED: _ClassVar[FlowRunState]
+    FLOW_RUN_STATE_RUNNING: _ClassVar[FlowRunState]
+    FLOW_RUN_STATE_SUCCEEDED: _ClassVar[FlowRunState]
+    FLOW_RUN_STATE_FAILED: _ClassVar[FlowRunState]
+    FLOW_RUN_STATE_CANCELLED: _ClassVar[FlowRunState]
 EXECUTION_STATE_UNSPECIFIED: ExecutionState
 EXECUTION_STATE_QUEUED: ExecutionState
 EXECUTION_STATE_RUNNING: ExecutionState
@@ -68,12 +86,14 @@ EXECUTION_STATE_ABANDONED: ExecutionState
 EXECUTION_STATE_SKIPPED: ExecutionState
 EXECUTION_STATE_MISSED: ExecutionState
 EXECUTION_STATE_INTERRUPTED: ExecutionState
+EXECUTION_STATE_UPSTREAM_FAILED: ExecutionState
 TRIGGER_UNSPECIFIED: Trigger
 TRIGGER_SCHEDULE: Trigger
 TRIGGER_MANUAL: Trigger
 TRIGGER_RETRY: Trigger
 TRIGGER_BACKFILL: Trigger
 TRIGGER_DLQ_REQUEUE: Trigger
+TRIGGER_UPSTREAM: Trigger
 EXECUTION_VIEW_UNSPECIFIED: ExecutionView
 EXECUTION_VIEW_BASIC: ExecutionView
 EXECUTION_VIEW_FULL: ExecutionView
@@ -90,9 +110,19 @@ EVENT_TYPE_ABANDONED: EventType
 EVENT_TYPE_SKIPPED: EventType
 EVENT_TYPE_MISSED: EventType
 EVENT_TYPE_INTERRUPTED: EventType
+EVENT_TYPE_UPSTREAM_FAILED: EventType
+TRIGGER_RULE_UNSPECIFIED: TriggerRule
+TRIGGER_RULE_ALL_SUCCEEDED: TriggerRule
+TRIGGER_RULE_ALL_DONE: TriggerRule
+TRIGGER_RULE_ANY_FAILED: TriggerRule
+FLOW_RUN_STATE_UNSPECIFIED: FlowRunState
+FLOW_RUN_STATE_RUNNING: FlowRunState
+FLOW_RUN_STATE_SUCCEEDED: FlowRunState
+FLOW_RUN_STATE_FAILED: FlowRunState
+FLOW_RUN_STATE_CANCELLED: FlowRunState
 
 class Execution(_message.Message):
-    __slots__ = ("id", "run_id", "job_id", "schedule_time", "attempt", "state", "trigger", "due_time", "priority", "worker_id", "create_time", "start_time", "end_time", "error", "result", "missed_through", "missed_count")
+    __slots__ = ("id", "run_id", "job_id", "schedule_time", "attempt", "state", "trigger", "due_time", "priority", "worker_id", "create_time", "start_time", "end_time", "error", "result", "missed_through", "missed_count", "flow_run_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +140,7 @@ class Execution(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     MISSED_THROUGH_FIELD_NUMBER: _ClassVar[int]
     MISSED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FLOW_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     run_id: str
     job_id: str
@@ -127,7 +158,8 @@ class Execution(_message.Message):
     result: _struct_pb2.Value
     missed_through: _timestamp_pb2.Timestamp
     missed_count: int
-    def __init__(self, id: _Optional[str] = ..., run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., schedule_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[ExecutionState, str]] = ..., trigger: _Optional[_Union[Trigger, str]] = ..., due_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., worker_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., missed_through: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_count: _Optional[int] = ...) -> None: ...
+    flow_run_id: str
+    def __init__(self, id: _Optional[str] = ..., run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., schedule_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[ExecutionState, str]] = ..., trigger: _Optional[_Union[Trigger, str]] = ..., due_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., worker_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., missed_through: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_count: _Optional[int] = ..., flow_run_id: _Optional[str] = ...) -> None: ...
 
 class GetExecutionRequest(_message.Message):
     __slots__ = ("id",)
@@ -142,18 +174,20 @@ class GetExecutionResponse(_message.Message):
     def __init__(self, execution: _Optional[_Union[Execution, _Mapping]] = ...) -> None: ...
 
 class ListExecutionsRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "job_id", "states", "view")
+    __slots__ = ("page_size", "page_token", "job_id", "states", "view", "flow_run_id")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     VIEW_FIELD_NUMBER: _ClassVar[int]
+    FLOW_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     job_id: str
     states: _containers.RepeatedScalarFieldContainer[ExecutionState]
     view: ExecutionView
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., job_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[ExecutionState, str]]] = ..., view: _Optional[_Union[ExecutionView, str]] = ...) -> None: ...
+    flow_run_id: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., job_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[ExecutionState, str]]] = ..., view: _Optional[_Union[ExecutionView, str]] = ..., flow_run_id: _Optional[str] = ...) -> None: ...
 
 class ListExecutionsResponse(_message.Message):
     __slots__ = ("executions", "next_page_token")
@@ -200,19 +234,79 @@ class ExecutionEvent(_message.Message):
     def __init__(self, cursor: _Optional[str] = ..., type: _Optional[_Union[EventType, str]] = ..., execution_id: _Optional[str] = ..., run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., handler: _Optional[str] = ..., worker_id: _Optional[str] = ..., error: _Optional[str] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WatchExecutionsRequest(_message.Message):
-    __slots__ = ("job_ids", "types", "handler", "cursor")
+    __slots__ = ("job_ids", "types", "handler", "cursor", "flow_run_id")
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     TYPES_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
+    FLOW_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     job_ids: _containers.RepeatedScalarFieldContainer[str]
     types: _containers.RepeatedScalarFieldContainer[EventType]
     handler: str
     cursor: str
-    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., types: _Optional[_Iterable[_Union[EventType, str]]] = ..., handler: _Optional[str] = ..., cursor: _Optional[str] = ...) -> None: ...
+    flow_run_id: str
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., types: _Optional[_Iterable[_Union[EventType, str]]] = ..., handler: _Optional[str] = ..., cursor: _Optional[str] = ..., flow_run_id: _Optional[str] = ...) -> None: ...
 
 class WatchExecutionsResponse(_message.Message):
     __slots__ = ("event",)
     EVENT_FIELD_NUMBER: _ClassVar[int]
     event: ExecutionEvent
     def __init__(self, event: _Optional[_Union[ExecutionEvent, _Mapping]] = ...) -> None: ...
+
+class FlowNode(_message.Message):
+    __slots__ = ("job_id", "job_name", "upstream_job_ids", "trigger_rule", "run_id", "execution_id", "state")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_RULE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    job_name: str
+    upstream_job_ids: _containers.RepeatedScalarFieldContainer[str]
+    trigger_rule: TriggerRule
+    run_id: str
+    execution_id: str
+    state: ExecutionState
+    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., upstream_job_ids: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., run_id: _Optional[str] = ..., execution_id: _Optional[str] = ..., state: _Optional[_Union[ExecutionState, str]] = ...) -> None: ...
+
+class FlowRun(_message.Message):
+    __slots__ = ("id", "root_job_id", "state", "create_time", "end_time", "nodes")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ROOT_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    root_job_id: str
+    state: FlowRunState
+    create_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    nodes: _containers.RepeatedCompositeFieldContainer[FlowNode]
+    def __init__(self, id: _Optional[str] = ..., root_job_id: _Optional[str] = ..., state: _Optional[_Union[FlowRunState, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[FlowNode, _Mapping]]] = ...) -> None: ...
+
+class GetFlowRunRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetFlowRunResponse(_message.Message):
+    __slots__ = ("flow_run",)
+    FLOW_RUN_FIELD_NUMBER: _ClassVar[int]
+    flow_run: FlowRun
+    def __init__(self, flow_run: _Optional[_Union[FlowRun, _Mapping]] = ...) -> None: ...
+
+class CancelFlowRunRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class CancelFlowRunResponse(_message.Message):
+    __slots__ = ("flow_run",)
+    FLOW_RUN_FIELD_NUMBER: _ClassVar[int]
+    flow_run: FlowRun
+    def __init__(self, flow_run: _Optional[_Union[FlowRun, _Mapping]] = ...) -> None: ...

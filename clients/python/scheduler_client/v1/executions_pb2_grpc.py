@@ -55,6 +55,16 @@ class ExecutionServiceStub:
                 request_serializer=scheduler_dot_v1_dot_executions__pb2.WatchExecutionsRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_executions__pb2.WatchExecutionsResponse.FromString,
                 _registered_method=True)
+        self.GetFlowRun = channel.unary_unary(
+                '/scheduler.v1.ExecutionService/GetFlowRun',
+                request_serializer=scheduler_dot_v1_dot_executions__pb2.GetFlowRunRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_executions__pb2.GetFlowRunResponse.FromString,
+                _registered_method=True)
+        self.CancelFlowRun = channel.unary_unary(
+                '/scheduler.v1.ExecutionService/CancelFlowRun',
+                request_serializer=scheduler_dot_v1_dot_executions__pb2.CancelFlowRunRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_executions__pb2.CancelFlowRunResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutionServiceServicer:
@@ -92,6 +102,21 @@ class ExecutionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetFlowRun(self, request, context):
+        """Reads a flow run (job dependencies) with every node of it and the node's state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelFlowRun(self, request, context):
+        """Cancels a flow run: its queued and running runs are cancelled, its waiting nodes recorded
+        CANCELLED. A flow run that has finished is FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +139,16 @@ def add_ExecutionServiceServicer_to_server(servicer, server):
                     servicer.WatchExecutions,
                     request_deserializer=scheduler_dot_v1_dot_executions__pb2.WatchExecutionsRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_executions__pb2.WatchExecutionsResponse.SerializeToString,
+            ),
+            'GetFlowRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFlowRun,
+                    request_deserializer=scheduler_dot_v1_dot_executions__pb2.GetFlowRunRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_executions__pb2.GetFlowRunResponse.SerializeToString,
+            ),
+            'CancelFlowRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelFlowRun,
+                    request_deserializer=scheduler_dot_v1_dot_executions__pb2.CancelFlowRunRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_executions__pb2.CancelFlowRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +260,60 @@ class ExecutionService:
             '/scheduler.v1.ExecutionService/WatchExecutions',
             scheduler_dot_v1_dot_executions__pb2.WatchExecutionsRequest.SerializeToString,
             scheduler_dot_v1_dot_executions__pb2.WatchExecutionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFlowRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.ExecutionService/GetFlowRun',
+            scheduler_dot_v1_dot_executions__pb2.GetFlowRunRequest.SerializeToString,
+            scheduler_dot_v1_dot_executions__pb2.GetFlowRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelFlowRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.ExecutionService/CancelFlowRun',
+            scheduler_dot_v1_dot_executions__pb2.CancelFlowRunRequest.SerializeToString,
+            scheduler_dot_v1_dot_executions__pb2.CancelFlowRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

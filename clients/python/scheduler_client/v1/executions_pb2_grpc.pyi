@@ -46,6 +46,12 @@ class ExecutionServiceStub:
     cursor seen to get every later event (within the stream's retention) and none twice. A
     subscriber too slow to keep up is ended with RESOURCE_EXHAUSTED and can resume from its cursor.
     """
+    GetFlowRun: _grpc.UnaryUnaryMultiCallable[_executions_pb2.GetFlowRunRequest, _executions_pb2.GetFlowRunResponse]
+    """Reads a flow run (job dependencies) with every node of it and the node's state."""
+    CancelFlowRun: _grpc.UnaryUnaryMultiCallable[_executions_pb2.CancelFlowRunRequest, _executions_pb2.CancelFlowRunResponse]
+    """Cancels a flow run: its queued and running runs are cancelled, its waiting nodes recorded
+    CANCELLED. A flow run that has finished is FAILED_PRECONDITION.
+    """
 
 @_typing.type_check_only
 class ExecutionServiceAsyncStub(ExecutionServiceStub):
@@ -64,6 +70,12 @@ class ExecutionServiceAsyncStub(ExecutionServiceStub):
     """Streams execution events as they happen. Each event carries a cursor; reconnect with the last
     cursor seen to get every later event (within the stream's retention) and none twice. A
     subscriber too slow to keep up is ended with RESOURCE_EXHAUSTED and can resume from its cursor.
+    """
+    GetFlowRun: _aio.UnaryUnaryMultiCallable[_executions_pb2.GetFlowRunRequest, _executions_pb2.GetFlowRunResponse]  # type: ignore[assignment]
+    """Reads a flow run (job dependencies) with every node of it and the node's state."""
+    CancelFlowRun: _aio.UnaryUnaryMultiCallable[_executions_pb2.CancelFlowRunRequest, _executions_pb2.CancelFlowRunResponse]  # type: ignore[assignment]
+    """Cancels a flow run: its queued and running runs are cancelled, its waiting nodes recorded
+    CANCELLED. A flow run that has finished is FAILED_PRECONDITION.
     """
 
 class ExecutionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -104,6 +116,24 @@ class ExecutionServiceServicer(metaclass=_abc_1.ABCMeta):
         """Streams execution events as they happen. Each event carries a cursor; reconnect with the last
         cursor seen to get every later event (within the stream's retention) and none twice. A
         subscriber too slow to keep up is ended with RESOURCE_EXHAUSTED and can resume from its cursor.
+        """
+
+    @_abc_1.abstractmethod
+    def GetFlowRun(
+        self,
+        request: _executions_pb2.GetFlowRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executions_pb2.GetFlowRunResponse, _abc.Awaitable[_executions_pb2.GetFlowRunResponse]]:
+        """Reads a flow run (job dependencies) with every node of it and the node's state."""
+
+    @_abc_1.abstractmethod
+    def CancelFlowRun(
+        self,
+        request: _executions_pb2.CancelFlowRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executions_pb2.CancelFlowRunResponse, _abc.Awaitable[_executions_pb2.CancelFlowRunResponse]]:
+        """Cancels a flow run: its queued and running runs are cancelled, its waiting nodes recorded
+        CANCELLED. A flow run that has finished is FAILED_PRECONDITION.
         """
 
 def add_ExecutionServiceServicer_to_server(servicer: ExecutionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -110,7 +110,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max_retries: _Optional[int] = ..., initial_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., jitter: _Optional[bool] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "handler", "payload", "schedule", "queue", "priority", "retry_policy", "timeout", "misfire_policy", "concurrency_policy", "state", "next_run_time", "etag", "create_time", "update_time")
+    __slots__ = ("id", "name", "handler", "payload", "schedule", "queue", "priority", "retry_policy", "timeout", "misfire_policy", "concurrency_policy", "state", "next_run_time", "etag", "create_time", "update_time", "depends_on", "trigger_rule")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,8 @@ class Job(_message.Message):
     ETAG_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_RULE_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     handler: str
@@ -143,7 +145,9 @@ class Job(_message.Message):
     etag: str
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., misfire_policy: _Optional[_Union[MisfirePolicy, str]] = ..., concurrency_policy: _Optional[_Union[ConcurrencyPolicy, str]] = ..., state: _Optional[_Union[JobState, str]] = ..., next_run_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., etag: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    depends_on: _containers.RepeatedScalarFieldContainer[str]
+    trigger_rule: _executions_pb2.TriggerRule
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., misfire_policy: _Optional[_Union[MisfirePolicy, str]] = ..., concurrency_policy: _Optional[_Union[ConcurrencyPolicy, str]] = ..., state: _Optional[_Union[JobState, str]] = ..., next_run_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., etag: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[_executions_pb2.TriggerRule, str]] = ...) -> None: ...
 
 class CreateJobRequest(_message.Message):
     __slots__ = ("job", "request_id")
@@ -210,10 +214,12 @@ class UpdateJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
 
 class DeleteJobRequest(_message.Message):
-    __slots__ = ("id",)
+    __slots__ = ("id", "detach_dependents")
     ID_FIELD_NUMBER: _ClassVar[int]
+    DETACH_DEPENDENTS_FIELD_NUMBER: _ClassVar[int]
     id: str
-    def __init__(self, id: _Optional[str] = ...) -> None: ...
+    detach_dependents: bool
+    def __init__(self, id: _Optional[str] = ..., detach_dependents: _Optional[bool] = ...) -> None: ...
 
 class DeleteJobResponse(_message.Message):
     __slots__ = ()
