@@ -37,13 +37,16 @@ from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
 BATCH = 1000
 
 
-def cpu_seconds(pid: int, *, reaped: bool = False) -> float:
-    """CPU time of a process (with `reaped`, also of its children that exited: PostgreSQL backends)."""
+def cpu_seconds(pid: int, *, reaped: bool = False, system: bool = True) -> float:
+    """CPU time of a process (with `reaped`, also of its children that exited: PostgreSQL backends;
+    without `system`, user time only)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if reaped else 0)
+    ticks = int(fields[11]) + (int(fields[12]) if system else 0)
+    if reaped:
+        ticks += int(fields[13]) + (int(fields[14]) if system else 0)
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -101,12 +104,13 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
     poll_pid = await poll.fetchval("SELECT pg_backend_pid()")
     try:
         began = None
-        cpu_before = 0.0
+        cpu_before = user_before = 0.0
         servers_before: dict[str, float] = {}
         while True:
             done = await poll.fetchval("SELECT count(*) FROM job_executions WHERE status = 'succeeded'")
             if began is None and done > 0:
                 began, first_done, cpu_before = time.perf_counter(), done, cpu_seconds(worker.pid)
+                user_before = cpu_seconds(worker.pid, system=False)
                 servers_before = server_cpu()
                 servers_before["postgres"] -= cpu_seconds(poll_pid)
             if done >= args.runs:
@@ -118,10 +122,12 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
         elapsed = time.perf_counter() - began
         drained = args.runs - first_done
         cpu = cpu_seconds(worker.pid) - cpu_before
+        user = cpu_seconds(worker.pid, system=False) - user_before
         servers = {kind: seconds - servers_before[kind] for kind, seconds in server_cpu().items()}
         servers["postgres"] -= cpu_seconds(poll_pid)
         print(f"one worker (concurrency {args.concurrency}): {drained / elapsed:,.0f} executions/s "
-              f"with full history; worker CPU {cpu / drained * 1e6:,.0f} µs per execution")  # fmt: skip
+              f"with full history; worker CPU {cpu / drained * 1e6:,.0f} µs per execution "
+              f"({user / drained * 1e6:,.0f} user)")  # fmt: skip
         if servers["postgres"] or servers["valkey"]:  # embedded servers (not REDIS_URL / DATABASE_URL)
             print(f"PostgreSQL CPU {servers['postgres'] / drained * 1e6:,.0f} µs, "
                   f"Valkey CPU {servers['valkey'] / drained * 1e6:,.0f} µs per execution")  # fmt: skip

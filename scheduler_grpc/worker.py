@@ -7,10 +7,13 @@ One pass of a run through a worker:
 3. One statement claims the rest in PostgreSQL under their lease tokens (`ExecutionRepository.claim`);
    items with nothing left to run are acked away.
 4. Each claim runs in its own task under the job's timeout and its breaker(s); its lease is extended
-   while it runs.
-5. Outcomes are flushed in batches: one statement records them (only under the claim token, so an
-   attempt whose lease was lost cannot overwrite its replacement), then the queue is told
-   (ack / nack with backoff / dead-letter) and events are published.
+   while it runs. Its slot is freed when the handler returns: the outcome goes to a bounded buffer
+   (`_finished`), and its run stays in `_running` (lease extended) until the outcome is recorded.
+5. A completion stage, concurrent with fetching, takes outcomes in batches: one statement records
+   them (only under the claim token, so an attempt whose lease was lost cannot overwrite its
+   replacement), then one script call tells the queue (acks, retries with backoff, dead letters).
+   Events (STARTED at the claim, the outcome's at completion) go through an ordered outbox that
+   one task publishes in batches.
 
 On SIGTERM: stop taking work, let running jobs finish within the grace period, then cancel the rest
 and hand their runs straight back to the queue (not after the visibility timeout), each recorded
@@ -551,7 +554,14 @@ class Worker:
     async def _complete(self, batch: list[_Finished]) -> None:
         until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
         outcomes = [f.outcome for f in batch]
-        recorded = await self._retrying("recording outcomes", lambda: self._executions.complete(outcomes), until)
+        tries = 0
+
+        async def record() -> list[Completed]:
+            nonlocal tries
+            tries += 1  # a try after a failed one may follow a lost reply: then look for its record
+            return await self._executions.complete(outcomes, resent=tries > 1)
+
+        recorded = await self._retrying("recording outcomes", record, until)
         completed = {c.execution_id: c for c in recorded}
         acks: list[Lease] = []
         retries: list[tuple[Lease, timedelta]] = []
