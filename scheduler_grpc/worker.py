@@ -56,7 +56,7 @@ from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Claim, Completed, ExecutionRepository, Outcome
 from scheduler_grpc.errors import SchedulerError
-from scheduler_grpc.events import EventType, ExecutionEvent
+from scheduler_grpc.events import EventType
 from scheduler_grpc.executions import ExecutionStatus, Trigger
 from scheduler_grpc.handlers import (
     ExecutionContext,
@@ -118,18 +118,18 @@ class _Outbox:
     """
 
     def __init__(self, limit: int) -> None:
-        self._events: list[ExecutionEvent] = []
+        self._events: list[bytes] = []  # encoded (`events.encode_fields`)
         self._limit = limit
         self._in_flight = 0
         self._ready = asyncio.Event()
         self._changed = asyncio.Event()
 
-    def add(self, batch: Sequence[ExecutionEvent]) -> None:
+    def add(self, batch: Sequence[bytes]) -> None:
         if batch:
             self._events.extend(batch)
             self._ready.set()
 
-    async def take(self, most: int) -> list[ExecutionEvent]:
+    async def take(self, most: int) -> list[bytes]:
         """The oldest events, up to `most`, once there are any; `done()` must follow."""
         await self._ready.wait()
         batch, self._events = self._events[:most], self._events[most:]
@@ -332,7 +332,7 @@ class Worker:
         try:
             await self._executions.release([(r.claim.execution_id, r.lease.token) for r in runs])
             await self.queue.nack_many([r.lease for r in runs], count_delivery=False)
-            now = datetime.now(UTC)
+            now = datetime.now(UTC).isoformat()
             self._outbox.add([self._event(EventType.INTERRUPTED, r.claim, now=now) for r in runs])
         except Exception as exc:
             if not stores.is_fault(exc):
@@ -389,7 +389,7 @@ class Worker:
         nothing_to_do = [lease for lease in wanted if lease.id not in by_run]
         if nothing_to_do:  # finished meanwhile, or its job was deleted
             await self.queue.ack_many(nothing_to_do)
-        now = datetime.now(UTC)
+        now = datetime.now(UTC).isoformat()
         # Added before any of these handlers can run: a run's STARTED precedes its end in the stream.
         self._outbox.add([self._event(EventType.STARTED, claim, now=now) for claim in claims])
         for lease in wanted:
@@ -566,9 +566,9 @@ class Worker:
         acks: list[Lease] = []
         retries: list[tuple[Lease, timedelta]] = []
         deaths: list[tuple[Lease, str]] = []
-        event_list: list[ExecutionEvent] = []
+        event_list: list[bytes] = []
         counts: dict[tuple[str, str], int] = {}
-        now = datetime.now(UTC)
+        now = datetime.now(UTC).isoformat()
         debug = log.isEnabledFor(logging.DEBUG)
         for finished in batch:
             done: Completed | None = completed.get(finished.outcome.execution_id)
@@ -618,7 +618,9 @@ class Worker:
             batch = await self._outbox.take(PUBLISH_BATCH)
             until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
             try:
-                await self._retrying("publishing events", functools.partial(events.publish, self._redis, batch), until)
+                await self._retrying(
+                    "publishing events", functools.partial(events.publish_encoded, self._redis, batch), until
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -637,19 +639,13 @@ class Worker:
         execution_id: str = "",
         attempt: int = 0,
         error: str = "",
-        now: datetime | None = None,
-    ) -> ExecutionEvent:
-        return ExecutionEvent(
-            kind,
-            execution_id or claim.execution_id,
-            claim.run_id,
-            claim.job_id,
-            attempt or claim.attempt,
-            handler=claim.handler,
-            worker_id=self.id,
-            error=error,
-            time=now or datetime.now(UTC),
-        )
+        now: str = "",
+    ) -> bytes:
+        """An event of `claim`'s attempt, encoded; `now` is its time (ISO 8601), formatted once per batch."""
+        return events.encode_fields(
+            kind, execution_id or claim.execution_id, claim.run_id, claim.job_id, attempt or claim.attempt,
+            handler=claim.handler, worker_id=self.id, error=error, time=now or datetime.now(UTC).isoformat(),
+        )  # fmt: skip
 
     # -- leases, heartbeats, breakers --------------------------------------------------------------
 
