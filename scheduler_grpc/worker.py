@@ -2,7 +2,9 @@
 
 One pass of a run through a worker:
 
-1. `dequeue_blocking` leases up to the number of free slots in one script call (no polling).
+1. `dequeue_blocking` leases up to the number of free slots in one script call (no polling), in a
+   fetch loop that hands each batch to a claim loop through a one-batch buffer, so the next batch
+   is leased while the previous one is claimed.
 2. Items whose handler breaker is open go straight back, delayed, without spending an attempt.
 3. One statement claims the rest in PostgreSQL under their lease tokens (`ExecutionRepository.claim`);
    items with nothing left to run are acked away.
@@ -77,6 +79,7 @@ DEFAULT_METRICS_PORT = 9100
 FETCH_WAIT = timedelta(seconds=2)
 COMPLETION_BATCH = 500
 PUBLISH_BATCH = 1000  # events per publish call
+BATCH_WAIT = 0.005  # seconds a busy worker waits for a quarter of its slots before leasing fewer
 STORE_ERROR_LOG_EVERY = 30.0  # seconds between two log lines about the same failing loop
 STORE_BACKOFF_MAX = 5.0  # seconds: the longest pause of a loop retrying a failing store
 COMPLETION_RETRY_FOR = timedelta(minutes=2)  # then the leases are let go: the runs run again elsewhere
@@ -270,6 +273,10 @@ class Worker:
         # when recording falls behind, handlers wait to put their outcome, so their slots stay busy
         # and fetching stops.
         self._busy = 0
+        # Dequeuing and claiming overlap: the fetch loop leases the next batch while the claim loop
+        # claims the previous one. Leased, not yet claimed items hold their slots (`_reserved`).
+        self._reserved = 0
+        self._claiming: asyncio.Queue[list[Lease]] = asyncio.Queue(maxsize=1)
         self._finished: asyncio.Queue[_Finished] = asyncio.Queue(maxsize=self.concurrency * 4)
         self._outbox = _Outbox(limit=PUBLISH_BATCH * 4)
         self._duration_by_handler: dict[str, Any] = {}  # handler -> its EXECUTION_DURATION child
@@ -292,6 +299,7 @@ class Worker:
         async with asyncio.TaskGroup() as group:
             self._group = group
             fetcher = group.create_task(self._fetch_loop(), name="fetch")
+            claimer = group.create_task(self._claim_loop(), name="claim")
             completer = group.create_task(self._complete_loop(), name="complete")
             extender = group.create_task(self._extend_loop(), name="extend-leases")
             beater = group.create_task(self._heartbeat_loop(), name="heartbeat")
@@ -303,6 +311,8 @@ class Worker:
             self._retry_until_stopped = time.monotonic() + self._settings.shutdown_grace.total_seconds() + 5
             fetcher.cancel()
             await asyncio.wait([fetcher])
+            await self._claiming.join()  # what was leased is claimed (or handed back) first
+            claimer.cancel()
             await self._drain(self._settings.shutdown_grace)
             await self._finished.join()
             await self._outbox.flushed()  # bounded: the publisher gives up by _retry_until_stopped
@@ -348,23 +358,60 @@ class Worker:
 
     async def _fetch_loop(self) -> None:
         trouble = _StoreTrouble("taking work", self.id)
+        min_batch = max(1, self.concurrency // 4)
         while True:
-            free = self.concurrency - self._busy
+            free = self.concurrency - self._busy - self._reserved
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
+            if free < min_batch and self._busy:
+                # A few slots free while others are about to be: wait a moment for them, so a
+                # busy worker leases (and claims, records) in batches rather than one item at a time.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(BATCH_WAIT):
+                        while self.concurrency - self._busy - self._reserved < min_batch:
+                            self._slot_free.clear()
+                            await self._slot_free.wait()
+                free = self.concurrency - self._busy - self._reserved
             try:
                 leases = await self.queue.dequeue_blocking(self.id, self._visibility, free, FETCH_WAIT)
-                if leases:
-                    await self._take(leases)
                 trouble.recovered()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # Redis or PostgreSQL failing: the leases expire, nothing is lost
+            except Exception as exc:  # Redis failing: the leases expire, nothing is lost
                 if not stores.is_fault(exc):
                     raise
                 await asyncio.sleep(trouble.failed(exc))
+                continue
+            if not leases:
+                continue
+            self._reserved += len(leases)
+            try:
+                await self._claiming.put(leases)
+            except BaseException:  # stopping while the claim stage is busy: hand the batch back now
+                self._reserved -= len(leases)
+                with contextlib.suppress(Exception):
+                    await self.queue.nack_many(leases, count_delivery=False)
+                raise
+
+    async def _claim_loop(self) -> None:
+        trouble = _StoreTrouble("claiming work", self.id)
+        while True:
+            leases = await self._claiming.get()
+            try:
+                await self._take(leases)
+                trouble.recovered()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # PostgreSQL or Redis failing: the leases expire, nothing is lost
+                if not stores.is_fault(exc):
+                    raise
+                await asyncio.sleep(trouble.failed(exc))
+            finally:
+                self._reserved -= len(leases)
+                self._claiming.task_done()
+                self._slot_free.set()
 
     async def _take(self, leases: list[Lease]) -> None:
         deferred: dict[timedelta, list[Lease]] = {}
