@@ -37,9 +37,43 @@ from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
 BATCH = 1000
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pid: int, *, reaped: bool = False, system: bool = True) -> float:
+    """CPU time of a process (with `reaped`, also of its children that exited: PostgreSQL backends;
+    without `system`, user time only)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + (int(fields[12]) if system else 0)
+    if reaped:
+        ticks += int(fields[13]) + (int(fields[14]) if system else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu() -> dict[str, float]:
+    """CPU seconds of the servers this process started (embedded PostgreSQL and Valkey), by kind."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            head, tail = (entry / "stat").read_text().rsplit(")", 1)
+        except OSError:
+            continue
+        pid = int(entry.name)
+        names[pid] = head.split("(", 1)[1]
+        children.setdefault(int(tail.split()[1]), []).append(pid)
+    totals = {"postgres": 0.0, "valkey": 0.0}
+    pending = list(children.get(os.getpid(), []))
+    while pending:
+        pid = pending.pop()
+        pending.extend(children.get(pid, []))
+        name = names[pid]
+        kind = "postgres" if name.startswith("postgres") else "valkey" if "valkey" in name or "redis" in name else None
+        if kind:
+            totals[kind] += cpu_seconds(pid, reaped=kind == "postgres")
+    return totals
 
 
 async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> None:
@@ -65,13 +99,20 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
         sys.executable, *profile, "-m", "scheduler_grpc", "worker", "--concurrency", str(args.concurrency),
         env=env, cwd=ROOT,
     )  # fmt: skip
+    # The progress poll runs on a connection of its own, whose backend's CPU is not the worker's load.
+    poll = await pool.acquire()
+    poll_pid = await poll.fetchval("SELECT pg_backend_pid()")
     try:
         began = None
-        cpu_before = 0.0
+        cpu_before = user_before = 0.0
+        servers_before: dict[str, float] = {}
         while True:
-            done = await pool.fetchval("SELECT count(*) FROM job_executions WHERE status = 'succeeded'")
+            done = await poll.fetchval("SELECT count(*) FROM job_executions WHERE status = 'succeeded'")
             if began is None and done > 0:
                 began, first_done, cpu_before = time.perf_counter(), done, cpu_seconds(worker.pid)
+                user_before = cpu_seconds(worker.pid, system=False)
+                servers_before = server_cpu()
+                servers_before["postgres"] -= cpu_seconds(poll_pid)
             if done >= args.runs:
                 break
             if worker.returncode is not None:
@@ -81,9 +122,17 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
         elapsed = time.perf_counter() - began
         drained = args.runs - first_done
         cpu = cpu_seconds(worker.pid) - cpu_before
+        user = cpu_seconds(worker.pid, system=False) - user_before
+        servers = {kind: seconds - servers_before[kind] for kind, seconds in server_cpu().items()}
+        servers["postgres"] -= cpu_seconds(poll_pid)
         print(f"one worker (concurrency {args.concurrency}): {drained / elapsed:,.0f} executions/s "
-              f"with full history; worker CPU {cpu / drained * 1e6:,.0f} µs per execution")  # fmt: skip
+              f"with full history; worker CPU {cpu / drained * 1e6:,.0f} µs per execution "
+              f"({user / drained * 1e6:,.0f} user)")  # fmt: skip
+        if servers["postgres"] or servers["valkey"]:  # embedded servers (not REDIS_URL / DATABASE_URL)
+            print(f"PostgreSQL CPU {servers['postgres'] / drained * 1e6:,.0f} µs, "
+                  f"Valkey CPU {servers['valkey'] / drained * 1e6:,.0f} µs per execution")  # fmt: skip
     finally:
+        await pool.release(poll)
         worker.send_signal(signal.SIGINT)  # a clean exit, so cProfile writes its file
         await worker.wait()
         await registry.aclose()

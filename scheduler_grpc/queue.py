@@ -272,6 +272,9 @@ class Queue:
         )
         self._promote = op("promote", "delayed ready priority seq marker")
         self._dead_letter = op("dead_letter", "processing ready delayed dead lease owner dead_reason")
+        self._finish = op(
+            "finish", "processing ready delayed dead priority data deliveries lease owner dead_reason seq marker"
+        )
         self._list_dead = op("list_dead", "dead priority data deliveries dead_reason")
         self._requeue_dead = op("requeue_dead", "dead ready priority deliveries dead_reason seq marker", once=True)
         self._purge_dead = op("purge_dead", "dead priority data deliveries lease owner dead_reason", once=True)
@@ -518,6 +521,33 @@ class Queue:
             return []
         reply = await self._run(self._nack, [delay_ms, 1 if count_delivery else 0, *args])
         return [bool(flag) for flag in reply]
+
+    async def finish_many(
+        self,
+        acks: Iterable[Lease] = (),
+        retries: Iterable[tuple[Lease, timedelta]] = (),
+        dead: Iterable[tuple[Lease, str]] = (),
+    ) -> list[bool]:
+        """A worker's completion batch in one script call: ack `acks`, return `retries` each after
+        its delay (the delivery given back, like `nack(count_delivery=False)`), and park `dead` in
+        the dead set each with its reason (like `dead_letter` under the lease token).
+
+        Returns:
+            One flag per lease, acks first, then retries, then dead: False if its lease was lost
+            (nothing changed for that item).
+        """
+        args: list[Any] = []
+        for lease in acks:
+            args += ("a", lease.id, lease.token, "")
+        for lease, delay in retries:
+            args += ("r", lease.id, lease.token, _to_ms(delay, "delay"))
+        for lease, reason in dead:
+            if not isinstance(reason, str):
+                raise InvalidArgument("reason", "must be a string")
+            args += ("d", lease.id, lease.token, reason)
+        if not args:
+            return []
+        return [bool(flag) for flag in await self._run(self._finish, args)]
 
     async def extend(self, item_id: str, token: str, more_time: timedelta) -> datetime:
         """Keep a lease: its deadline becomes `more_time` from now (Redis clock).

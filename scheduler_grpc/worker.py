@@ -2,15 +2,20 @@
 
 One pass of a run through a worker:
 
-1. `dequeue_blocking` leases up to the number of free slots in one script call (no polling).
+1. `dequeue_blocking` leases up to the number of free slots in one script call (no polling), in a
+   fetch loop that hands each batch to a claim loop through a one-batch buffer, so the next batch
+   is leased while the previous one is claimed.
 2. Items whose handler breaker is open go straight back, delayed, without spending an attempt.
 3. One statement claims the rest in PostgreSQL under their lease tokens (`ExecutionRepository.claim`);
    items with nothing left to run are acked away.
 4. Each claim runs in its own task under the job's timeout and its breaker(s); its lease is extended
-   while it runs.
-5. Outcomes are flushed in batches: one statement records them (only under the claim token, so an
-   attempt whose lease was lost cannot overwrite its replacement), then the queue is told
-   (ack / nack with backoff / dead-letter) and events are published.
+   while it runs. Its slot is freed when the handler returns: the outcome goes to a bounded buffer
+   (`_finished`), and its run stays in `_running` (lease extended) until the outcome is recorded.
+5. A completion stage, concurrent with fetching, takes outcomes in batches: one statement records
+   them (only under the claim token, so an attempt whose lease was lost cannot overwrite its
+   replacement), then one script call tells the queue (acks, retries with backoff, dead letters).
+   Events (STARTED at the claim, the outcome's at completion) go through an ordered outbox that
+   one task publishes in batches.
 
 On SIGTERM: stop taking work, let running jobs finish within the grace period, then cancel the rest
 and hand their runs straight back to the queue (not after the visibility timeout), each recorded
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -52,7 +58,7 @@ from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Claim, Completed, ExecutionRepository, Outcome
 from scheduler_grpc.errors import SchedulerError
-from scheduler_grpc.events import EventType, ExecutionEvent
+from scheduler_grpc.events import EventType
 from scheduler_grpc.executions import ExecutionStatus, Trigger
 from scheduler_grpc.handlers import (
     ExecutionContext,
@@ -72,6 +78,8 @@ log = logging.getLogger(__name__)
 DEFAULT_METRICS_PORT = 9100
 FETCH_WAIT = timedelta(seconds=2)
 COMPLETION_BATCH = 500
+PUBLISH_BATCH = 1000  # events per publish call
+BATCH_WAIT = 0.005  # seconds a busy worker waits for a quarter of its slots before leasing fewer
 STORE_ERROR_LOG_EVERY = 30.0  # seconds between two log lines about the same failing loop
 STORE_BACKOFF_MAX = 5.0  # seconds: the longest pause of a loop retrying a failing store
 COMPLETION_RETRY_FOR = timedelta(minutes=2)  # then the leases are let go: the runs run again elsewhere
@@ -102,6 +110,52 @@ class _Finished:
     claim: Claim
     outcome: Outcome
     handler: str
+
+
+class _Outbox:
+    """Events waiting to be published, in the order they were added (a run's STARTED before its
+    end), by one task (`Worker._publish_loop`) in batches, off the hot path.
+
+    Adding never blocks (the claim and the hand-back must not wait on Redis); the completion stage
+    waits for `room()` before recording the next batch, which bounds the outbox through the slots.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._events: list[bytes] = []  # encoded (`events.encode_fields`)
+        self._limit = limit
+        self._in_flight = 0
+        self._ready = asyncio.Event()
+        self._changed = asyncio.Event()
+
+    def add(self, batch: Sequence[bytes]) -> None:
+        if batch:
+            self._events.extend(batch)
+            self._ready.set()
+
+    async def take(self, most: int) -> list[bytes]:
+        """The oldest events, up to `most`, once there are any; `done()` must follow."""
+        await self._ready.wait()
+        batch, self._events = self._events[:most], self._events[most:]
+        if not self._events:
+            self._ready.clear()
+        self._in_flight = len(batch)
+        return batch
+
+    def done(self) -> None:
+        self._in_flight = 0
+        self._changed.set()
+
+    async def room(self) -> None:
+        """Wait until the outbox is below its limit."""
+        while len(self._events) >= self._limit:
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def flushed(self) -> None:
+        """Wait until every event added so far was published (or given up on)."""
+        while self._events or self._in_flight:
+            self._changed.clear()
+            await self._changed.wait()
 
 
 @dataclass
@@ -213,7 +267,19 @@ class Worker:
         self._giving_up: set[str] = set()  # run ids whose lease was lost, being stopped (`_give_up`)
         self._group: asyncio.TaskGroup | None = None  # run()'s: a bug in any of its tasks ends the role
         self._slot_free = asyncio.Event()
+        # Slots are freed when a handler returns, not when its outcome is recorded: `_busy` counts
+        # running handlers; `_running` also holds outcomes waiting in `_finished` or being recorded
+        # (their leases stay extended until then). `_finished` is the bounded buffer between the two:
+        # when recording falls behind, handlers wait to put their outcome, so their slots stay busy
+        # and fetching stops.
+        self._busy = 0
+        # Dequeuing and claiming overlap: the fetch loop leases the next batch while the claim loop
+        # claims the previous one. Leased, not yet claimed items hold their slots (`_reserved`).
+        self._reserved = 0
+        self._claiming: asyncio.Queue[list[Lease]] = asyncio.Queue(maxsize=1)
         self._finished: asyncio.Queue[_Finished] = asyncio.Queue(maxsize=self.concurrency * 4)
+        self._outbox = _Outbox(limit=PUBLISH_BATCH * 4)
+        self._duration_by_handler: dict[str, Any] = {}  # handler -> its EXECUTION_DURATION child
         self._started_at = datetime.now(UTC)
         # Once stopping, failing writes are retried only this long (monotonic): a stop must not hang
         # for COMPLETION_RETRY_FOR; what is not recorded by then runs again elsewhere.
@@ -222,7 +288,8 @@ class Worker:
 
     @property
     def active(self) -> int:
-        return len(self._running)
+        """Slots in use (handlers running)."""
+        return self._busy
 
     # -- the role ----------------------------------------------------------------------------------
 
@@ -232,19 +299,24 @@ class Worker:
         async with asyncio.TaskGroup() as group:
             self._group = group
             fetcher = group.create_task(self._fetch_loop(), name="fetch")
+            claimer = group.create_task(self._claim_loop(), name="claim")
             completer = group.create_task(self._complete_loop(), name="complete")
             extender = group.create_task(self._extend_loop(), name="extend-leases")
             beater = group.create_task(self._heartbeat_loop(), name="heartbeat")
             canceller = group.create_task(self._cancel_listener(), name="cancel-listener")
             poller = group.create_task(self._cancel_poll_loop(), name="cancel-poll")
+            publisher = group.create_task(self._publish_loop(), name="publish-events")
             await stop.wait()
             log.info("worker stopping: no new work", extra={"worker_id": self.id, "active": self.active})
             self._retry_until_stopped = time.monotonic() + self._settings.shutdown_grace.total_seconds() + 5
             fetcher.cancel()
             await asyncio.wait([fetcher])
+            await self._claiming.join()  # what was leased is claimed (or handed back) first
+            claimer.cancel()
             await self._drain(self._settings.shutdown_grace)
             await self._finished.join()
-            for task in (completer, extender, beater, canceller, poller):
+            await self._outbox.flushed()  # bounded: the publisher gives up by _retry_until_stopped
+            for task in (completer, extender, beater, canceller, poller, publisher):
                 task.cancel()
         await self._unregister()
         log.info("worker stopped", extra={"worker_id": self.id})
@@ -270,7 +342,8 @@ class Worker:
         try:
             await self._executions.release([(r.claim.execution_id, r.lease.token) for r in runs])
             await self.queue.nack_many([r.lease for r in runs], count_delivery=False)
-            await events.publish(self._redis, [self._event(EventType.INTERRUPTED, r.claim) for r in runs])
+            now = datetime.now(UTC).isoformat()
+            self._outbox.add([self._event(EventType.INTERRUPTED, r.claim, now=now) for r in runs])
         except Exception as exc:
             if not stores.is_fault(exc):
                 raise
@@ -285,23 +358,60 @@ class Worker:
 
     async def _fetch_loop(self) -> None:
         trouble = _StoreTrouble("taking work", self.id)
+        min_batch = max(1, self.concurrency // 4)
         while True:
-            free = self.concurrency - len(self._running)
+            free = self.concurrency - self._busy - self._reserved
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
+            if free < min_batch and self._busy:
+                # A few slots free while others are about to be: wait a moment for them, so a
+                # busy worker leases (and claims, records) in batches rather than one item at a time.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(BATCH_WAIT):
+                        while self.concurrency - self._busy - self._reserved < min_batch:
+                            self._slot_free.clear()
+                            await self._slot_free.wait()
+                free = self.concurrency - self._busy - self._reserved
             try:
                 leases = await self.queue.dequeue_blocking(self.id, self._visibility, free, FETCH_WAIT)
-                if leases:
-                    await self._take(leases)
                 trouble.recovered()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # Redis or PostgreSQL failing: the leases expire, nothing is lost
+            except Exception as exc:  # Redis failing: the leases expire, nothing is lost
                 if not stores.is_fault(exc):
                     raise
                 await asyncio.sleep(trouble.failed(exc))
+                continue
+            if not leases:
+                continue
+            self._reserved += len(leases)
+            try:
+                await self._claiming.put(leases)
+            except BaseException:  # stopping while the claim stage is busy: hand the batch back now
+                self._reserved -= len(leases)
+                with contextlib.suppress(Exception):
+                    await self.queue.nack_many(leases, count_delivery=False)
+                raise
+
+    async def _claim_loop(self) -> None:
+        trouble = _StoreTrouble("claiming work", self.id)
+        while True:
+            leases = await self._claiming.get()
+            try:
+                await self._take(leases)
+                trouble.recovered()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # PostgreSQL or Redis failing: the leases expire, nothing is lost
+                if not stores.is_fault(exc):
+                    raise
+                await asyncio.sleep(trouble.failed(exc))
+            finally:
+                self._reserved -= len(leases)
+                self._claiming.task_done()
+                self._slot_free.set()
 
     async def _take(self, leases: list[Lease]) -> None:
         deferred: dict[timedelta, list[Lease]] = {}
@@ -326,22 +436,22 @@ class Worker:
         nothing_to_do = [lease for lease in wanted if lease.id not in by_run]
         if nothing_to_do:  # finished meanwhile, or its job was deleted
             await self.queue.ack_many(nothing_to_do)
-        started = []
+        now = datetime.now(UTC).isoformat()
+        # Added before any of these handlers can run: a run's STARTED precedes its end in the stream.
+        self._outbox.add([self._event(EventType.STARTED, claim, now=now) for claim in claims])
         for lease in wanted:
             claim = by_run.get(lease.id)
             if claim is None:
                 continue
             running = _Running(lease, claim)
             self._running[lease.id] = running
-            running.task = asyncio.create_task(self._execute(running), name=f"run-{claim.execution_id}")
-            started.append(self._event(EventType.STARTED, claim))
-        self.stats.claimed += len(started)
-        self._observe_starts([by_run[lease.id] for lease in wanted if lease.id in by_run])
-        if started:
-            await events.publish(self._redis, started)
+            self._busy += 1
+            running.task = asyncio.create_task(self._execute(running))
+        self.stats.claimed += len(claims)
+        self._observe_starts(claims)
 
     def _observe_starts(self, claims: Sequence[Claim]) -> None:
-        metrics.WORKER_SLOTS.labels("busy").set(len(self._running))
+        metrics.WORKER_SLOTS.labels("busy").set(self._busy)
         for claim in claims:
             # Scheduling lateness is a slot's or a trigger's: a backfill or a dead-letter requeue runs
             # a slot of the past on purpose, and its age would swamp the histogram.
@@ -353,6 +463,13 @@ class Worker:
     # -- running -----------------------------------------------------------------------------------
 
     async def _execute(self, running: _Running) -> None:
+        try:
+            await self._execute_in_slot(running)
+        finally:
+            self._busy -= 1
+            self._slot_free.set()
+
+    async def _execute_in_slot(self, running: _Running) -> None:
         claim, lease = running.claim, running.lease
         try:
             handler = self._registry.get(claim.handler)
@@ -368,7 +485,7 @@ class Worker:
                     [(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after
                 )
                 await self.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
-                await events.publish(self._redis, [self._event(EventType.INTERRUPTED, claim, error=str(exc))])
+                self._outbox.add([self._event(EventType.INTERRUPTED, claim, error=str(exc))])
             except Exception as error:
                 if not stores.is_fault(error):
                     raise
@@ -376,7 +493,6 @@ class Worker:
                 log.warning("could not defer a run: %r", error, extra={"worker_id": self.id})
             finally:
                 self._running.pop(lease.id, None)
-                self._slot_free.set()
             return
         except SchedulerError as exc:  # unknown handler (plugin removed): a permanent failure
             outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc))
@@ -426,7 +542,10 @@ class Worker:
             log.exception("handler raised", extra={"execution_id": claim.execution_id, "handler": claim.handler})
             status, error = ExecutionStatus.FAILED, f"{type(exc).__name__}: {exc}"
         finally:
-            metrics.EXECUTION_DURATION.labels(claim.handler).observe(time.perf_counter() - began)
+            duration = self._duration_by_handler.get(claim.handler)
+            if duration is None:  # a child per handler, looked up once (`labels()` takes a lock)
+                duration = self._duration_by_handler[claim.handler] = metrics.EXECUTION_DURATION.labels(claim.handler)
+            duration.observe(time.perf_counter() - began)
         if status is ExecutionStatus.SUCCEEDED:
             return Outcome(claim.execution_id, lease.token, status, result=result)
         # Interrupted attempts (a worker's graceful stop) spend no retry budget.
@@ -440,6 +559,7 @@ class Worker:
 
     async def _complete_loop(self) -> None:
         while True:
+            await self._outbox.room()  # events not published yet bound how far recording runs ahead
             batch = [await self._finished.get()]
             while len(batch) < COMPLETION_BATCH and not self._finished.empty():
                 batch.append(self._finished.get_nowait())
@@ -457,8 +577,7 @@ class Worker:
                 for finished in batch:
                     self._running.pop(finished.lease.id, None)
                     self._finished.task_done()
-                metrics.WORKER_SLOTS.labels("busy").set(len(self._running))
-                self._slot_free.set()
+                metrics.WORKER_SLOTS.labels("busy").set(self._busy)
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[T]], until: float) -> T:
         """`call()` until it succeeds, backing off on store errors until the monotonic `until`.
@@ -482,71 +601,98 @@ class Worker:
     async def _complete(self, batch: list[_Finished]) -> None:
         until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
         outcomes = [f.outcome for f in batch]
-        recorded = await self._retrying("recording outcomes", lambda: self._executions.complete(outcomes), until)
+        tries = 0
+
+        async def record() -> list[Completed]:
+            nonlocal tries
+            tries += 1  # a try after a failed one may follow a lost reply: then look for its record
+            return await self._executions.complete(outcomes, resent=tries > 1)
+
+        recorded = await self._retrying("recording outcomes", record, until)
         completed = {c.execution_id: c for c in recorded}
         acks: list[Lease] = []
-        retries: list[_Finished] = []
-        deaths: list[_Finished] = []
-        event_list: list[ExecutionEvent] = []
+        retries: list[tuple[Lease, timedelta]] = []
+        deaths: list[tuple[Lease, str]] = []
+        event_list: list[bytes] = []
+        counts: dict[tuple[str, str], int] = {}
+        now = datetime.now(UTC).isoformat()
+        debug = log.isEnabledFor(logging.DEBUG)
         for finished in batch:
             done: Completed | None = completed.get(finished.outcome.execution_id)
             if done is None:
                 self.stats.lost_leases += 1  # another attempt replaced this one: change nothing
                 continue
             outcome, lease, claim = finished.outcome, finished.lease, finished.claim
-            self.stats.completed += 1
-            if log.isEnabledFor(logging.DEBUG):
+            status = outcome.status
+            if debug:
                 log.debug(
                     "attempt finished",
                     extra={"execution_id": claim.execution_id, "job_id": claim.job_id, "attempt": claim.attempt,
-                           "worker_id": self.id, "status": outcome.status.value},
+                           "worker_id": self.id, "status": status.value},
                 )  # fmt: skip
-            self.stats.by_status[outcome.status] = self.stats.by_status.get(outcome.status, 0) + 1
-            metrics.EXECUTIONS.labels(outcome.status.value, finished.handler).inc()
-            event_list.append(self._event(_EVENT_OF[outcome.status], claim, error=outcome.error or ""))
+            key = (status.value, finished.handler)
+            counts[key] = counts.get(key, 0) + 1
+            event_list.append(self._event(_EVENT_OF[status], claim, error=outcome.error or "", now=now))
             if outcome.retry_after is not None:
-                retries.append(finished)
+                # The delivery is given back: only stalls count towards the stall limit.
+                retries.append((lease, outcome.retry_after))
                 metrics.RETRIES.labels(finished.handler).inc()
                 if done.retry_execution_id is not None:
                     event_list.append(
                         self._event(EventType.RETRYING, claim, execution_id=done.retry_execution_id,
-                                    attempt=claim.attempt + 1)
+                                    attempt=claim.attempt + 1, now=now)
                     )  # fmt: skip
-            elif outcome.status is ExecutionStatus.DEAD:
-                deaths.append(finished)
+            elif status is ExecutionStatus.DEAD:
+                deaths.append((lease, outcome.error or "dead"))
                 reason = "retries_exhausted" if outcome.error and "retry budget" in outcome.error else "permanent"
                 metrics.DEAD_LETTERED.labels(reason).inc()
             else:
                 acks.append(lease)
+        self.stats.completed += sum(counts.values())
+        for (status_value, handler), count in counts.items():
+            self.stats.by_status[status_value] = self.stats.by_status.get(status_value, 0) + count
+            metrics.EXECUTIONS.labels(status_value, handler).inc(count)
+        # One script call for the whole batch; safe to repeat: a lease already acted on answers
+        # "lost" and changes nothing.
+        await self._retrying("finishing queue items", lambda: self.queue.finish_many(acks, retries, deaths), until)
+        self._outbox.add(event_list)
 
-        async def tell_queue() -> None:
-            # Each step is safe to repeat: a lease already acted on answers "lost" and changes nothing.
-            for finished in retries:
-                # The delivery is given back: only stalls count towards the stall limit.
-                lease, delay = finished.lease, finished.outcome.retry_after
-                await self.queue.nack(lease.id, lease.token, delay or timedelta(0), count_delivery=False)
-            for finished in deaths:
-                await self.queue.dead_letter(finished.lease.id, finished.lease.token, finished.outcome.error or "dead")
-            if acks:
-                await self.queue.ack_many(acks)
-
-        await self._retrying("finishing queue items", tell_queue, until)
-        if event_list:
-            await self._retrying("publishing events", lambda: events.publish(self._redis, event_list), until)
+    async def _publish_loop(self) -> None:
+        """Publish the outbox's events, oldest first, in batches; a batch that cannot be published
+        within COMPLETION_RETRY_FOR (or by the end of a stop) is dropped, logged: the changes it
+        describes are recorded in PostgreSQL."""
+        while True:
+            batch = await self._outbox.take(PUBLISH_BATCH)
+            until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
+            try:
+                await self._retrying(
+                    "publishing events", functools.partial(events.publish_encoded, self._redis, batch), until
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not stores.is_fault(exc):
+                    raise
+                log.warning("could not publish events, dropping them: %r", exc,
+                            extra={"worker_id": self.id, "count": len(batch)})  # fmt: skip
+            finally:
+                self._outbox.done()
 
     def _event(
-        self, kind: EventType, claim: Claim, *, execution_id: str = "", attempt: int = 0, error: str = ""
-    ) -> ExecutionEvent:
-        return ExecutionEvent(
-            kind,
-            execution_id or claim.execution_id,
-            claim.run_id,
-            claim.job_id,
-            attempt or claim.attempt,
-            handler=claim.handler,
-            worker_id=self.id,
-            error=error,
-        )
+        self,
+        kind: EventType,
+        claim: Claim,
+        *,
+        execution_id: str = "",
+        attempt: int = 0,
+        error: str = "",
+        now: str = "",
+    ) -> bytes:
+        """An event of `claim`'s attempt, encoded; `now` is its time (ISO 8601), formatted once per batch."""
+        return events.encode_fields(
+            kind, execution_id or claim.execution_id, claim.run_id, claim.job_id, attempt or claim.attempt,
+            handler=claim.handler, worker_id=self.id, error=error, time=now or datetime.now(UTC).isoformat(),
+        )  # fmt: skip
 
     # -- leases, heartbeats, breakers --------------------------------------------------------------
 

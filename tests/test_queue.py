@@ -21,6 +21,7 @@ from scheduler_grpc.queue import (
     PRIORITY_MIN,
     SEQ_SPAN,
     ItemState,
+    Lease,
     NewItem,
     Queue,
 )
@@ -263,6 +264,40 @@ async def test_ack_many_reports_each_lease(redis: aioredis.Redis) -> None:
     ]
     assert await queue.states(["i0", "i1", "i2"]) == {"i0": None, "i1": ItemState.PROCESSING, "i2": None}
     assert await queue.ack_many([]) == []
+
+
+async def test_finish_many_acks_retries_and_dead_letters_a_batch_in_one_call(
+    redis: aioredis.Redis, deadline: Deadline
+) -> None:
+    queue = Queue(redis)
+    await queue.enqueue_many([NewItem("ok", data=b"x"), NewItem("now", 4), NewItem("later", -2), NewItem("gone")])
+    await queue.enqueue("other")
+    leases = {lease.id: lease for lease in await queue.dequeue("w", VT, 5)}
+    stale = Lease("other", "stale-token", b"", 0, 1, leases["other"].deadline)
+    before = await redis_now(redis)
+    flags = await queue.finish_many(
+        acks=[leases["ok"], stale],
+        retries=[(leases["now"], timedelta(0)), (leases["later"], timedelta(milliseconds=50))],
+        dead=[(leases["gone"], "permanent: bad payload")],
+    )
+    assert flags == [True, False, True, True, True]
+    assert await item_fields(redis, queue, "ok") == {}
+    assert await queue.states(["now", "later", "gone", "other"]) == {
+        "now": ItemState.READY, "later": ItemState.DELAYED, "gone": ItemState.DEAD, "other": ItemState.PROCESSING,
+    }  # fmt: skip
+    assert await redis.zcard(queue.keys.marker) == 1
+    assert (
+        await redis.zscore(queue.keys.delayed, "later") >= (before + timedelta(milliseconds=50)).timestamp() * 1000 - 1
+    )
+    [dead] = (await queue.list_dead()).items
+    assert (dead.id, dead.reason) == ("gone", "permanent: bad payload")
+    assert await promote_all(queue, redis, deadline) == ["later"]
+    again = await queue.dequeue("w", VT, 2)
+    # Retries keep their priority and give the delivery back (only stalls count).
+    assert [(x.id, x.priority, x.deliveries) for x in again] == [("now", 4, 1), ("later", -2, 1)]
+    # A resend changes nothing: every token is gone.
+    assert await queue.finish_many(acks=[leases["ok"]], retries=[(leases["now"], timedelta(0))]) == [False, False]
+    assert await queue.finish_many() == []
 
 
 async def test_nack_returns_to_the_back_of_its_priority(redis: aioredis.Redis) -> None:

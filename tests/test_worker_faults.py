@@ -491,3 +491,40 @@ async def test_concurrent_requeues_of_one_dead_run_add_one_attempt(control: Cont
     assert await second == []
     attempts = await pool.fetch("SELECT attempt, status FROM job_executions WHERE run_id = $1 ORDER BY 1", run.run_id)
     assert [tuple(row) for row in attempts] == [(1, "dead"), (2, "queued")]
+
+
+class _HeldCompletions(ExecutionRepository):
+    """Outcomes are recorded only once the test lets them through (PostgreSQL slow to record)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        super().__init__(pool)
+        self.release = asyncio.Event()
+
+    async def complete(self, outcomes: Sequence[Outcome], *, resent: bool = True) -> list[Any]:
+        await self.release.wait()
+        return await super().complete(outcomes, resent=resent)
+
+
+async def test_a_slot_is_freed_when_its_handler_returns_not_when_its_outcome_is_recorded(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    registry = registry_with()
+    control = Control(redis, pool, registry)
+    job = await control.create_job(JobSpec(name="pipelined", handler="test.echo"))
+    executions = _HeldCompletions(pool)
+    async with running_worker(redis_url, database_url, executions, registry) as (worker, task):  # 4 slots
+        for _ in range(6):
+            await control.trigger_job(job.id)
+        # Recording is held back, yet all six ran: the slots came free when the handlers returned.
+        await eventually(lambda: _true(worker.stats.claimed == 6 and worker.active == 0))
+        running = "SELECT count(*) FROM job_executions WHERE job_id = $1 AND status = 'running'"
+        assert await pool.fetchval(running, job.id) == 6  # none recorded yet: their leases are kept
+        executions.release.set()
+
+        async def all_succeeded() -> bool:
+            done = "SELECT count(*) FROM job_executions WHERE job_id = $1 AND status = 'succeeded'"
+            return bool(await pool.fetchval(done, job.id) == 6)
+
+        await eventually(all_succeeded)
+        assert worker.stats.completed == 6
+        assert not task.done()

@@ -241,6 +241,10 @@ class ExecutionPage:
         return self.token_after(self.executions[-1]) if self.has_more and self.executions else ""
 
 
+_TRIGGERS: dict[str, Trigger] = {trigger.value: trigger for trigger in Trigger}  # faster than Trigger(value)
+_STATUSES: dict[str, ExecutionStatus] = {status.value: status for status in ExecutionStatus}
+
+
 def _ids(values: Sequence[str]) -> list[uuid.UUID]:
     return [uuid.UUID(value) for value in values]
 
@@ -494,7 +498,8 @@ class ExecutionRepository:
         rows = await self._pool.fetch(
             f"""
             WITH items AS (
-                SELECT * FROM unnest($1::uuid[], $2::text[]) AS i(run_id, token)
+                -- Ids travel as text both ways: cheaper for the client than uuid objects.
+                SELECT * FROM unnest($1::text[]::uuid[], $2::text[]) AS i(run_id, token)
             ), latest AS (
                 SELECT x.id, x.run_id, x.job_id, x.scheduled_for, x.attempt, x.status, x.claim_token,
                        x.priority, x.started_at, x.due_at, x.trigger, x.cancel_requested_at, i.token, {_snapshot("x")}
@@ -531,14 +536,16 @@ class ExecutionRepository:
                                  l.trigger, {_snapshot("l")}
                           FROM latest l WHERE l.status = 'running' AND l.claim_token = l.token
             )
-            SELECT c.id, c.run_id, c.job_id, c.scheduled_for, c.attempt, c.started_at, c.due_at, c.trigger, j.name,
+            SELECT c.id::text, c.run_id::text, c.job_id::text, c.scheduled_for, c.attempt, c.started_at, c.due_at,
+                   c.trigger, j.name,
                    {_snapshot_of_run("c")},
-                   (SELECT count(*) FROM job_executions p
-                    WHERE p.run_id = c.run_id AND p.status = 'interrupted') AS interrupted,
+                   CASE WHEN c.attempt = 1 THEN 0  -- a first attempt has no earlier ones: no probe
+                        ELSE (SELECT count(*) FROM job_executions p
+                              WHERE p.run_id = c.run_id AND p.status = 'interrupted') END AS interrupted,
                    (SELECT count(*) FROM abandoned) AS abandoned
             FROM claimed c JOIN jobs j ON j.id = c.job_id
             """,
-            _ids([run_id for run_id, _ in items]),
+            [run_id for run_id, _ in items],
             [token for _, token in items],
             worker_id,
             LOST_WORKER_ERROR,
@@ -546,9 +553,9 @@ class ExecutionRepository:
         )
         return [
             Claim(
-                run_id=str(row["run_id"]),
-                execution_id=str(row["id"]),
-                job_id=str(row["job_id"]),
+                run_id=row["run_id"],
+                execution_id=row["id"],
+                job_id=row["job_id"],
                 job_name=row["name"],
                 attempt=row["attempt"],
                 scheduled_for=row["scheduled_for"],
@@ -560,29 +567,36 @@ class ExecutionRepository:
                 queue=row["queue"],
                 due_at=row["due_at"],
                 interrupted=row["interrupted"],
-                trigger=Trigger(row["trigger"]),
+                trigger=_TRIGGERS[row["trigger"]],
             )
             for row in rows
         ]
 
-    async def complete(self, outcomes: Sequence[Outcome]) -> list[Completed]:
+    async def complete(self, outcomes: Sequence[Outcome], *, resent: bool = True) -> list[Completed]:
         """Record how attempts ended; each only under its claim token and while still `running`.
 
         An attempt whose worker lost its lease (someone else's claim abandoned it) changes nothing:
         it is simply absent from the result. Outcomes with `retry_after` add the next attempt, `queued`.
-        Safe to repeat: an outcome already recorded under the same token is reported again.
+        Safe to repeat: an outcome already recorded under the same token is reported again, as long
+        as `resent` is true (the default). A caller sending outcomes for the first time may pass
+        False to skip looking for earlier recordings (one index probe per outcome).
         """
         if not outcomes:
             return []
         rows = await self._pool.fetch(
             f"""
-            WITH r AS (
-                SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::interval[])
+            WITH r AS MATERIALIZED (
+                -- `running` is a column, not a constant, so the planner cannot use `status =
+                -- 'running'` to scan the table (its statistics often count no running rows, and a
+                -- sequential scan of the whole history per batch would follow): each outcome
+                -- finds its row by primary key.
+                SELECT *, 'running'::text AS running
+                FROM unnest($1::text[]::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::interval[])
                     AS r(id, token, status, error, result, retry_after)
             ), done AS (
                 UPDATE job_executions e SET status = r.status, finished_at = now(), error = r.error,
                        result = r.result::jsonb
-                FROM r WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
+                FROM r WHERE e.id = r.id AND e.claim_token = r.token AND e.status = r.running
                 RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, r.retry_after,
                           e.cancel_requested_at, {_snapshot("e")}
             ), retried AS (
@@ -602,26 +616,28 @@ class ExecutionRepository:
                        (SELECT n.id FROM job_executions n
                         WHERE n.run_id = e.run_id AND n.attempt = e.attempt + 1 AND n.trigger = 'retry') AS retry_id
                 FROM r JOIN job_executions e ON e.id = r.id AND e.claim_token = r.token AND e.status = r.status
+                WHERE $7
             )
-            SELECT d.id, d.run_id, d.job_id, d.attempt, d.status, t.id AS retry_id
+            SELECT d.id::text, d.run_id::text, d.job_id::text, d.attempt, d.status, t.id::text AS retry_id
             FROM done d LEFT JOIN retried t ON t.run_id = d.run_id
-            UNION ALL SELECT * FROM again
+            UNION ALL SELECT id::text, run_id::text, job_id::text, attempt, status, retry_id::text FROM again
             """,
-            _ids([outcome.execution_id for outcome in outcomes]),
+            [outcome.execution_id for outcome in outcomes],
             [outcome.claim_token for outcome in outcomes],
             [outcome.status.value for outcome in outcomes],
             [outcome.error[:8000] if outcome.error else None for outcome in outcomes],
             [orjson.dumps(outcome.result).decode() if outcome.result is not None else None for outcome in outcomes],
             [outcome.retry_after for outcome in outcomes],
+            resent,
         )
         return [
             Completed(
-                execution_id=str(row["id"]),
-                run_id=str(row["run_id"]),
-                job_id=str(row["job_id"]),
+                execution_id=row["id"],
+                run_id=row["run_id"],
+                job_id=row["job_id"],
                 attempt=row["attempt"],
-                status=ExecutionStatus(row["status"]),
-                retry_execution_id=str(row["retry_id"]) if row["retry_id"] else None,
+                status=_STATUSES[row["status"]],
+                retry_execution_id=row["retry_id"],
             )
             for row in rows
         ]

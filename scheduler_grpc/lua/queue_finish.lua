@@ -1,0 +1,55 @@
+-- KEYS[1]=processing KEYS[2]=ready KEYS[3]=delayed KEYS[4]=dead KEYS[5]=priority KEYS[6]=data
+-- KEYS[7]=deliveries KEYS[8]=lease KEYS[9]=owner KEYS[10]=dead_reason KEYS[11]=seq KEYS[12]=marker
+-- ARGV: four per lease: ARGV[4i+1]=what ('a' ack, 'r' retry, 'd' dead-letter) ARGV[4i+2]=id
+-- ARGV[4i+3]=lease token ARGV[4i+4]=for 'r' the delay in ms (0: ready now), for 'd' the reason
+-- Returns: one integer per lease: 1 = done, 0 = lease lost (the token is not the item's current
+-- one; nothing changed for that item).
+-- A worker's whole completion batch in one call: 'a' is queue_ack, 'r' is queue_nack with the
+-- delivery given back (only stalls count towards the stall limit), 'd' is queue_dead_letter of a
+-- processing item. Safe to resend: a repeat finds the tokens gone and answers 0.
+local processing_key, ready_key, delayed_key, dead_key, priority_key, data_key, deliveries_key, lease_key,
+  owner_key, dead_reason_key, seq_key, marker_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+
+-- @include ready_score
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local out = {}
+local made_ready = false
+for i = 1, #ARGV, 4 do
+  local what, id = ARGV[i], ARGV[i + 1]
+  if redis.call('HGET', lease_key, id) == ARGV[i + 2] then
+    redis.call('ZREM', processing_key, id)
+    redis.call('HDEL', lease_key, id)
+    redis.call('HDEL', owner_key, id)
+    if what == 'a' then
+      redis.call('HDEL', priority_key, id)
+      redis.call('HDEL', data_key, id)
+      redis.call('HDEL', deliveries_key, id)
+    elseif what == 'r' then
+      if redis.call('HINCRBY', deliveries_key, id, -1) <= 0 then
+        redis.call('HDEL', deliveries_key, id)
+      end
+      local delay = tonumber(ARGV[i + 3])
+      if delay > 0 then
+        redis.call('ZADD', delayed_key, string.format('%.0f', now + delay), id)
+      else
+        local priority = tonumber(redis.call('HGET', priority_key, id) or '0')
+        redis.call('ZADD', ready_key, ready_score(priority), id)
+        made_ready = true
+      end
+    else
+      redis.call('ZADD', dead_key, string.format('%.0f', now), id)
+      redis.call('HSET', dead_reason_key, id, ARGV[i + 3])
+    end
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+if made_ready then
+  redis.call('ZADD', marker_key, 0, 'ready')
+end
+return out
