@@ -45,7 +45,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -87,6 +87,9 @@ CANCEL_POLL_INTERVAL = timedelta(seconds=1)
 T = TypeVar("T")
 _BREAKER_SEVERITY = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 _LATENESS_TRIGGERS = frozenset({Trigger.SCHEDULE, Trigger.MANUAL})
+# Attempts these make are never a flow run's downstream runs (a flow run's root has no upstreams):
+# the claim path asks PostgreSQL for upstream results only for the others (upstream, retry, ...).
+_ROOT_TRIGGERS = frozenset({Trigger.SCHEDULE, Trigger.MANUAL, Trigger.BACKFILL})
 _WORKER_KEYS = WorkerKeys()
 _EVENT_OF = {
     ExecutionStatus.SUCCEEDED: EventType.SUCCEEDED,
@@ -432,6 +435,17 @@ class Worker:
         except BaseException:
             await self.queue.nack_many(wanted, count_delivery=False)
             raise
+        flow_runs = [claim.run_id for claim in claims if claim.trigger not in _ROOT_TRIGGERS]
+        if flow_runs:  # a flow run's downstream runs: their handlers get the upstream results
+            try:
+                upstream = await self._executions.upstream_results(flow_runs)
+            except BaseException:
+                await self.queue.nack_many(wanted, count_delivery=False)
+                raise
+            claims = [
+                replace(claim, upstream_results=upstream[claim.run_id]) if claim.run_id in upstream else claim
+                for claim in claims
+            ]
         by_run = {claim.run_id: claim for claim in claims}
         nothing_to_do = [lease for lease in wanted if lease.id not in by_run]
         if nothing_to_do:  # finished meanwhile, or its job was deleted
@@ -515,6 +529,7 @@ class Worker:
             attempt=claim.attempt,
             scheduled_for=claim.scheduled_for,
             timeout=claim.timeout,
+            upstream_results=claim.upstream_results,
             settings=self._handler_settings,
             maintenance=self._maintenance,
             log=logging.LoggerAdapter(

@@ -99,13 +99,14 @@ async def test_a_diamond_runs_its_join_once_per_flow_run_with_both_results_and_r
         assert d_run is not None
         d = await control.executions.get(d_run)
         assert d.flow_run_id == flow_id
-        assert d.result == {"echo": {"b": {"echo": {"input": "/data/a.csv"}}, "rows": 3}}
+        # D's payload took B's result and C's rows (`$from`); its handler's context carried both
+        # upstream results (test.echo returns them as "upstream"), and B's and C's carried A's.
+        a_result = {"echo": {"path": "/data/a.csv"}}
+        b_result = {"echo": {"input": "/data/a.csv"}, "upstream": {"A": a_result}}
+        c_result = {"echo": {"rows": 3}, "upstream": {"A": a_result}}
+        assert d.result == {"echo": {"b": b_result, "rows": 3}, "upstream": {"B": b_result, "C": c_result}}
     assert await runs_per_flow(pool, "D") == dict.fromkeys(flow_ids, 1)
-    # What a handler's context would carry (ExecutionContext.upstream_results).
-    assert await FlowRepository(pool).upstream_results(d_run) == {
-        "B": {"echo": {"input": "/data/a.csv"}},
-        "C": {"echo": {"rows": 3}},
-    }
+    assert await FlowRepository(pool).upstream_results(d_run) == {"B": b_result, "C": c_result}
     # Every run of the flow runs is listed by flow run.
     page = await control.executions.list_page(flow_run_id=flow_ids[0])
     assert sorted(e.job_id for e in page.executions) == sorted(node.job_id for node in flow.nodes)
@@ -152,7 +153,7 @@ async def check_a_retried_upstream_lets_the_flow_go_on_once_it_succeeds(control:
     assert states(flow) == {"flaky": "succeeded", "next": "succeeded"}
     assert [e.status.value for e in await control.executions.history(a.id)] == ["failed", "succeeded"]
     downstream = await control.executions.get(next(n.run_id for n in flow.nodes if n.job_name == "next") or "")
-    assert downstream.result == {"echo": {"attempt": 2}}
+    assert downstream.result == {"echo": {"attempt": 2}, "upstream": {"flaky": {"attempt": 2, "failed_attempts": 1}}}
 
 
 async def check_a_missing_from_path_fails_the_downstream_run_with_the_reference_named(control: Control) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -190,6 +190,8 @@ class Claim:
     due_at: datetime | None = None
     interrupted: int = 0  # earlier attempts of the run that were interrupted (they spend no retry budget)
     trigger: Trigger = Trigger.SCHEDULE  # what created this attempt (a backfill's slot lies in the past)
+    # In a flow run: each upstream job's result by job name (the handler's `upstream_results`).
+    upstream_results: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def budget_attempt(self) -> int:
@@ -475,6 +477,27 @@ class ExecutionRepository:
             [request.slot for request in requests],
             [request.request_id for request in requests],
         )
+
+    async def upstream_results(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """For runs a flow run created: each upstream node's result by job name (None where its run
+        has none, e.g. it failed), by run id; runs outside any flow run are absent. One statement
+        for a claimed batch: the worker asks only for runs no schedule, trigger or backfill made."""
+        if not run_ids:
+            return {}
+        rows = await self._pool.fetch(
+            """SELECT me.run_id, j.name, x.result
+               FROM flow_nodes me JOIN flow_nodes u ON u.flow_run_id = me.flow_run_id
+                                                   AND u.job_id = ANY(me.upstream_ids)
+               JOIN jobs j ON j.id = u.job_id
+               LEFT JOIN LATERAL (SELECT a.result FROM job_executions a WHERE a.run_id = u.run_id
+                                  ORDER BY a.attempt DESC LIMIT 1) x ON true
+               WHERE me.run_id = ANY($1::uuid[])""",
+            _ids(run_ids),
+        )
+        found: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            found.setdefault(str(row["run_id"]), {})[row["name"]] = row["result"]
+        return found
 
     async def claim(self, items: Sequence[tuple[str, str]], worker_id: str) -> list[Claim]:
         """Claim the current attempt of each run `(run_id, lease_token)` for `worker_id`.

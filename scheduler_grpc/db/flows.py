@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from scheduler_grpc.db.executions import Queued
+from scheduler_grpc.db.executions import ExecutionRepository, Queued
 from scheduler_grpc.db.leadership import Connection, assert_current_term
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.flows import FlowRun, Node, TriggerRule
@@ -279,18 +279,8 @@ class FlowRepository:
     async def upstream_results(self, run_id: str) -> dict[str, Any]:
         """For a run a flow run created: the result of each of its upstream nodes' runs, by job name
         (None where the run has no result, e.g. it failed); empty for a run outside any flow run.
-        What the worker would hand the handler as `ExecutionContext.upstream_results`."""
-        rows = await self._pool.fetch(
-            """SELECT j.name, x.result
-               FROM flow_nodes me JOIN flow_nodes u ON u.flow_run_id = me.flow_run_id
-                                                   AND u.job_id = ANY(me.upstream_ids)
-               JOIN jobs j ON j.id = u.job_id
-               LEFT JOIN LATERAL (SELECT a.result FROM job_executions a WHERE a.run_id = u.run_id
-                                  ORDER BY a.attempt DESC LIMIT 1) x ON true
-               WHERE me.run_id = $1""",
-            _uuid(run_id),
-        )
-        return {row["name"]: row["result"] for row in rows}
+        What the worker hands the handler as `ExecutionContext.upstream_results`."""
+        return (await ExecutionRepository(self._pool).upstream_results([run_id])).get(run_id, {})
 
     async def flow_of_run(self, run_id: str) -> str | None:
         """The flow run a run belongs to, if any."""

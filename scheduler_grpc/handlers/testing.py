@@ -29,13 +29,16 @@ CRASH_DISABLED = "test.crash kills its worker and runs only with SCHEDULER_ENV=d
 
 
 class EchoHandler(Handler):
-    """Returns its payload: `{"echo": payload}`. Accepts any fields."""
+    """Returns its payload: `{"echo": payload}`, and in a flow run its upstream jobs' results as
+    `{"echo": payload, "upstream": {job name: result}}`. Accepts any fields."""
 
     name: ClassVar[str] = "test.echo"
     description: ClassVar[str] = "Return the payload as the result (any fields)"
     extra_fields: ClassVar[bool] = True
 
     async def run(self, ctx: ExecutionContext, payload: dict[str, Any]) -> JSONValue:
+        if ctx.upstream_results:
+            return {"echo": payload, "upstream": dict(ctx.upstream_results)}
         return {"echo": payload}
 
 
