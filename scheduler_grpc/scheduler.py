@@ -54,7 +54,7 @@ from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.jobs import ConcurrencyPolicy, Job, MisfirePolicy, ScheduleKind
 from scheduler_grpc.leader import LeaderElector, Term
 from scheduler_grpc.queue import MAX_BATCH, ItemState
-from scheduler_grpc.schedule import CronSchedule, count_fires, fire_times, last_fire_before
+from scheduler_grpc.schedule import count_fires, instants, last_fire_before
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,8 @@ _BACKOFF_FIRST_S = 0.1
 _BACKOFF_MAX_S = 5.0
 _STEP_TIMEOUT_S = 30.0
 _STILL_FAILING_LOG_S = 60.0
+# Planning yields to the event loop at least this often (the lease renewal must answer in TTL/6).
+_PLAN_YIELD_S = 0.005
 
 
 def is_store_error(exc: BaseException) -> bool:
@@ -127,7 +129,9 @@ class LoopSettings:
     """Timings of the leader loops (defaults in brackets)."""
 
     scan_interval: timedelta = timedelta(seconds=1)  # longest sleep between scans [1 s]
-    scan_batch: int = 500  # due jobs per scan statement [500]
+    scan_batch: int = 1000  # due jobs one scan reads (one statement, O(due) on the partial index) [1000]
+    fire_chunk: int = 200  # jobs per fire statement: the first runs reach the queue before the rest [200]
+    fire_concurrency: int = 2  # fire statements in flight at once (PostgreSQL works on both) [2]
     max_slots_per_job: int = 250  # catch-up slots one job records per scan (~12 ms of planning) [250]
     max_slots_per_scan: int = 2000  # slots one scan plans and records (bounds its loop stalls) [2000]
     missed_count_walk: int = 32  # slots walked at most to count a missed range exactly (else NULL) [32]
@@ -199,11 +203,11 @@ def plan_job(job: Job, now: datetime, loop: LoopSettings, plan: Plan) -> None:
     assert schedule is not None
     # The slots that run, in order: after a coalesced run of misfires, from its last slot
     # (`run_once`) or the slot after it (`skip`); otherwise from next_run_time itself.
-    upcoming: Iterator[datetime] = itertools.chain([first], _instants(schedule, first))
+    upcoming: Iterator[datetime] = itertools.chain([first], instants(schedule, first))
     if job.misfire_policy is not MisfirePolicy.RUN_ALL and first < misfire_before:
         last_missed = last_fire_before(schedule, first, misfire_before)
         through: datetime | None = last_missed
-        upcoming = _instants(schedule, last_missed)
+        upcoming = instants(schedule, last_missed)
         if job.misfire_policy is MisfirePolicy.RUN_ONCE:
             through = last_fire_before(schedule, first, last_missed) if last_missed > first else None
             upcoming = itertools.chain([last_missed], upcoming)
@@ -219,10 +223,6 @@ def plan_job(job: Job, now: datetime, loop: LoopSettings, plan: Plan) -> None:
         due.append(instant)
     plan.slots.extend(PlannedSlot(job.id, slot, ExecutionStatus.QUEUED, slot) for slot in due)
     plan.advances.append(Advance(job.id, first, following))
-
-
-def _instants(schedule: CronSchedule, after: datetime) -> Iterator[datetime]:
-    return (fire.instant for fire in fire_times(schedule, after))
 
 
 class LeaderLoops:
@@ -342,7 +342,14 @@ class LeaderLoops:
                 return
 
     async def scan_once(self, term: Term) -> bool:
-        """One scan: record and enqueue what is due. Returns True if the batch was full."""
+        """One scan: record and enqueue what is due. Returns True if the batch was full.
+
+        One statement reads the due jobs (at most `scan_batch`), planning is arithmetic or cached
+        (`schedule.next_instant`), and the slots are fired in chunks of `fire_chunk` jobs, each one
+        fenced statement followed by its CREATED events and one enqueue call, with up to
+        `fire_concurrency` chunks in flight: the first runs are in the queue while PostgreSQL is
+        still recording the rest, instead of every run of the scan waiting for the slowest.
+        """
         began = time.perf_counter()
         jobs, now = await self._jobs.due(self._loop.scan_batch)
         self.scans += 1
@@ -350,25 +357,56 @@ class LeaderLoops:
         if not jobs:
             metrics.SCAN_DURATION.observe(time.perf_counter() - began)
             return False
-        plan = Plan()
-        planned: list[Job] = []
+        chunks: list[tuple[list[Job], Plan]] = []
+        planned = slots = 0
+        yielded = time.perf_counter()
         for job in jobs:
-            if len(plan.slots) >= self._loop.max_slots_per_scan:
+            if slots >= self._loop.max_slots_per_scan:
                 break  # the rest stay due (their next_run_time is unchanged): the next scan takes them
+            if not chunks or len(chunks[-1][0]) >= self._loop.fire_chunk:
+                chunks.append(([], Plan()))
+            chunk_jobs, plan = chunks[-1]
+            before = len(plan.slots)
             plan_job(job, now, self._loop, plan)
-            planned.append(job)
+            chunk_jobs.append(job)
+            planned += 1
+            slots += len(plan.slots) - before
             # Planning a long catch-up is CPU work (~50 ms for 1000 slots): let the lease renewal
-            # and the other loops run between jobs, so a big batch never starves them.
-            await asyncio.sleep(0)
+            # and the other loops run every few milliseconds, so a big batch never starves them.
+            if time.perf_counter() - yielded > _PLAN_YIELD_S:
+                await asyncio.sleep(0)
+                yielded = time.perf_counter()
+        await self._fire_chunks(term, chunks, now)
+        metrics.SCAN_DURATION.observe(time.perf_counter() - began)
+        return len(jobs) >= self._loop.scan_batch or planned < len(jobs)
+
+    async def _fire_chunks(self, term: Term, chunks: Sequence[tuple[list[Job], Plan]], now: datetime) -> None:
+        """Fire every chunk, `fire_concurrency` at a time; raise the first failure once all are done.
+
+        Chunks are independent (each its own fenced compare-and-set), so one failing leaves the
+        others' slots recorded and its own jobs due: the next scan takes them again.
+        """
+        pending = iter(chunks)
+
+        async def fire_some() -> None:
+            for chunk_jobs, plan in pending:
+                await self._fire(term, chunk_jobs, plan, now)
+
+        results = await asyncio.gather(
+            *(fire_some() for _ in range(min(self._loop.fire_concurrency, len(chunks)))), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _fire(self, term: Term, jobs: Sequence[Job], plan: Plan, now: datetime) -> None:
         queued = await self._executions.fire(term.token, plan.advances, plan.slots)
         # `replace`: the earlier runs are cancelled before the new ones can be claimed, so the two
         # overlap as little as possible (if this fails, reconcile enqueues the new runs later).
-        await self._replace_earlier_runs(term, planned, queued)
+        await self._replace_earlier_runs(term, jobs, queued)
         # CREATED before the enqueue, so no STARTED of these runs can precede it (dispatch_new_runs).
         await self._announce(queued, plan.slots)
         await enqueue_runs(self._queues, queued, now)
-        metrics.SCAN_DURATION.observe(time.perf_counter() - began)
-        return len(jobs) >= self._loop.scan_batch or len(planned) < len(jobs)
 
     async def _replace_earlier_runs(self, term: Term, jobs: Sequence[Job], queued: Sequence[Queued]) -> None:
         """`replace` concurrency policy: a new run cancels the job's runs still queued or running."""
