@@ -237,11 +237,18 @@ def next_instant(schedule: CronSchedule, after: datetime) -> datetime | None:
     instant it returned continues the walk exactly (`fire_times` yields from any start what a
     walk from an earlier start yields after it).
     """
-    period = fixed_period(schedule)
-    if period is not None:  # the slots are anchor + k * period
-        anchor = _anchor(schedule)
+    grid = _grid(schedule)
+    if grid is not None:  # the slots are anchor + k * period
+        period, anchor = grid
         return anchor + ((after - anchor) // period + 1) * period
     return _next_instant_walked(schedule, after.astimezone(UTC))
+
+
+@functools.lru_cache(maxsize=4096)
+def _grid(schedule: CronSchedule) -> tuple[timedelta, datetime] | None:
+    """(period, a fire instant) of a fixed-period schedule, else None: one cache lookup per slot."""
+    period = fixed_period(schedule)
+    return None if period is None else (period, _anchor(schedule))
 
 
 @functools.lru_cache(maxsize=65536)
