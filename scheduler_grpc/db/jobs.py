@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -24,6 +25,8 @@ from scheduler_grpc.jobs import (
 )
 from scheduler_grpc.schedule import FoldPolicy, GapPolicy
 
+_E = TypeVar("_E", bound=enum.Enum)
+
 _COLUMNS = """id, name, handler, payload, queue, schedule_kind, cron, time_zone, run_at, dst_gap_policy,
     dst_fold_policy, next_run_time, priority, max_retries, initial_backoff, max_backoff, retry_jitter,
     timeout, misfire_policy, concurrency_policy, status, version, created_at, updated_at"""
@@ -35,6 +38,20 @@ _COLUMNS_WITHOUT_PAYLOAD = _COLUMNS.replace("payload,", "'{}'::jsonb AS payload,
 JOBS_CHANGED_CHANNEL = "scheduler_jobs_changed"
 
 
+def _by_value(kind: type[_E]) -> dict[str, _E]:
+    return {member.value: member for member in kind}
+
+
+# Stored values are checked by the schema; a dict lookup is ~15x cheaper than calling the enum,
+# and the leader's due scan decodes a thousand jobs a second.
+_SCHEDULE_KINDS = _by_value(ScheduleKind)
+_GAP_POLICIES = _by_value(GapPolicy)
+_FOLD_POLICIES = _by_value(FoldPolicy)
+_MISFIRE_POLICIES = _by_value(MisfirePolicy)
+_CONCURRENCY_POLICIES = _by_value(ConcurrencyPolicy)
+_STATUSES = _by_value(JobStatus)
+
+
 def job_from_row(row: asyncpg.Record) -> Job:
     return Job(
         id=str(row["id"]),
@@ -42,19 +59,19 @@ def job_from_row(row: asyncpg.Record) -> Job:
         handler=row["handler"],
         payload=row["payload"],
         queue=row["queue"],
-        schedule_kind=ScheduleKind(row["schedule_kind"]),
+        schedule_kind=_SCHEDULE_KINDS[row["schedule_kind"]],
         cron=row["cron"],
         time_zone=row["time_zone"],
         run_at=row["run_at"],
-        dst_gap_policy=GapPolicy(row["dst_gap_policy"]),
-        dst_fold_policy=FoldPolicy(row["dst_fold_policy"]),
+        dst_gap_policy=_GAP_POLICIES[row["dst_gap_policy"]],
+        dst_fold_policy=_FOLD_POLICIES[row["dst_fold_policy"]],
         next_run_time=row["next_run_time"],
         priority=row["priority"],
         retry=RetryPolicy(row["max_retries"], row["initial_backoff"], row["max_backoff"], row["retry_jitter"]),
         timeout=row["timeout"],
-        misfire_policy=MisfirePolicy(row["misfire_policy"]),
-        concurrency_policy=ConcurrencyPolicy(row["concurrency_policy"]),
-        status=JobStatus(row["status"]),
+        misfire_policy=_MISFIRE_POLICIES[row["misfire_policy"]],
+        concurrency_policy=_CONCURRENCY_POLICIES[row["concurrency_policy"]],
+        status=_STATUSES[row["status"]],
         version=row["version"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
