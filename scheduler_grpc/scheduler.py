@@ -1,7 +1,9 @@
 """The scheduler role: leader election, and the loops only the leader runs.
 
-* scan: due jobs (partial index) -> one fenced statement records their slots and advances them
-  (see `ExecutionRepository.fire`) -> the queued runs are enqueued in Redis.
+* scan: due jobs (one statement on the partial index: O(due)) -> planned (next slots by arithmetic
+  or a cached walk, `schedule.next_instant`) -> recorded and advanced in chunks, one fenced
+  statement each, two in flight (see `ExecutionRepository.fire`) -> each chunk's queued runs are
+  enqueued in Redis as soon as it is recorded. Between scans: asleep until the next due slot.
 * recover: expired leases back to ready; runs that stalled too often are dead-lettered.
 * promote: due retries move from the delayed set to ready.
 * reconcile: runs PostgreSQL has `queued` that Redis does not know (crash between commit and
