@@ -134,6 +134,9 @@ class LoopSettings:
     scan_batch: int = 1000  # due jobs one scan reads (one statement, O(due) on the partial index) [1000]
     fire_chunk: int = 200  # jobs per fire statement: the first runs reach the queue before the rest [200]
     fire_concurrency: int = 2  # fire statements in flight at once (PostgreSQL works on both) [2]
+    # Jobs due this soon are read and planned before their slot; the scan then waits for the slot
+    # and only records them at it, so the read and the planning are off the lateness path [50 ms].
+    plan_ahead: timedelta = timedelta(milliseconds=50)
     max_slots_per_job: int = 250  # catch-up slots one job records per scan (~12 ms of planning) [250]
     max_slots_per_scan: int = 2000  # slots one scan plans and records (bounds its loop stalls) [2000]
     missed_count_walk: int = 32  # slots walked at most to count a missed range exactly (else NULL) [32]
@@ -353,12 +356,21 @@ class LeaderLoops:
         still recording the rest, instead of every run of the scan waiting for the slowest.
         """
         began = time.perf_counter()
-        jobs, now = await self._jobs.due(self._loop.scan_batch)
+        read, now = await self._jobs.due(self._loop.scan_batch, self._loop.plan_ahead)
+        read_at = time.monotonic()
         self.scans += 1
-        metrics.SCAN_DUE_JOBS.observe(len(jobs))
-        if not jobs:
+        metrics.SCAN_DUE_JOBS.observe(len(read))
+        if not read:
             metrics.SCAN_DURATION.observe(time.perf_counter() - began)
             return False
+        # Jobs already due fire now. Otherwise (all read ahead: due within `plan_ahead`) the jobs of
+        # the earliest slot are planned as of it and recorded once the database clock reaches it;
+        # later ones are left to the next scan, so no job waits for another's slot.
+        jobs = [job for job in read if job.next_run_time is not None and job.next_run_time <= now]
+        at = now
+        if not jobs:
+            at = min(job.next_run_time for job in read if job.next_run_time is not None)
+            jobs = [job for job in read if job.next_run_time == at]
         chunks: list[tuple[list[Job], Plan]] = []
         planned = slots = 0
         yielded = time.perf_counter()
@@ -369,7 +381,7 @@ class LeaderLoops:
                 chunks.append(([], Plan()))
             chunk_jobs, plan = chunks[-1]
             before = len(plan.slots)
-            plan_job(job, now, self._loop, plan)
+            plan_job(job, at, self._loop, plan)
             chunk_jobs.append(job)
             planned += 1
             slots += len(plan.slots) - before
@@ -378,9 +390,15 @@ class LeaderLoops:
             if time.perf_counter() - yielded > _PLAN_YIELD_S:
                 await asyncio.sleep(0)
                 yielded = time.perf_counter()
-        await self._fire_chunks(term, chunks, now)
+        # `now` is the database clock when the read began, before read_at: waiting from read_at
+        # can only end late, never early, so no run is recorded before its slot.
+        wait = (at - now).total_seconds() - (time.monotonic() - read_at)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        await self._fire_chunks(term, chunks, at)
         metrics.SCAN_DURATION.observe(time.perf_counter() - began)
-        return len(jobs) >= self._loop.scan_batch or planned < len(jobs)
+        # Full, cut short, or jobs read ahead left for the next scan: scan again at once.
+        return len(read) >= self._loop.scan_batch or planned < len(read)
 
     async def _fire_chunks(self, term: Term, chunks: Sequence[tuple[list[Job], Plan]], now: datetime) -> None:
         """Fire every chunk, `fire_concurrency` at a time; raise the first failure once all are done.
@@ -437,7 +455,9 @@ class LeaderLoops:
     async def _sleep_until_next_due(self) -> None:
         cap = self._loop.scan_interval.total_seconds()
         until_due = await self._jobs.time_until_next_due()
-        wait = cap if until_due is None else min(cap, max(0.0, until_due.total_seconds()))
+        # Wake `plan_ahead` early: the scan reads and plans the slot's jobs, then waits for it.
+        ahead = self._loop.plan_ahead.total_seconds()
+        wait = cap if until_due is None else min(cap, max(0.0, until_due.total_seconds() - ahead))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
                 await self._changes.changed.wait()

@@ -228,6 +228,36 @@ async def test_a_scan_fired_in_concurrent_chunks_is_fenced_whole_and_records_eac
     assert set(states.values()) == {ItemState.READY}
 
 
+async def test_jobs_read_ahead_of_their_slot_are_recorded_at_it_and_never_hold_up_a_due_job(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    _, current = await _terms(pool)
+    # A wide read-ahead window, so the read surely happens before the slot even on a loaded host.
+    loops = LeaderLoops(redis, pool, LoopSettings(plan_ahead=timedelta(seconds=3)))
+    ahead = [await control.create_job(every_second(f"ahead-{index}")) for index in range(5)]
+    late = await control.create_job(every_second("already-due"))
+    slot = await pool.fetchval(
+        "UPDATE jobs SET next_run_time = date_trunc('second', now()) + interval '2 seconds'"
+        " WHERE id = ANY($1::uuid[]) RETURNING next_run_time",
+        [job.id for job in ahead],
+    )
+    await pool.execute("UPDATE jobs SET next_run_time = date_trunc('second', now()) WHERE id = $1", late.id)
+    # The due job fires at once; the jobs read ahead are left for the next scan.
+    began = time.monotonic()
+    assert await loops.scan_once(current), "jobs read ahead left over: scan again at once"
+    assert time.monotonic() - began < 1.5, "a due job waited for another job's slot"
+    assert await pool.fetchval("SELECT array_agg(job_id::text) FROM job_executions") == [late.id]
+    # The next scan plans them before their slot and records them at it, not before.
+    await pool.execute("UPDATE jobs SET status = 'paused' WHERE id = $1", late.id)  # its next slot is earlier
+    assert await pool.fetchval("SELECT now() < $1", slot)
+    await loops.scan_once(current)
+    rows = await pool.fetch(
+        "SELECT scheduled_for, created_at FROM job_executions WHERE job_id = ANY($1::uuid[])", [j.id for j in ahead]
+    )
+    assert len(rows) == 5
+    assert all(row["scheduled_for"] == slot <= row["created_at"] for row in rows), rows
+
+
 # -- catch-up planning does not block the loop -------------------------------------------------------
 
 

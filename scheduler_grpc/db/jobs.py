@@ -152,14 +152,16 @@ class JobRepository:
     async def _notify(self) -> None:
         await self._pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
 
-    async def due(self, limit: int) -> tuple[list[Job], datetime]:
-        """Active jobs whose next run is due, oldest first (the partial index `jobs_due_idx`), and the
-        database's clock, which every leader decision uses so scheduler hosts' clocks don't matter."""
+    async def due(self, limit: int, ahead: timedelta = timedelta(0)) -> tuple[list[Job], datetime]:
+        """Active jobs whose next run is due, or due within `ahead`, oldest first (the partial index
+        `jobs_due_idx`: O(due)), and the database's clock, which every leader decision uses so
+        scheduler hosts' clocks don't matter."""
         rows = await self._pool.fetch(
             f"""SELECT {_COLUMNS}, now() AS db_now FROM jobs
-                WHERE status = 'active' AND next_run_time <= now()
+                WHERE status = 'active' AND next_run_time <= now() + $2::interval
                 ORDER BY next_run_time LIMIT $1""",
             limit,
+            ahead,
         )
         if not rows:
             return [], await self._pool.fetchval("SELECT now()")
