@@ -349,8 +349,9 @@ class LeaderLoops:
     async def scan_once(self, term: Term) -> bool:
         """One scan: record and enqueue what is due. Returns True if the batch was full.
 
-        One statement reads the due jobs (at most `scan_batch`), planning is arithmetic or cached
-        (`schedule.next_instant`), and the slots are fired in chunks of `fire_chunk` jobs, each one
+        One statement reads the due jobs (at most `scan_batch`; or, when none is due yet, those of
+        a slot within `plan_ahead`, recorded once the slot is reached), planning is arithmetic or
+        cached (`schedule.next_instant`), and the slots are fired in chunks of `fire_chunk` jobs, each one
         fenced statement followed by its CREATED events and one enqueue call, with up to
         `fire_concurrency` chunks in flight: the first runs are in the queue while PostgreSQL is
         still recording the rest, instead of every run of the scan waiting for the slowest.
@@ -359,8 +360,8 @@ class LeaderLoops:
         read, now = await self._jobs.due(self._loop.scan_batch, self._loop.plan_ahead)
         read_at = time.monotonic()
         self.scans += 1
-        metrics.SCAN_DUE_JOBS.observe(len(read))
         if not read:
+            metrics.SCAN_DUE_JOBS.observe(0)
             metrics.SCAN_DURATION.observe(time.perf_counter() - began)
             return False
         # Jobs already due fire now. Otherwise (all read ahead: due within `plan_ahead`) the jobs of
@@ -371,6 +372,7 @@ class LeaderLoops:
         if not jobs:
             at = min(job.next_run_time for job in read if job.next_run_time is not None)
             jobs = [job for job in read if job.next_run_time == at]
+        metrics.SCAN_DUE_JOBS.observe(len(jobs))
         chunks: list[tuple[list[Job], Plan]] = []
         planned = slots = 0
         yielded = time.perf_counter()
