@@ -1,26 +1,26 @@
-"""Scheduling lateness, a same-second burst and the scan tick against the number of job definitions.
+"""Scheduling lateness at scale, measured from PostgreSQL with real scheduler and worker processes.
 
-    .venv/bin/python bench/lateness_bench.py [--jobs 1000] [--seconds 60] [--burst 10000] [--definitions 1000000]
+    .venv/bin/python bench/lateness_bench.py [--jobs 1000] [--seconds 60] [--schedulers 2] [--workers 2]
+    .venv/bin/python bench/lateness_bench.py --burst 10000 [--kind once|cron]
+    .venv/bin/python bench/lateness_bench.py --scan-tick [--definitions 1000 1000000] [--due 100]
 
-(A minimal version written for `make bench`; bench/run.py reads only its last line, the JSON below.)
-Uses REDIS_URL / DATABASE_URL (embedded servers when unset; flushes that Redis database and
-truncates the job tables). Each phase starts from a clean slate (tables truncated, Redis flushed,
-a fresh scheduler and worker process); a phase that fails is named in `errors` (exit 1) and the
-others still run:
+Starts embedded Valkey and PostgreSQL (or uses REDIS_URL / DATABASE_URL); job definitions are
+inserted with COPY. Three modes:
 
-* `--jobs` per-second cron jobs for `--seconds`: lateness of every slot in the window (the worker's
-  `started_at` - the slot), p50/p99/max, after waiting up to `--grace` for late slots. A slot still
-  not started then counts with the lateness it has by then (a lower bound), so a system that cannot
-  keep up shows it; and the enqueue lateness (row created - slot);
-* `--burst` one-shot jobs due in the same whole second (inserted in one statement ahead of time):
-  seconds from that second until the last of them started (a lower bound, with
-  `burst_not_started`, if some still wait `--burst-grace` after it);
-* then, no roles running: the due scan (`JobRepository.due`, the statement each leader scan runs)
-  timed over 1,000 job definitions of which 100 are due, then over `--definitions` (100 due).
+* steady (default): `--jobs` per-second cron jobs (`* * * * * *`), all with the same first slot,
+  for `--seconds`, with `--schedulers` scheduler and `--workers` worker processes (default
+  settings). Lateness of every slot in the window, attempt 1 of trigger `schedule`: start
+  (`started_at - scheduled_for`, the figure of issue 11) and fire (`created_at - scheduled_for`:
+  the row was recorded by the leader's fire statement) as p50 / p99 / max, plus the slots fired
+  and started, and the CPU seconds per slot of the leader, the workers and PostgreSQL (from /proc).
+* `--burst N`: N jobs (one-shots, or with `--kind cron` cron jobs firing at one second of every
+  minute) due in the same second; time from that second until the last one was fired and started.
+* `--scan-tick`: in-process leader; one scan (`LeaderLoops.scan_once`: due query, planning, the
+  fire statement, enqueue) when `--due` per-second jobs are due among each `--definitions` total
+  (the rest due in a year). Median and p90 of the scan time per table size, and the ratio of the
+  largest to the smallest.
 
-JSON keys: lateness_p50_ms, lateness_p99_ms, lateness_max_ms, lateness_slots, lateness_not_started,
-enqueue_p99_ms, burst_all_started_s, burst_not_started, scan_tick_1k_ms, scan_tick_1m_ms, pg_roundtrip_ms (a
-`SELECT now()`: the 1,000 tick's floor), errors (only when a phase failed).
+The last line of output is one JSON object with every figure (for `make bench`).
 """
 
 from __future__ import annotations
@@ -31,231 +31,378 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import uvloop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scheduler_grpc.connections import redis_client  # noqa: E402
-from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL, JobRepository  # noqa: E402
+from scheduler_grpc.db.leadership import LeadershipRepository  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
 from scheduler_grpc.embedded import embedded_servers  # noqa: E402
+from scheduler_grpc.keys import WorkerKeys  # noqa: E402
+from scheduler_grpc.leader import LeaderElector, Term  # noqa: E402
+from scheduler_grpc.scheduler import LeaderLoops, LoopSettings  # noqa: E402
+
+_JOB_COLUMNS = ["name", "handler", "schedule_kind", "cron", "run_at", "next_run_time"]
 
 
-def percentile(values: list[float], share: float) -> float:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (and, with `children`, of its reaped children)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def postgres_cpu(postmaster: int) -> float:
+    """CPU seconds of the PostgreSQL server: the postmaster, its reaped and its live children."""
+    total = cpu_seconds(postmaster)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50 / p99 / max in milliseconds, rounded to 0.1 ms."""
+    if not values:
+        return {"p50_ms": float("nan"), "p99_ms": float("nan"), "max_ms": float("nan"), "n": 0}
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return {"p50_ms": round(statistics.median(ordered) * 1000, 1), "p99_ms": round(p99 * 1000, 1),
+            "max_ms": round(ordered[-1] * 1000, 1), "n": len(ordered)}  # fmt: skip
 
 
-LEADER_TERM = "SELECT coalesce(max(term), 0) FROM leader_state WHERE scope = 'scheduler'"
-INSERT_JOBS = """INSERT INTO jobs (name, handler, schedule_kind, cron, run_at, next_run_time, max_retries)
-    SELECT $1::text || n, 'test.echo', $2::text, $3::text, $4::timestamptz,
-           $5::timestamptz + (CASE WHEN n < $7 THEN interval '0' ELSE $6::interval END), 0
-    FROM generate_series($8::bigint, $9::bigint - 1) AS n"""
+def line(label: str, figures: dict[str, float]) -> str:
+    return (f"  {label:<32} p50 {figures['p50_ms']:8.1f} ms   p99 {figures['p99_ms']:8.1f} ms"
+            f"   max {figures['max_ms']:8.1f} ms   (n={figures['n']})")  # fmt: skip
 
 
-async def insert_jobs(pool: object, prefix: str, kind: str, count: int, *, cron: str | None = None,
-                      run_at: datetime | None = None, next_run: datetime, later: timedelta = timedelta(0),
-                      due: int | None = None, first: int = 0) -> None:  # fmt: skip
-    """`count` jobs in one statement; the first `due` (default all) next run at `next_run`, the rest `later`."""
-    due = count if due is None else due
-    await pool.execute(INSERT_JOBS, prefix, kind, cron, run_at, next_run, later, first + due, first, first + count)  # type: ignore[attr-defined]
+async def fresh(pool: asyncpg.Pool, redis_url: str) -> None:
+    await migrate(pool)
+    await pool.execute("TRUNCATE job_executions, jobs, leader_state CASCADE")
+    redis = redis_client(redis_url)
+    try:
+        await redis.flushdb()
+    finally:
+        await redis.aclose()
 
 
-async def wait_ready(pool: object, term: int, within: float = 60) -> None:
-    """Until a scheduler leads a term after `term` (ours: every earlier one is over)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if await pool.fetchval(LEADER_TERM) > term:  # type: ignore[attr-defined]
-            return
-        await asyncio.sleep(0.1)
-    raise SystemExit("no leader")
+async def copy_jobs(pool: asyncpg.Pool, records: list[tuple[Any, ...]]) -> None:
+    async with pool.acquire() as conn:
+        await conn.copy_records_to_table("jobs", records=records, columns=_JOB_COLUMNS, timeout=600)
 
 
-class Roles:
-    """One scheduler and one worker process on a clean slate (tables truncated, Redis flushed)."""
+class Processes:
+    """Scheduler and worker processes with default settings, logs under `log_dir`."""
 
-    def __init__(self, pool: Any, redis: Any, env: dict[str, str]) -> None:
-        self.pool, self.redis, self.env = pool, redis, env
-        self.processes: list[asyncio.subprocess.Process] = []
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self._env = env
+        self._log_dir = log_dir
+        self.roles: dict[str, subprocess.Popen[bytes]] = {}
 
-    async def __aenter__(self) -> Roles:
-        await self.pool.execute("TRUNCATE job_executions, jobs CASCADE")
-        await self.redis.flushdb()
-        term = await self.pool.fetchval(LEADER_TERM)
-        for role in ("scheduler", "worker"):
-            self.processes.append(await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "scheduler_grpc", role, env=self.env, cwd=ROOT))  # fmt: skip
-        await wait_ready(self.pool, term)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        for process in self.processes:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes:
-            await asyncio.wait_for(process.wait(), 60)
-
-
-async def lateness(args: argparse.Namespace, pool: Any) -> dict[str, float]:
-    """`--jobs` per-second cron jobs for `--seconds`: lateness of every slot of the window.
-
-    A slot not started when the measurement ends (the system could not keep up) counts with the
-    lateness it had by then, a lower bound; a slot not even recorded, with the time since the window.
-    """
-    now = await pool.fetchval("SELECT now()")
-    first_slot = now.replace(microsecond=0) + timedelta(seconds=2)
-    await insert_jobs(pool, "tick-", "cron", args.jobs, cron="* * * * * *", next_run=first_slot)
-    await pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
-    window = (first_slot + timedelta(seconds=3), first_slot + timedelta(seconds=3 + args.seconds))
-    await asyncio.sleep(max(0.0, (window[1] - datetime.now(UTC)).total_seconds()) + 1)
-    await pool.execute("UPDATE jobs SET status = 'paused', next_run_time = NULL")
-    expected = args.jobs * args.seconds
-    in_window = "trigger = 'schedule' AND scheduled_for >= $1 AND scheduled_for < $2"
-    deadline = time.monotonic() + args.grace
-    while time.monotonic() < deadline:
-        started = await pool.fetchval(
-            f"SELECT count(*) FROM job_executions WHERE {in_window} AND started_at IS NOT NULL", *window
+    def start(self, role: str, name: str) -> None:
+        log = open(self._log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
+        self.roles[name] = subprocess.Popen(
+            [sys.executable, "-m", "scheduler_grpc", role],
+            env={**self._env, "SCHEDULER_INSTANCE": name},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
         )
+
+    def cpu(self, prefix: str) -> float:
+        return sum(cpu_seconds(p.pid) for name, p in self.roles.items() if name.startswith(prefix))
+
+    def stop(self) -> None:
+        for process in self.roles.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.roles.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+async def leader_ready(pool: asyncpg.Pool, limit: float = 60.0) -> str:
+    began = time.monotonic()
+    while time.monotonic() - began < limit:
+        holder = await pool.fetchval("SELECT holder FROM leader_state WHERE scope = 'scheduler'")
+        if holder:
+            return str(holder).split(":")[0]
+        await asyncio.sleep(0.05)
+    raise SystemExit("no leader elected")
+
+
+async def workers_ready(redis_url: str, workers: int, limit: float = 60.0) -> None:
+    redis = redis_client(redis_url)
+    try:
+        began = time.monotonic()
+        while time.monotonic() - began < limit:
+            if await redis.zcard(WorkerKeys().index) >= workers:
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        await redis.aclose()
+
+
+async def steady(args: argparse.Namespace, pool: asyncpg.Pool, procs: Processes, redis_url: str) -> dict[str, Any]:
+    postmaster = parent_pid(await pool.fetchval("SELECT pg_backend_pid()"))
+    for index in range(args.schedulers):
+        procs.start("scheduler", f"scheduler-{index}")
+    for index in range(args.workers):
+        procs.start("worker", f"worker-{index}")
+    await leader_ready(pool)
+    await workers_ready(redis_url, args.workers)
+    start = await pool.fetchval("SELECT date_trunc('second', now()) + interval '3 seconds'")
+    end = start + timedelta(seconds=args.seconds)
+    await copy_jobs(pool, [(f"late-{i}", "test.echo", "cron", "* * * * * *", None, start) for i in range(args.jobs)])
+    await pool.execute("SELECT pg_notify('scheduler_jobs_changed', '')")
+    leader = await leader_ready(pool)
+    wait = (start - await pool.fetchval("SELECT now()")).total_seconds()
+    await asyncio.sleep(max(0.0, wait))
+    cpu_before = {"leader": procs.cpu(leader), "workers": procs.cpu("worker"), "postgres": postgres_cpu(postmaster)}
+    await asyncio.sleep(args.seconds)
+    cpu_after = {"leader": procs.cpu(leader), "workers": procs.cpu("worker"), "postgres": postgres_cpu(postmaster)}
+    # Let the window's slots finish firing, then stop firing, and let them finish starting (bounded).
+    drain_began = time.monotonic()
+    while time.monotonic() - drain_began < args.drain:
+        if await pool.fetchval("SELECT min(next_run_time) FROM jobs") >= end:
+            break
+        await asyncio.sleep(0.5)
+    await pool.execute("UPDATE jobs SET status = 'paused'")
+    expected = args.jobs * args.seconds
+    window = """FROM job_executions WHERE attempt = 1 AND trigger = 'schedule'
+                AND scheduled_for >= $1 AND scheduled_for < $2"""
+    while time.monotonic() - drain_began < args.drain:
+        started = await pool.fetchval(f"SELECT count(*) {window} AND started_at IS NOT NULL", start, end)
         if started >= expected:
             break
         await asyncio.sleep(0.5)
     rows = await pool.fetch(
-        f"""SELECT extract(epoch FROM coalesce(started_at, now()) - scheduled_for) AS start_s,
-                   extract(epoch FROM created_at - scheduled_for) AS enqueue_s, started_at IS NOT NULL AS started
-            FROM job_executions WHERE {in_window}""",
-        *window,
+        f"""SELECT extract(epoch FROM created_at - scheduled_for)::float8 AS fired,
+                   extract(epoch FROM started_at - scheduled_for)::float8 AS started {window}""",
+        start,
+        end,
     )
-    end = await pool.fetchval("SELECT now()")
-    late = [float(row["start_s"]) * 1000 for row in rows]
-    unrecorded = max(0, expected - len(rows))
-    late += [(end - window[1]).total_seconds() * 1000] * unrecorded
+    fired = [row["fired"] for row in rows]
+    started_l = [row["started"] for row in rows if row["started"] is not None]
+    slots = max(1, len(fired))
+    cpu = {role: round((cpu_after[role] - cpu_before[role]) / slots * 1e6, 1) for role in cpu_before}
+    result = {
+        "mode": "steady", "jobs": args.jobs, "seconds": args.seconds, "schedulers": args.schedulers,
+        "workers": args.workers, "slots_expected": expected, "slots_fired": len(fired),
+        "slots_started": len(started_l), "start": percentiles(started_l), "fire": percentiles(fired),
+        "cpu_us_per_slot": cpu,
+    }  # fmt: skip
+    print(f"lateness of {args.jobs} per-second cron jobs over {args.seconds} s "
+          f"({args.schedulers} schedulers, {args.workers} workers):")  # fmt: skip
+    print(f"  slots: {expected} due, {len(fired)} fired, {len(started_l)} started")
+    print(line("start (started_at - slot)", result["start"]))
+    print(line("fire (created_at - slot)", result["fire"]))
+    print(f"  CPU per slot: leader {cpu['leader']} us, workers {cpu['workers']} us, PostgreSQL {cpu['postgres']} us")
+    return result
+
+
+async def burst(args: argparse.Namespace, pool: asyncpg.Pool, procs: Processes, redis_url: str) -> dict[str, Any]:
+    for index in range(args.schedulers):
+        procs.start("scheduler", f"scheduler-{index}")
+    for index in range(args.workers):
+        procs.start("worker", f"worker-{index}")
+    await leader_ready(pool)
+    await workers_ready(redis_url, args.workers)
+    slot = await pool.fetchval("SELECT date_trunc('second', now()) + interval '4 seconds'")
+    if args.kind == "once":
+        records = [(f"burst-{i}", "test.echo", "once", None, slot, slot) for i in range(args.burst)]
+    else:  # fires at this second of every minute: once in the window
+        cron = f"{slot.second} * * * * *"
+        records = [(f"burst-{i}", "test.echo", "cron", cron, None, slot) for i in range(args.burst)]
+    await copy_jobs(pool, records)
+    await pool.execute("SELECT pg_notify('scheduler_jobs_changed', '')")
+    window = "FROM job_executions WHERE attempt = 1 AND trigger = 'schedule' AND scheduled_for = $1"
+    began = time.monotonic()
+    while time.monotonic() - began < args.drain + 5:
+        if await pool.fetchval(f"SELECT count(*) {window} AND started_at IS NOT NULL", slot) >= args.burst:
+            break
+        await asyncio.sleep(0.25)
+    row = await pool.fetchrow(
+        f"""SELECT count(*) AS fired, count(started_at) AS started,
+                   extract(epoch FROM max(created_at) - $1)::float8 AS all_fired,
+                   extract(epoch FROM max(started_at) - $1)::float8 AS all_started {window}""",
+        slot,
+    )
+    rows = await pool.fetch(f"SELECT extract(epoch FROM started_at - $1)::float8 AS s {window}", slot)
+    result = {
+        "mode": "burst", "kind": args.kind, "jobs": args.burst, "fired": row["fired"], "started": row["started"],
+        "all_fired_s": round(row["all_fired"] or float("nan"), 3),
+        "all_started_s": round(row["all_started"] or float("nan"), 3),
+        "start": percentiles([r["s"] for r in rows if r["s"] is not None]),
+    }  # fmt: skip
+    print(f"burst of {args.burst} {args.kind} jobs due in the same second:")
+    print(f"  fired {row['fired']}, started {row['started']}; all fired after {result['all_fired_s']} s, "
+          f"all started after {result['all_started_s']} s")  # fmt: skip
+    print(line("start (started_at - slot)", result["start"]))
+    return result
+
+
+async def scan_tick(args: argparse.Namespace, pool: asyncpg.Pool, redis_url: str) -> dict[str, Any]:
+    redis = redis_client(redis_url)
+    figures: dict[str, Any] = {}
+    try:
+        far = await pool.fetchval("SELECT now() + interval '365 days'")
+        due_at = await pool.fetchval("SELECT date_trunc('second', now()) + interval '1 second'")
+        await copy_jobs(pool, [(f"due-{i}", "test.echo", "cron", "* * * * * *", None, due_at) for i in range(args.due)])
+        have = args.due
+        for total in sorted(args.definitions):
+            # The definitions are copied in while no leader runs (encoding a million rows would hold
+            # up the lease renewal of an in-process leader); each size is measured under a new term.
+            for chunk in range(have, total, 100_000):
+                upto = min(total, chunk + 100_000)
+                # A yearly cron at an instant a year ahead: never due during the bench.
+                await copy_jobs(pool, [(f"idle-{i}", "test.echo", "cron", "0 0 1 1 *", None, far)
+                                       for i in range(chunk, upto)])  # fmt: skip
+            have = max(have, total)
+            await pool.execute("VACUUM ANALYZE jobs", timeout=600)
+            times, cpu = await _timed_scans(args, pool, redis)
+            ordered = sorted(times)
+            figures[str(total)] = {
+                "median_ms": round(statistics.median(ordered) * 1000, 2),
+                "p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))] * 1000, 2),
+                "leader_cpu_ms": round(statistics.median(cpu) * 1000, 2),
+                "n": len(ordered),
+            }
+            size = figures[str(total)]
+            print(f"  {total:>9} definitions, {args.due} due: scan median {size['median_ms']} ms, "
+                  f"p90 {size['p90_ms']} ms, leader CPU {size['leader_cpu_ms']} ms")  # fmt: skip
+    finally:
+        await redis.aclose()
+    # The floor of a tick: the least any statement of a scan costs (a round trip on the same pool).
+    trips = []
+    for _ in range(50):
+        began = time.perf_counter()
+        await pool.fetchval("SELECT now()")
+        trips.append(time.perf_counter() - began)
+    sizes = sorted(args.definitions)
+    ratio = figures[str(sizes[-1])]["median_ms"] / max(1e-6, figures[str(sizes[0])]["median_ms"])
+    print(f"  ratio {sizes[-1]} / {sizes[0]} definitions: {ratio:.2f}")
     return {
-        "lateness_slots": expected,
-        "lateness_not_started": sum(not row["started"] for row in rows) + unrecorded,
-        "lateness_p50_ms": statistics.median(late),
-        "lateness_p99_ms": percentile(late, 0.99),
-        "lateness_max_ms": max(late),
-        "enqueue_p99_ms": percentile([float(row["enqueue_s"]) * 1000 for row in rows], 0.99),
+        "mode": "scan_tick",
+        "due": args.due,
+        "scans": figures,
+        "ratio": round(ratio, 2),
+        "pg_roundtrip_ms": round(statistics.median(trips) * 1000, 3),
     }
 
 
-async def burst(args: argparse.Namespace, pool: Any) -> dict[str, float]:
-    """`--burst` one-shot jobs due in the same second: seconds until the last started.
+async def _timed_scans(args: argparse.Namespace, pool: asyncpg.Pool, redis: Any) -> tuple[list[float], list[float]]:
+    """Lead in-process; `--scans` times wait for the due jobs' next slot, then time one scan.
 
-    If some have not started `--burst-grace` after the second, the figure is the time until then
-    (a lower bound) and `burst_not_started` says how many were still waiting.
-    """
-    now = await pool.fetchval("SELECT now()")
-    due_at = now.replace(microsecond=0) + timedelta(seconds=5)
-    await insert_jobs(pool, "burst-", "once", args.burst, run_at=due_at, next_run=due_at)
-    await pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
-    deadline = time.monotonic() + 5 + args.burst_grace
-    while True:
-        row = await pool.fetchrow(
-            """SELECT count(*) AS n, extract(epoch FROM max(e.started_at) - $1) AS last_s
-               FROM job_executions e JOIN jobs j ON j.id = e.job_id
-               WHERE j.name LIKE 'burst-%' AND e.started_at IS NOT NULL""",
-            due_at,
-        )
-        if row["n"] >= args.burst:
-            return {"burst_all_started_s": float(row["last_s"]), "burst_not_started": 0}
-        if time.monotonic() > deadline:
-            waited = (await pool.fetchval("SELECT now()") - due_at).total_seconds()
-            return {"burst_all_started_s": waited, "burst_not_started": args.burst - row["n"]}
-        await asyncio.sleep(0.2)
+    Returns the wall seconds of each scan and the CPU seconds this process spent in it."""
+    elector = LeaderElector(redis, LeadershipRepository(pool), holder="lateness-bench")
+    loops = LeaderLoops(redis, pool, LoopSettings())
+    times: list[float] = []
+    cpu: list[float] = []
 
-
-async def scan_tick(args: argparse.Namespace, pool: Any) -> dict[str, float]:
-    """The due scan over 1,000 definitions, then over `--definitions` (100 due in both)."""
-    await pool.execute("TRUNCATE job_executions, jobs CASCADE")
-    repository = JobRepository(pool)
-    now = await pool.fetchval("SELECT now()")
-
-    async def tick() -> float:
-        await pool.execute("ANALYZE jobs")
-        times = []
-        for _ in range(30):
-            began = time.perf_counter()
-            jobs, _ = await repository.due(500)
+    async def lead(term: Term) -> None:
+        for _ in range(args.scans + 1):
+            until = await pool.fetchval("SELECT min(next_run_time) - now() FROM jobs WHERE name LIKE 'due-%'")
+            await asyncio.sleep(max(0.0, until.total_seconds()) + 0.01)
+            began, cpu_began = time.perf_counter(), time.process_time()
+            full = await loops.scan_once(term)
             times.append(time.perf_counter() - began)
-            assert len(jobs) == 100, len(jobs)
-        return statistics.median(times) * 1000
+            cpu.append(time.process_time() - cpu_began)
+            while full:
+                full = await loops.scan_once(term)
+        await asyncio.Event().wait()  # until cancelled: the term ends when the bench is done
 
-    figures: dict[str, float] = {}
-    common = {"cron": "0 0 1 1 *", "next_run": now - timedelta(seconds=1), "later": timedelta(days=400), "due": 100}
-    await insert_jobs(pool, "def-", "cron", 1000, **common)  # type: ignore[arg-type]
-    figures["scan_tick_1k_ms"] = await tick()
-    round_trips = []
-    for _ in range(30):
-        began = time.perf_counter()
-        await pool.fetchval("SELECT now()")
-        round_trips.append(time.perf_counter() - began)
-    figures["pg_roundtrip_ms"] = statistics.median(round_trips) * 1000  # the floor of any tick
-    chunk = 100_000
-    for first in range(1000, args.definitions, chunk):
-        await insert_jobs(pool, "def-", "cron", min(chunk, args.definitions - first), first=first,
-                          cron="0 0 1 1 *", next_run=now + timedelta(days=400))  # fmt: skip
-    figures["scan_tick_1m_ms"] = await tick()
-    figures["scan_definitions"] = args.definitions
-    await pool.execute("TRUNCATE job_executions, jobs CASCADE")
-    return figures
-
-
-async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> dict[str, Any]:
-    """Each phase on a clean slate; a phase that fails is named in `errors` and the others still run."""
-    pool = await create_pool(database_url, size=4, connect_timeout=timedelta(seconds=10))
-    await migrate(pool)
-    redis = redis_client(redis_url)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
-           "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
-           "SCHEDULER_METRICS_PORT": "0"}  # fmt: skip
-    figures: dict[str, Any] = {}
-    errors: list[str] = []
+    campaign = asyncio.create_task(elector.run(lead))
     try:
-        for name, phase, with_roles in (("lateness", lateness, True), ("burst", burst, True),
-                                        ("scan tick", scan_tick, False)):  # fmt: skip
-            began = time.monotonic()
-            try:
-                if with_roles:
-                    async with Roles(pool, redis, env):
-                        figures |= await phase(args, pool)
-                else:
-                    figures |= await phase(args, pool)
-                print(f"{name} ({time.monotonic() - began:.0f} s): {figures}", file=sys.stderr)
-            except Exception as error:
-                errors.append(f"{name}: {type(error).__name__}: {error}")
-                print(f"{name} failed: {error!r}", file=sys.stderr)
+        while len(times) < args.scans + 1:
+            if campaign.done():
+                raise SystemExit(f"the bench's leader stopped: {campaign}")
+            await asyncio.sleep(0.1)
     finally:
-        await redis.aclose()
+        campaign.cancel()
+        await asyncio.gather(campaign, return_exceptions=True)
+    return times[1:], cpu[1:]  # the first scan warms caches
+
+
+async def main(args: argparse.Namespace, redis_url: str, database_url: str, log_dir: Path) -> dict[str, Any]:
+    pool = await create_pool(database_url, size=4, connect_timeout=timedelta(seconds=5))
+    try:
+        await fresh(pool, redis_url)
+        if args.scan_tick:
+            return await scan_tick(args, pool, redis_url)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
+               "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_METRICS_PORT": "0",
+               "SCHEDULER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING")}  # fmt: skip
+        procs = Processes(env, log_dir)
+        try:
+            if args.burst:
+                return await burst(args, pool, procs, redis_url)
+            return await steady(args, pool, procs, redis_url)
+        finally:
+            procs.stop()
+    finally:
         await pool.close()
-    if errors:
-        figures["errors"] = errors
-    return figures
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1000, help="per-second cron jobs (steady mode) [1000]")
+    parser.add_argument("--seconds", type=int, default=60, help="length of the window (steady mode) [60]")
+    parser.add_argument("--schedulers", type=int, default=2, help="scheduler processes [2]")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes [2]")
+    parser.add_argument("--drain", type=float, default=60.0, help="longest wait for the window's slots to start [60]")
+    parser.add_argument("--burst", type=int, default=0, help="burst mode: this many jobs due in the same second")
+    parser.add_argument("--kind", choices=["once", "cron"], default="once", help="burst mode: job kind [once]")
+    parser.add_argument("--scan-tick", action="store_true", help="scan-tick mode (in-process leader)")
+    parser.add_argument("--definitions", type=int, nargs="+", default=[1000, 1_000_000],
+                        help="scan-tick mode: table sizes [1000 1000000]")  # fmt: skip
+    parser.add_argument("--due", type=int, default=100, help="scan-tick mode: due jobs among them [100]")
+    parser.add_argument("--scans", type=int, default=20, help="scan-tick mode: scans timed per size [20]")
+    args = parser.parse_args(argv)
+    if args.scan_tick and min(args.definitions) < args.due:
+        parser.error("--definitions must each be at least --due")
+    return args
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=1000)
-    parser.add_argument("--seconds", type=int, default=60)
-    parser.add_argument("--burst", type=int, default=10_000)
-    parser.add_argument("--definitions", type=int, default=1_000_000)
-    parser.add_argument("--grace", type=float, default=15.0, help="longest wait for late slots after the window")
-    parser.add_argument("--burst-grace", type=float, default=60.0, help="longest wait for the burst to start")
-    arguments = parser.parse_args()
-    with embedded_servers(
-        ROOT / ".data",
-        redis_url=os.environ.get("REDIS_URL"),
-        database_url=os.environ.get("DATABASE_URL"),
-        throwaway=True,
-    ) as urls:
-        result = uvloop.run(main(arguments, urls.redis_url, urls.database_url))
-    print(json.dumps(result))
-    sys.exit(1 if result.get("errors") else 0)
+    arguments = parse_args()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        embedded_servers(
+            ROOT / ".data",
+            redis_url=os.environ.get("REDIS_URL"),
+            database_url=os.environ.get("DATABASE_URL"),
+            throwaway=True,
+        ) as urls,
+    ):
+        logs = Path(os.environ.get("BENCH_LOG_DIR") or tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        outcome = uvloop.run(main(arguments, urls.redis_url, urls.database_url, logs))
+    print(json.dumps(outcome, sort_keys=True))

@@ -73,8 +73,8 @@ MEASUREMENTS = (
     Measurement(
         "trigger",
         "api_load_bench.py",
-        ("--method", "TriggerJob", "--callers", "50", "--seconds", "10"),
-        ("--method", "TriggerJob", "--callers", "50", "--seconds", "2"),
+        ("--method", "TriggerJob", "--callers", "50", "--seconds", "10", "--json"),
+        ("--method", "TriggerJob", "--callers", "50", "--seconds", "2", "--json"),
         180,
         "TriggerJob from 50 concurrent callers on one channel, one server process",
     ),
@@ -86,14 +86,31 @@ MEASUREMENTS = (
         60,
         "1,000 uvloop timers due at each whole second for 10 s",
     ),
+    # lateness_bench.py has a mode per figure; `lateness_figures` flattens the three into the
+    # "lateness" figures the rows read.
     Measurement(
         "lateness",
         "lateness_bench.py",
-        (),
-        ("--jobs", "50", "--seconds", "5", "--burst", "500", "--definitions", "20000"),
+        ("--jobs", "1000", "--seconds", "60"),
+        ("--jobs", "50", "--seconds", "5"),
+        300,
+        "1,000 per-second cron jobs for 60 s (2 schedulers, 2 workers: the default topology)",
+    ),
+    Measurement(
+        "burst",
+        "lateness_bench.py",
+        ("--burst", "10000"),
+        ("--burst", "500"),
+        300,
+        "10,000 one-shot jobs due in the same second (2 schedulers, 2 workers)",
+    ),
+    Measurement(
+        "scan-tick",
+        "lateness_bench.py",
+        ("--scan-tick", "--definitions", "1000", "1000000"),
+        ("--scan-tick", "--definitions", "1000", "20000"),
         600,
-        "1,000 per-second cron jobs for 60 s (1 scheduler, 1 worker); 10,000 one-shot jobs due "
-        "in one second; due scan over 1,000 and 1,000,000 definitions (100 due)",
+        "the leader's whole scan (in-process leader) over 1,000 and 1,000,000 definitions, 100 due",
     ),
     Measurement(
         "failover",
@@ -133,6 +150,47 @@ Floor = Callable[[dict[str, Any]], float | None]
 
 def floor_of(name: str, key: str) -> Floor:
     return lambda results: _get(results, name, key)
+
+
+def lateness_figures(results: dict[str, Any]) -> None:
+    """Merge the figures of lateness_bench.py's three modes into `results["lateness"]` (flat keys).
+
+    Steady mode: start lateness (worker start - slot) p50/p99/max, with the slots not started by
+    the end; burst mode: time until all started; scan-tick mode: the median scan per table size.
+    """
+    flat: dict[str, Any] = {}
+    errors: list[str] = []
+    for name in ("lateness", "burst", "scan-tick"):
+        result = results.get(name)
+        if result is None:
+            continue
+        if result.get("error"):
+            errors.append(f"{name}: {result['error']}")
+        raw = result.get("figures", {})
+        if "lateness_p99_ms" in raw or "scan_tick_1k_ms" in raw or "burst_all_started_s" in raw:
+            flat |= raw  # already flat (a saved report)
+        elif raw.get("mode") == "steady":
+            start, fire = raw.get("start", {}), raw.get("fire", {})
+            flat |= {
+                "lateness_p50_ms": start.get("p50_ms"), "lateness_p99_ms": start.get("p99_ms"),
+                "lateness_max_ms": start.get("max_ms"), "fire_p50_ms": fire.get("p50_ms"),
+                "fire_p99_ms": fire.get("p99_ms"), "lateness_slots": raw.get("slots_expected"),
+                "lateness_not_started": (raw.get("slots_expected") or 0) - (raw.get("slots_started") or 0),
+            }  # fmt: skip
+        elif raw.get("mode") == "burst":
+            flat |= {"burst_all_started_s": raw.get("all_started_s"), "burst_all_fired_s": raw.get("all_fired_s"),
+                     "burst_not_started": (raw.get("jobs") or 0) - (raw.get("started") or 0)}  # fmt: skip
+        elif raw.get("mode") == "scan_tick":
+            scans = raw.get("scans", {})
+            sizes = sorted(scans, key=int)
+            if sizes:
+                flat["scan_tick_1k_ms"] = scans[sizes[0]].get("median_ms")
+                flat["scan_tick_1m_ms"] = scans[sizes[-1]].get("median_ms")
+            flat["pg_roundtrip_ms"] = raw.get("pg_roundtrip_ms")
+    if errors:
+        flat["errors"] = errors
+    if flat or errors:
+        results["lateness"] = {**results.get("lateness", {"error": ""}), "figures": flat}
 
 
 def burst_floor(results: dict[str, Any]) -> float | None:
@@ -453,6 +511,8 @@ def parse_output(stdout: str) -> dict[str, Any]:
             except ValueError:
                 continue
             if isinstance(parsed, dict):
+                if "rps" in parsed and "rpcs_per_s" not in parsed:  # api_load_bench.py --json
+                    parsed["rpcs_per_s"] = parsed["rps"]
                 return parsed
     found = re.search(r"([\d,.]+) RPCs/s, p50 ([\d.]+) ms, p99 ([\d.]+) ms", stdout)
     if found:
@@ -596,6 +656,7 @@ def main() -> int:
             results[measurement.name] = result = run_one(measurement, args.quick, env, log_dir)
             status = f"error: {result['error']}" if result["error"] else "done"
             print(f"      {status} in {result['seconds']:.0f} s", file=sys.stderr, flush=True)
+    lateness_figures(results)
     report |= {
         "wall_s": time.monotonic() - began,
         "measurements": results,

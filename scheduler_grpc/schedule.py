@@ -227,6 +227,43 @@ def next_fire_time(schedule: CronSchedule, after: datetime) -> FireTime | None:
     return next(fire_times(schedule, after), None)
 
 
+def next_instant(schedule: CronSchedule, after: datetime) -> datetime | None:
+    """The first fire instant strictly after `after`, or None if the schedule never fires again.
+
+    What `next_fire_time` answers, but cheap enough to call per job per slot on the leader's
+    fire path: a fixed-period schedule (see `fixed_period`) is pure arithmetic, and any other is
+    walked once per (schedule, instant) and remembered, so the thousand jobs sharing `* * 9 * * *`
+    and a slot cost one croniter walk between them, not one each. Calling it again from the
+    instant it returned continues the walk exactly (`fire_times` yields from any start what a
+    walk from an earlier start yields after it).
+    """
+    grid = _grid(schedule)
+    if grid is not None:  # the slots are anchor + k * period
+        period, anchor = grid
+        return anchor + ((after - anchor) // period + 1) * period
+    return _next_instant_walked(schedule, after.astimezone(UTC))
+
+
+@functools.lru_cache(maxsize=4096)
+def _grid(schedule: CronSchedule) -> tuple[timedelta, datetime] | None:
+    """(period, a fire instant) of a fixed-period schedule, else None: one cache lookup per slot."""
+    period = fixed_period(schedule)
+    return None if period is None else (period, _anchor(schedule))
+
+
+@functools.lru_cache(maxsize=65536)
+def _next_instant_walked(schedule: CronSchedule, after: datetime) -> datetime | None:
+    fire = next_fire_time(schedule, after)
+    return fire.instant if fire is not None else None
+
+
+def instants(schedule: CronSchedule, after: datetime) -> Iterator[datetime]:
+    """The fire instants strictly after `after`, in increasing order (`next_instant` repeated)."""
+    while (following := next_instant(schedule, after)) is not None:
+        yield following
+        after = following
+
+
 def last_fire_before(schedule: CronSchedule, first: datetime, bound: datetime) -> datetime:
     """The last fire time in `[first, bound)`, where `first` is a fire time earlier than `bound`.
 

@@ -1,7 +1,9 @@
 """The scheduler role: leader election, and the loops only the leader runs.
 
-* scan: due jobs (partial index) -> one fenced statement records their slots and advances them
-  (see `ExecutionRepository.fire`) -> the queued runs are enqueued in Redis.
+* scan: due jobs (one statement on the partial index: O(due)) -> planned (next slots by arithmetic
+  or a cached walk, `schedule.next_instant`) -> recorded and advanced in chunks, one fenced
+  statement each, two in flight (see `ExecutionRepository.fire`) -> each chunk's queued runs are
+  enqueued in Redis as soon as it is recorded. Between scans: asleep until the next due slot.
 * recover: expired leases back to ready; runs that stalled too often are dead-lettered.
 * promote: due retries move from the delayed set to ready.
 * reconcile: runs PostgreSQL has `queued` that Redis does not know (crash between commit and
@@ -57,7 +59,7 @@ from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.jobs import ConcurrencyPolicy, Job, MisfirePolicy, ScheduleKind
 from scheduler_grpc.leader import LeaderElector, Term
 from scheduler_grpc.queue import MAX_BATCH, ItemState
-from scheduler_grpc.schedule import CronSchedule, count_fires, fire_times, last_fire_before
+from scheduler_grpc.schedule import count_fires, instants, last_fire_before
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,8 @@ _BACKOFF_FIRST_S = 0.1
 _BACKOFF_MAX_S = 5.0
 _STEP_TIMEOUT_S = 30.0
 _STILL_FAILING_LOG_S = 60.0
+# Planning yields to the event loop at least this often (the lease renewal must answer in TTL/6).
+_PLAN_YIELD_S = 0.005
 
 
 def is_store_error(exc: BaseException) -> bool:
@@ -130,7 +134,12 @@ class LoopSettings:
     """Timings of the leader loops (defaults in brackets)."""
 
     scan_interval: timedelta = timedelta(seconds=1)  # longest sleep between scans [1 s]
-    scan_batch: int = 500  # due jobs per scan statement [500]
+    scan_batch: int = 1000  # due jobs one scan reads (one statement, O(due) on the partial index) [1000]
+    fire_chunk: int = 200  # jobs per fire statement: the first runs reach the queue before the rest [200]
+    fire_concurrency: int = 2  # fire statements in flight at once (PostgreSQL works on both) [2]
+    # Jobs due this soon are read and planned before their slot; the scan then waits for the slot
+    # and only records them at it, so the read and the planning are off the lateness path [50 ms].
+    plan_ahead: timedelta = timedelta(milliseconds=50)
     max_slots_per_job: int = 250  # catch-up slots one job records per scan (~12 ms of planning) [250]
     max_slots_per_scan: int = 2000  # slots one scan plans and records (bounds its loop stalls) [2000]
     missed_count_walk: int = 32  # slots walked at most to count a missed range exactly (else NULL) [32]
@@ -203,11 +212,11 @@ def plan_job(job: Job, now: datetime, loop: LoopSettings, plan: Plan) -> None:
     assert schedule is not None
     # The slots that run, in order: after a coalesced run of misfires, from its last slot
     # (`run_once`) or the slot after it (`skip`); otherwise from next_run_time itself.
-    upcoming: Iterator[datetime] = itertools.chain([first], _instants(schedule, first))
+    upcoming: Iterator[datetime] = itertools.chain([first], instants(schedule, first))
     if job.misfire_policy is not MisfirePolicy.RUN_ALL and first < misfire_before:
         last_missed = last_fire_before(schedule, first, misfire_before)
         through: datetime | None = last_missed
-        upcoming = _instants(schedule, last_missed)
+        upcoming = instants(schedule, last_missed)
         if job.misfire_policy is MisfirePolicy.RUN_ONCE:
             through = last_fire_before(schedule, first, last_missed) if last_missed > first else None
             upcoming = itertools.chain([last_missed], upcoming)
@@ -223,10 +232,6 @@ def plan_job(job: Job, now: datetime, loop: LoopSettings, plan: Plan) -> None:
         due.append(instant)
     plan.slots.extend(PlannedSlot(job.id, slot, ExecutionStatus.QUEUED, slot) for slot in due)
     plan.advances.append(Advance(job.id, first, following))
-
-
-def _instants(schedule: CronSchedule, after: datetime) -> Iterator[datetime]:
-    return (fire.instant for fire in fire_times(schedule, after))
 
 
 class LeaderLoops:
@@ -348,33 +353,88 @@ class LeaderLoops:
                 return
 
     async def scan_once(self, term: Term) -> bool:
-        """One scan: record and enqueue what is due. Returns True if the batch was full."""
+        """One scan: record and enqueue what is due. Returns True if the batch was full.
+
+        One statement reads the due jobs (at most `scan_batch`; or, when none is due yet, those of
+        a slot within `plan_ahead`, recorded once the slot is reached), planning is arithmetic or
+        cached (`schedule.next_instant`), and the slots are fired in chunks of `fire_chunk` jobs, each one
+        fenced statement followed by its CREATED events and one enqueue call, with up to
+        `fire_concurrency` chunks in flight: the first runs are in the queue while PostgreSQL is
+        still recording the rest, instead of every run of the scan waiting for the slowest.
+        """
         began = time.perf_counter()
-        jobs, now = await self._jobs.due(self._loop.scan_batch)
+        read, now = await self._jobs.due(self._loop.scan_batch, self._loop.plan_ahead)
+        read_at = time.monotonic()
         self.scans += 1
-        metrics.SCAN_DUE_JOBS.observe(len(jobs))
-        if not jobs:
+        if not read:
+            metrics.SCAN_DUE_JOBS.observe(0)
             metrics.SCAN_DURATION.observe(time.perf_counter() - began)
             return False
-        plan = Plan()
-        planned: list[Job] = []
+        # Jobs already due fire now. Otherwise (all read ahead: due within `plan_ahead`) the jobs of
+        # the earliest slot are planned as of it and recorded once the database clock reaches it;
+        # later ones are left to the next scan, so no job waits for another's slot.
+        jobs = [job for job in read if job.next_run_time is not None and job.next_run_time <= now]
+        at = now
+        if not jobs:
+            at = min(job.next_run_time for job in read if job.next_run_time is not None)
+            jobs = [job for job in read if job.next_run_time == at]
+        metrics.SCAN_DUE_JOBS.observe(len(jobs))
+        chunks: list[tuple[list[Job], Plan]] = []
+        planned = slots = 0
+        yielded = time.perf_counter()
         for job in jobs:
-            if len(plan.slots) >= self._loop.max_slots_per_scan:
+            if slots >= self._loop.max_slots_per_scan:
                 break  # the rest stay due (their next_run_time is unchanged): the next scan takes them
-            plan_job(job, now, self._loop, plan)
-            planned.append(job)
+            if not chunks or len(chunks[-1][0]) >= self._loop.fire_chunk:
+                chunks.append(([], Plan()))
+            chunk_jobs, plan = chunks[-1]
+            before = len(plan.slots)
+            plan_job(job, at, self._loop, plan)
+            chunk_jobs.append(job)
+            planned += 1
+            slots += len(plan.slots) - before
             # Planning a long catch-up is CPU work (~50 ms for 1000 slots): let the lease renewal
-            # and the other loops run between jobs, so a big batch never starves them.
-            await asyncio.sleep(0)
+            # and the other loops run every few milliseconds, so a big batch never starves them.
+            if time.perf_counter() - yielded > _PLAN_YIELD_S:
+                await asyncio.sleep(0)
+                yielded = time.perf_counter()
+        # `now` is the database clock when the read began, before read_at: waiting from read_at
+        # can only end late, never early, so no run is recorded before its slot.
+        wait = (at - now).total_seconds() - (time.monotonic() - read_at)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        await self._fire_chunks(term, chunks, at)
+        metrics.SCAN_DURATION.observe(time.perf_counter() - began)
+        # Full, cut short, or jobs read ahead left for the next scan: scan again at once.
+        return len(read) >= self._loop.scan_batch or planned < len(read)
+
+    async def _fire_chunks(self, term: Term, chunks: Sequence[tuple[list[Job], Plan]], now: datetime) -> None:
+        """Fire every chunk, `fire_concurrency` at a time; raise the first failure once all are done.
+
+        Chunks are independent (each its own fenced compare-and-set), so one failing leaves the
+        others' slots recorded and its own jobs due: the next scan takes them again.
+        """
+        pending = iter(chunks)
+
+        async def fire_some() -> None:
+            for chunk_jobs, plan in pending:
+                await self._fire(term, chunk_jobs, plan, now)
+
+        results = await asyncio.gather(
+            *(fire_some() for _ in range(min(self._loop.fire_concurrency, len(chunks)))), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _fire(self, term: Term, jobs: Sequence[Job], plan: Plan, now: datetime) -> None:
         queued = await self._executions.fire(term.token, plan.advances, plan.slots)
         # `replace`: the earlier runs are cancelled before the new ones can be claimed, so the two
         # overlap as little as possible (if this fails, reconcile enqueues the new runs later).
-        await self._replace_earlier_runs(term, planned, queued)
+        await self._replace_earlier_runs(term, jobs, queued)
         # CREATED before the enqueue, so no STARTED of these runs can precede it (dispatch_new_runs).
         await self._announce(queued, plan.slots)
         await enqueue_runs(self._queues, queued, now)
-        metrics.SCAN_DURATION.observe(time.perf_counter() - began)
-        return len(jobs) >= self._loop.scan_batch or len(planned) < len(jobs)
 
     async def _replace_earlier_runs(self, term: Term, jobs: Sequence[Job], queued: Sequence[Queued]) -> None:
         """`replace` concurrency policy: a new run cancels the job's runs still queued or running."""
@@ -403,7 +463,9 @@ class LeaderLoops:
     async def _sleep_until_next_due(self) -> None:
         cap = self._loop.scan_interval.total_seconds()
         until_due = await self._jobs.time_until_next_due()
-        wait = cap if until_due is None else min(cap, max(0.0, until_due.total_seconds()))
+        # Wake `plan_ahead` early: the scan reads and plans the slot's jobs, then waits for it.
+        ahead = self._loop.plan_ahead.total_seconds()
+        wait = cap if until_due is None else min(cap, max(0.0, until_due.total_seconds() - ahead))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
                 await self._changes.changed.wait()

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_grpc.errors import InvalidArgument
-from scheduler_grpc.schedule import DstEffect, fire_times, next_fire_time, parse_cron
+from scheduler_grpc.schedule import DstEffect, fire_times, instants, next_fire_time, parse_cron
 
 NY = "America/New_York"
 
@@ -133,6 +133,43 @@ def test_fire_times_strictly_increase_and_first_fires_each_local_slot_once(
     if zone == "UTC":
         walker = croniter(expression, start, second_at_beginning=schedule.seconds)
         assert instants == [walker.get_next(datetime) for _ in range(40)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    start=st.datetimes(min_value=datetime(2020, 1, 1), max_value=datetime(2035, 1, 1), timezones=st.just(UTC)),
+    zone=st.sampled_from([NY, "Europe/Berlin", "Australia/Lord_Howe", "UTC", "Etc/GMT-5"]),
+    expression=st.sampled_from(
+        ["*/7 * * * *", "30 1 * * *", "0,30 0-3 * * *", "* * * * * *", "*/15 * * * * *", "0 */2 * * *", "@hourly"]
+    ),
+    fold=st.sampled_from(["first", "both"]),
+    gap=st.sampled_from(["shift", "skip"]),
+)
+def test_the_leaders_cached_and_arithmetic_next_slots_are_the_walked_fire_times(
+    start: datetime, zone: str, expression: str, fold: str, gap: str
+) -> None:
+    # The leader plans with `instants` (arithmetic for fixed periods, one cached walk per slot
+    # otherwise), previews with `fire_times`: they must agree slot for slot, DST nights included.
+    schedule = parse_cron(expression, zone, fold_policy=fold, gap_policy=gap)
+    walked = [fire.instant for fire in itertools.islice(fire_times(schedule, start), 30)]
+    assert list(itertools.islice(instants(schedule, start), 30)) == walked
+    assert list(itertools.islice(instants(schedule, start), 30)) == walked  # from the cache, too
+
+
+@pytest.mark.parametrize(
+    ("zone", "start"),
+    [(NY, datetime(2026, 11, 1, 4, tzinfo=UTC)), (NY, datetime(2026, 3, 8, 5, tzinfo=UTC)),
+     ("Europe/Berlin", datetime(2026, 10, 24, 23, tzinfo=UTC)),
+     ("Australia/Lord_Howe", datetime(2026, 4, 4, 14, tzinfo=UTC))],
+)  # fmt: skip
+@pytest.mark.parametrize("expression", ["*/20 * * * *", "30 1 * * *", "*/30 * * * * *", "0,30 0-3 * * *"])
+@pytest.mark.parametrize(("fold", "gap"), [("first", "shift"), ("both", "skip")])
+def test_the_leaders_next_slots_agree_with_fire_times_across_dst_nights(
+    zone: str, start: datetime, expression: str, fold: str, gap: str
+) -> None:
+    schedule = parse_cron(expression, zone, fold_policy=fold, gap_policy=gap)
+    walked = [fire.instant for fire in itertools.islice(fire_times(schedule, start), 400)]
+    assert list(itertools.islice(instants(schedule, start), 400)) == walked
 
 
 def test_rare_schedules_find_their_next_slot() -> None:

@@ -202,6 +202,62 @@ async def test_a_deposed_leaders_replace_cancels_change_nothing(
     assert await _latest_status(pool, fresh.run_id) == "queued"
 
 
+async def test_a_scan_fired_in_concurrent_chunks_is_fenced_whole_and_records_each_slot_once(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    stale, current = await _terms(pool)
+    # 30 due jobs in chunks of 7 with 3 fire statements in flight: 5 statements, 3 at once.
+    loops = LeaderLoops(redis, pool, LoopSettings(fire_chunk=7, fire_concurrency=3))
+    for index in range(30):
+        await control.create_job(every_second(f"chunked-{index}"))
+    slot = await pool.fetchval("UPDATE jobs SET next_run_time = date_trunc('second', now()) RETURNING next_run_time")
+    # A deposed leader: every chunk is refused, and the scan fails with Fenced itself (a store
+    # error the loop backs off on), not an exception group the loop would take for a bug.
+    with pytest.raises(Fenced):
+        await loops.scan_once(stale)
+    assert await pool.fetchval("SELECT count(*) FROM job_executions") == 0
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE next_run_time = $1", slot) == 30
+
+    assert not await loops.scan_once(current)
+    rows = await pool.fetch("SELECT run_id::text, job_id, scheduled_for, status FROM job_executions")
+    assert len(rows) == 30
+    assert len({row["job_id"] for row in rows}) == 30
+    assert {(row["scheduled_for"], row["status"]) for row in rows} == {(slot, "queued")}
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE next_run_time = $1", slot + timedelta(seconds=1)) == 30
+    states = await Queue(redis, "default").states(row["run_id"] for row in rows)
+    assert set(states.values()) == {ItemState.READY}
+
+
+async def test_jobs_read_ahead_of_their_slot_are_recorded_at_it_and_never_hold_up_a_due_job(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    _, current = await _terms(pool)
+    # A wide read-ahead window, so the read surely happens before the slot even on a loaded host.
+    loops = LeaderLoops(redis, pool, LoopSettings(plan_ahead=timedelta(seconds=3)))
+    ahead = [await control.create_job(every_second(f"ahead-{index}")) for index in range(5)]
+    late = await control.create_job(every_second("already-due"))
+    slot = await pool.fetchval(
+        "UPDATE jobs SET next_run_time = date_trunc('second', now()) + interval '2 seconds'"
+        " WHERE id = ANY($1::uuid[]) RETURNING next_run_time",
+        [job.id for job in ahead],
+    )
+    await pool.execute("UPDATE jobs SET next_run_time = date_trunc('second', now()) WHERE id = $1", late.id)
+    # The due job fires at once; the jobs read ahead are left for the next scan.
+    began = time.monotonic()
+    assert await loops.scan_once(current), "jobs read ahead left over: scan again at once"
+    assert time.monotonic() - began < 1.5, "a due job waited for another job's slot"
+    assert await pool.fetchval("SELECT array_agg(job_id::text) FROM job_executions") == [late.id]
+    # The next scan plans them before their slot and records them at it, not before.
+    await pool.execute("UPDATE jobs SET status = 'paused' WHERE id = $1", late.id)  # its next slot is earlier
+    assert await pool.fetchval("SELECT now() < $1", slot)
+    await loops.scan_once(current)
+    rows = await pool.fetch(
+        "SELECT scheduled_for, created_at FROM job_executions WHERE job_id = ANY($1::uuid[])", [j.id for j in ahead]
+    )
+    assert len(rows) == 5
+    assert all(row["scheduled_for"] == slot <= row["created_at"] for row in rows), rows
+
+
 # -- catch-up planning does not block the loop -------------------------------------------------------
 
 

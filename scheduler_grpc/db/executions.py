@@ -303,7 +303,6 @@ class ExecutionRepository:
         Raises:
             Fenced: `term` is no longer the current term; nothing was written.
         """
-        ids = [uuid.uuid4() for _ in slots]
         rows = await self._pool.fetch(
             f"""
             WITH fence AS (
@@ -315,14 +314,15 @@ class ExecutionRepository:
                   AND EXISTS (SELECT 1 FROM fence)
                 RETURNING j.id, j.priority, j.concurrency_policy, {_snapshot("j")}
             ), planned AS (
-                SELECT p.*, a.priority, {_snapshot("a")},
+                -- Each run's id (and run_id) is made here: a CTE read twice is evaluated once.
+                SELECT gen_random_uuid() AS id, p.*, a.priority, {_snapshot("a")},
                        CASE WHEN p.status = 'queued' AND a.concurrency_policy = 'forbid' AND EXISTS (
                                 SELECT 1 FROM job_executions o
                                 WHERE o.job_id = p.job_id AND o.status IN ('queued', 'running'))
                             THEN 'skipped' ELSE p.status END AS final_status
-                FROM unnest($6::uuid[], $7::uuid[], $8::timestamptz[], $9::text[], $10::timestamptz[],
-                            $11::timestamptz[], $12::integer[])
-                     AS p(id, job_id, scheduled_for, status, due_at, missed_through, missed_count)
+                FROM unnest($6::uuid[], $7::timestamptz[], $8::text[], $9::timestamptz[], $10::timestamptz[],
+                            $11::integer[])
+                     AS p(job_id, scheduled_for, status, due_at, missed_through, missed_count)
                 JOIN advanced a ON a.id = p.job_id
             ), inserted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
@@ -343,11 +343,11 @@ class ExecutionRepository:
             """,
             self._scope,
             term,
-            _ids([advance.job_id for advance in advances]),
+            # Job ids as text: the uuid codec parses them (in C) and refuses a malformed one.
+            [advance.job_id for advance in advances],
             [advance.old for advance in advances],
             [advance.new for advance in advances],
-            ids,
-            _ids([slot.job_id for slot in slots]),
+            [slot.job_id for slot in slots],
             [slot.scheduled_for for slot in slots],
             [slot.status.value for slot in slots],
             [slot.due_at for slot in slots],

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -24,6 +25,8 @@ from scheduler_grpc.jobs import (
     ScheduleKind,
 )
 from scheduler_grpc.schedule import FoldPolicy, GapPolicy
+
+_E = TypeVar("_E", bound=enum.Enum)
 
 _COLUMNS = """id, name, handler, payload, queue, schedule_kind, cron, time_zone, run_at, dst_gap_policy,
     dst_fold_policy, next_run_time, priority, max_retries, initial_backoff, max_backoff, retry_jitter,
@@ -49,6 +52,20 @@ _COLUMNS_WITHOUT_PAYLOAD = _API_COLUMNS.replace("payload,", "'{}'::jsonb AS payl
 JOBS_CHANGED_CHANNEL = "scheduler_jobs_changed"
 
 
+def _by_value(kind: type[_E]) -> dict[str, _E]:
+    return {member.value: member for member in kind}
+
+
+# Stored values are checked by the schema; a dict lookup is ~15x cheaper than calling the enum,
+# and the leader's due scan decodes a thousand jobs a second.
+_SCHEDULE_KINDS = _by_value(ScheduleKind)
+_GAP_POLICIES = _by_value(GapPolicy)
+_FOLD_POLICIES = _by_value(FoldPolicy)
+_MISFIRE_POLICIES = _by_value(MisfirePolicy)
+_CONCURRENCY_POLICIES = _by_value(ConcurrencyPolicy)
+_STATUSES = _by_value(JobStatus)
+
+
 def job_from_row(row: asyncpg.Record) -> Job:
     return Job(
         id=str(row["id"]),
@@ -56,19 +73,19 @@ def job_from_row(row: asyncpg.Record) -> Job:
         handler=row["handler"],
         payload=row["payload"],
         queue=row["queue"],
-        schedule_kind=ScheduleKind(row["schedule_kind"]),
+        schedule_kind=_SCHEDULE_KINDS[row["schedule_kind"]],
         cron=row["cron"],
         time_zone=row["time_zone"],
         run_at=row["run_at"],
-        dst_gap_policy=GapPolicy(row["dst_gap_policy"]),
-        dst_fold_policy=FoldPolicy(row["dst_fold_policy"]),
+        dst_gap_policy=_GAP_POLICIES[row["dst_gap_policy"]],
+        dst_fold_policy=_FOLD_POLICIES[row["dst_fold_policy"]],
         next_run_time=row["next_run_time"],
         priority=row["priority"],
         retry=RetryPolicy(row["max_retries"], row["initial_backoff"], row["max_backoff"], row["retry_jitter"]),
         timeout=row["timeout"],
-        misfire_policy=MisfirePolicy(row["misfire_policy"]),
-        concurrency_policy=ConcurrencyPolicy(row["concurrency_policy"]),
-        status=JobStatus(row["status"]),
+        misfire_policy=_MISFIRE_POLICIES[row["misfire_policy"]],
+        concurrency_policy=_CONCURRENCY_POLICIES[row["concurrency_policy"]],
+        status=_STATUSES[row["status"]],
         # .get: the due scan does not read the edges.
         depends_on=tuple(row.get("depends_on") or ()),
         trigger_rule=TriggerRule(row.get("trigger_rule") or TriggerRule.ALL_SUCCEEDED),
@@ -163,14 +180,16 @@ class JobRepository:
     async def _notify(self) -> None:
         await self._pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
 
-    async def due(self, limit: int) -> tuple[list[Job], datetime]:
-        """Active jobs whose next run is due, oldest first (the partial index `jobs_due_idx`), and the
-        database's clock, which every leader decision uses so scheduler hosts' clocks don't matter."""
+    async def due(self, limit: int, ahead: timedelta = timedelta(0)) -> tuple[list[Job], datetime]:
+        """Active jobs whose next run is due, or due within `ahead`, oldest first (the partial index
+        `jobs_due_idx`: O(due)), and the database's clock, which every leader decision uses so
+        scheduler hosts' clocks don't matter."""
         rows = await self._pool.fetch(
             f"""SELECT {_COLUMNS}, now() AS db_now FROM jobs
-                WHERE status = 'active' AND next_run_time <= now()
+                WHERE status = 'active' AND next_run_time <= now() + $2::interval
                 ORDER BY next_run_time LIMIT $1""",
             limit,
+            ahead,
         )
         if not rows:
             return [], await self._pool.fetchval("SELECT now()")
