@@ -220,10 +220,12 @@ async def test_a_scan_fired_in_concurrent_chunks_is_fenced_whole_and_records_eac
 
     assert not await loops.scan_once(current)
     rows = await pool.fetch("SELECT run_id::text, job_id, scheduled_for, status FROM job_executions")
-    assert len(rows) == 30
-    assert len({row["job_id"] for row in rows}) == 30
-    assert {(row["scheduled_for"], row["status"]) for row in rows} == {(slot, "queued")}
-    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE next_run_time = $1", slot + timedelta(seconds=1)) == 30
+    # The slot is up to a second old when it is set: on a slow host the next one may be due too and
+    # fire in the same scan. Each (job, slot) once either way, and the slot itself for every job.
+    assert len({(row["job_id"], row["scheduled_for"]) for row in rows}) == len(rows)
+    assert len({row["job_id"] for row in rows if row["scheduled_for"] == slot}) == 30
+    assert {row["status"] for row in rows} == {"queued"}
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE next_run_time > $1", slot) == 30
     states = await Queue(redis, "default").states(row["run_id"] for row in rows)
     assert set(states.values()) == {ItemState.READY}
 
