@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 import time
 from datetime import timedelta
@@ -28,12 +27,13 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import servers  # noqa: E402
+
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.control import Control  # noqa: E402
 from scheduler_grpc.db.leadership import LeadershipRepository  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
-from scheduler_grpc.embedded import embedded_servers  # noqa: E402
 from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
 from scheduler_grpc.jobs import JobSpec, MisfirePolicy, ScheduleKind  # noqa: E402
 from scheduler_grpc.leader import LeaderElector  # noqa: E402
@@ -116,10 +116,5 @@ if __name__ == "__main__":
     parser.add_argument("--policy", choices=[policy.value for policy in MisfirePolicy], default="run_once")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the leader's per-scan warnings (slots missed) are expected here
-    with embedded_servers(
-        ROOT / ".data",
-        redis_url=os.environ.get("REDIS_URL"),
-        database_url=os.environ.get("DATABASE_URL"),
-        throwaway=True,
-    ) as urls:
+    with servers() as urls:
         uvloop.run(main(arguments, urls.redis_url, urls.database_url))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import statistics
 import sys
 import time
@@ -33,11 +32,12 @@ from argon2 import PasswordHasher
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import servers  # noqa: E402
+
 from scheduler_grpc import config  # noqa: E402
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
-from scheduler_grpc.embedded import embedded_servers  # noqa: E402
 from scheduler_grpc.server import serve  # noqa: E402
 
 DATABASE = "console_bench"
@@ -238,10 +238,5 @@ if __name__ == "__main__":
     parser.add_argument("--screenshots", type=Path, help="also save the README's screenshots in this directory")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    with embedded_servers(
-        ROOT / ".data",
-        redis_url=os.environ.get("REDIS_URL"),
-        database_url=os.environ.get("DATABASE_URL"),
-        throwaway=True,
-    ) as urls:
+    with servers() as urls:
         uvloop.run(main(arguments, urls.redis_url, urls.database_url))

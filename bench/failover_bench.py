@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -34,9 +33,10 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import servers  # noqa: E402
+
 from chaos.harness import Scenario, Servers, Stage, run_scenario  # noqa: E402
 from chaos.scenarios import DEFAULT_TTL_S, leader_kill9, leader_sigterm  # noqa: E402
-from scheduler_grpc.embedded import embedded_servers  # noqa: E402
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -98,12 +98,7 @@ if __name__ == "__main__":
     logging.getLogger("asyncpg").setLevel(logging.ERROR)
     work = Path(tempfile.mkdtemp(prefix="failover-bench-", dir=ROOT / ".data" if (ROOT / ".data").is_dir() else None))
     try:
-        with embedded_servers(
-            ROOT / ".data",
-            redis_url=os.environ.get("REDIS_URL"),
-            database_url=os.environ.get("DATABASE_URL"),
-            throwaway=True,
-        ) as urls:
+        with servers() as urls:
             figures = uvloop.run(main(arguments, urls.redis_url, urls.database_url, work))
         print(json.dumps(figures))
     finally:

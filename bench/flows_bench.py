@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import random
 import statistics
 import sys
@@ -44,12 +43,13 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import servers  # noqa: E402
+
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.control import Control  # noqa: E402
 from scheduler_grpc.db import jobs as jobs_db  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
-from scheduler_grpc.embedded import embedded_servers  # noqa: E402
 from scheduler_grpc.errors import InvalidArgument  # noqa: E402
 from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
 
@@ -191,8 +191,5 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=500, help="runs per insert for the trigger figure (500)")
     parser.add_argument("--rounds", type=int, default=30, help="inserts timed per variant (30)")
     arguments = parser.parse_args()
-    with embedded_servers(
-        ROOT / ".data", redis_url=os.environ.get("REDIS_URL"), database_url=os.environ.get("DATABASE_URL"),
-        throwaway=True,
-    ) as urls:  # fmt: skip
+    with servers() as urls:
         uvloop.run(main(arguments, urls.redis_url, urls.database_url))

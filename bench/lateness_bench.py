@@ -45,11 +45,13 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import servers  # noqa: E402
+from floors import tree_cpu_seconds  # noqa: E402
+
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.db.leadership import LeadershipRepository  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
-from scheduler_grpc.embedded import embedded_servers  # noqa: E402
 from scheduler_grpc.keys import WorkerKeys  # noqa: E402
 from scheduler_grpc.leader import LeaderElector, Term  # noqa: E402
 from scheduler_grpc.scheduler import LeaderLoops, LoopSettings  # noqa: E402
@@ -68,21 +70,6 @@ def cpu_seconds(pid: int) -> float:
 
 def parent_pid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def postgres_cpu(postmaster: int) -> float:
-    """CPU seconds of the PostgreSQL server: the postmaster, its reaped and its live children."""
-    total = cpu_seconds(postmaster)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == postmaster:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -185,9 +172,9 @@ async def steady(args: argparse.Namespace, pool: asyncpg.Pool, procs: Processes,
     leader = await leader_ready(pool)
     wait = (start - await pool.fetchval("SELECT now()")).total_seconds()
     await asyncio.sleep(max(0.0, wait))
-    cpu_before = {"leader": procs.cpu(leader), "workers": procs.cpu("worker"), "postgres": postgres_cpu(postmaster)}
+    cpu_before = {"leader": procs.cpu(leader), "workers": procs.cpu("worker"), "postgres": tree_cpu_seconds(postmaster)}
     await asyncio.sleep(args.seconds)
-    cpu_after = {"leader": procs.cpu(leader), "workers": procs.cpu("worker"), "postgres": postgres_cpu(postmaster)}
+    cpu_after = {"leader": procs.cpu(leader), "workers": procs.cpu("worker"), "postgres": tree_cpu_seconds(postmaster)}
     # Let the window's slots finish firing, then stop firing, and let them finish starting (bounded).
     drain_began = time.monotonic()
     while time.monotonic() - drain_began < args.drain:
@@ -395,12 +382,7 @@ if __name__ == "__main__":
     arguments = parse_args()
     with (
         tempfile.TemporaryDirectory() as tmp,
-        embedded_servers(
-            ROOT / ".data",
-            redis_url=os.environ.get("REDIS_URL"),
-            database_url=os.environ.get("DATABASE_URL"),
-            throwaway=True,
-        ) as urls,
+        servers() as urls,
     ):
         logs = Path(os.environ.get("BENCH_LOG_DIR") or tmp)
         logs.mkdir(parents=True, exist_ok=True)

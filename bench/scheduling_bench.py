@@ -36,12 +36,13 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import servers  # noqa: E402
+
 from scheduler_grpc.config import SETTINGS  # noqa: E402
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.control import Control  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
-from scheduler_grpc.embedded import embedded_servers  # noqa: E402
 from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
 from scheduler_grpc.jobs import JobSpec, ScheduleKind  # noqa: E402
 from scheduler_grpc.keys import LeaderKeys  # noqa: E402
@@ -190,12 +191,7 @@ if __name__ == "__main__":
     arguments = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as tmp,
-        embedded_servers(
-            ROOT / ".data",
-            redis_url=os.environ.get("REDIS_URL"),
-            database_url=os.environ.get("DATABASE_URL"),
-            throwaway=True,
-        ) as urls,
+        servers() as urls,
     ):
         logs = Path(os.environ.get("BENCH_LOG_DIR") or tmp)
         logs.mkdir(parents=True, exist_ok=True)

@@ -24,12 +24,13 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import servers  # noqa: E402
+
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.control import Control  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
 from scheduler_grpc.dispatch import enqueue_runs  # noqa: E402
-from scheduler_grpc.embedded import embedded_servers  # noqa: E402
 from scheduler_grpc.executions import Trigger  # noqa: E402
 from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
 from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
@@ -146,10 +147,5 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--profile", metavar="FILE", help="run the worker under cProfile, writing FILE")
     arguments = parser.parse_args()
-    with embedded_servers(
-        ROOT / ".data",
-        redis_url=os.environ.get("REDIS_URL"),
-        database_url=os.environ.get("DATABASE_URL"),
-        throwaway=True,
-    ) as urls:
+    with servers() as urls:
         uvloop.run(main(arguments, urls.redis_url, urls.database_url))

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from benchlib import servers  # noqa: E402
 from floors import grpc_fanout_floor, percentile  # noqa: E402
 from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, executions_pb2, executions_pb2_grpc  # noqa: E402
 
@@ -48,7 +49,7 @@ from scheduler_grpc.control import Control  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
 from scheduler_grpc.dispatch import enqueue_runs  # noqa: E402
-from scheduler_grpc.embedded import embedded_servers, free_port  # noqa: E402
+from scheduler_grpc.embedded import free_port  # noqa: E402
 from scheduler_grpc.executions import Trigger  # noqa: E402
 from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
 from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
@@ -185,10 +186,5 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--timeout", type=float, default=180.0, help="longest wait for every delivery")
     arguments = parser.parse_args()
-    with embedded_servers(
-        ROOT / ".data",
-        redis_url=os.environ.get("REDIS_URL"),
-        database_url=os.environ.get("DATABASE_URL"),
-        throwaway=True,
-    ) as urls:
+    with servers() as urls:
         print(json.dumps(uvloop.run(main(arguments, urls.redis_url, urls.database_url))))
