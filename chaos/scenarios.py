@@ -16,9 +16,11 @@ from datetime import timedelta
 from chaos.harness import Scenario, Stage, eventually, now
 from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL
 from scheduler_grpc.jobs import JobSpec, RetryPolicy
+from scheduler_grpc.leader import DEFAULT_TTL
 from scheduler_grpc.queue import Queue
 
-DEFAULT_TTL_S = 10.0  # scheduler_grpc.leader.DEFAULT_TTL: the failover scenarios run with it
+DEFAULT_TTL_S = DEFAULT_TTL.total_seconds()  # the failover scenarios run with the service's default
+ZOMBIE_STOP_S = 15.0  # the zombie leader's pause: many TTLs, so another leader surely takes over meanwhile
 FAST_WORKERS = {"SCHEDULER_VISIBILITY_TIMEOUT": "3s"}  # worker faults are not about the lease length
 BUSY = {"seconds": 0.8}  # per-second jobs that keep both workers busy
 
@@ -61,10 +63,10 @@ async def zombie_leader(stage: Stage) -> None:
     term = await stage.term()
     at = now()
     zombie.pause()
-    stage.fault(f"SIGSTOP {zombie.name} {DEFAULT_TTL_S * 1.5:g}s")
+    stage.fault(f"SIGSTOP {zombie.name} {ZOMBIE_STOP_S:g}s")
     stage.mark(f"SIGSTOP {zombie.name}", at, after_term=term)
     await stage.wait_fired_after(at, after_term=term, within=40)
-    await stage.sleep_until(at + timedelta(seconds=DEFAULT_TTL_S * 1.5))
+    await stage.sleep_until(at + timedelta(seconds=ZOMBIE_STOP_S))
     zombie.resume()
 
     async def stepped_down() -> bool:
