@@ -136,6 +136,9 @@ class LoopSettings:
     scan_interval: timedelta = timedelta(seconds=1)  # longest sleep between scans [1 s]
     scan_batch: int = 1000  # due jobs one scan reads (one statement, O(due) on the partial index) [1000]
     fire_chunk: int = 200  # jobs per fire statement: the first runs reach the queue before the rest [200]
+    # Slots after which a chunk takes no more jobs: a catch-up chunk's statement, events and enqueue
+    # are CPU work between two awaits, so its size bounds the stall of the loop [250]
+    fire_chunk_slots: int = 250
     fire_concurrency: int = 2  # fire statements in flight at once (PostgreSQL works on both) [2]
     # Jobs due this soon are read and planned before their slot; the scan then waits for the slot
     # and only records them at it, so the read and the planning are off the lateness path [50 ms].
@@ -385,7 +388,11 @@ class LeaderLoops:
         for job in jobs:
             if slots >= self._loop.max_slots_per_scan:
                 break  # the rest stay due (their next_run_time is unchanged): the next scan takes them
-            if not chunks or len(chunks[-1][0]) >= self._loop.fire_chunk:
+            if (
+                not chunks
+                or len(chunks[-1][0]) >= self._loop.fire_chunk
+                or len(chunks[-1][1].slots) >= self._loop.fire_chunk_slots
+            ):
                 chunks.append(([], Plan()))
             chunk_jobs, plan = chunks[-1]
             before = len(plan.slots)
