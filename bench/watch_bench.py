@@ -34,12 +34,12 @@ from pathlib import Path
 
 import grpc
 import uvloop
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from api_load_bench import wait_serving  # noqa: E402
 from benchlib import servers  # noqa: E402
 from floors import grpc_fanout_floor, percentile  # noqa: E402
 from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, executions_pb2, executions_pb2_grpc  # noqa: E402
@@ -53,23 +53,6 @@ from scheduler_grpc.embedded import free_port  # noqa: E402
 from scheduler_grpc.executions import Trigger  # noqa: E402
 from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
 from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
-
-
-async def wait_serving(target: str, process: asyncio.subprocess.Process) -> None:
-    async with grpc.aio.insecure_channel(target) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if process.returncode is not None:
-                raise SystemExit(f"the server exited with {process.returncode}")
-            try:
-                answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.aio.AioRpcError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit("the server did not become SERVING within 60 s")
 
 
 def subscribers_counted(metrics_port: int) -> float:
