@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -107,7 +108,10 @@ async def test_schema_checks_match_the_rules(pool: asyncpg.Pool) -> None:
     checks = [(row["tbl"], row["def"]) for row in rows]
     # The job's queue, and the queue a run was fired into (its snapshot).
     assert sorted(table for table, d in checks if "queue ~" in d) == ["job_executions", "jobs"]
-    queue_check = f"CHECK ((queue ~ '^{rules.QUEUE_NAME_PATTERN}$'::text))"
+    # Migration 0009 writes `[class]{1,n}` as `[class]+` and a length bound (cheaper to evaluate).
+    match = re.fullmatch(r"(\[.*\])\{1,(\d+)\}", rules.QUEUE_NAME_PATTERN)
+    assert match is not None
+    queue_check = f"CHECK (((queue ~ '^{match[1]}+$'::text) AND (char_length(queue) <= {match[2]})))"
     assert [d for _, d in checks if "queue ~" in d] == [queue_check, queue_check]
     bounds = f"CHECK (((priority >= '{rules.PRIORITY_MIN}'::integer) AND (priority <= {rules.PRIORITY_MAX})))"
     assert sorted(table for table, d in checks if "priority" in d) == ["job_executions", "jobs"]
@@ -136,3 +140,43 @@ async def test_a_missed_range_is_only_on_missed_rows_and_well_formed(pool: async
     for offset, (status, through, count) in enumerate(bad, start=1):
         with pytest.raises(asyncpg.CheckViolationError):
             await pool.execute(insert, uuid.uuid4(), job_id, later + timedelta(hours=offset), status, through, count)
+
+
+@pytest.mark.parametrize(
+    ("column", "pattern", "values"),
+    [
+        ("name", r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}", ["a", "a" * 200, "a" * 201, "-a", "a b", "a\n", "x:y-z.1_"]),
+        ("handler", r"[a-z][a-z0-9_.-]{0,99}", ["test.echo", "a" * 100, "a" * 101, "A", "1a", "a\n", "a-b_c.d"]),
+        ("queue", r"[A-Za-z0-9_.-]{1,64}", ["", "q" * 64, "q" * 65, "a b", "a\n", "Q-1_.x"]),
+    ],
+)
+async def test_the_cheaper_name_checks_accept_exactly_what_the_patterns_did(
+    pool: asyncpg.Pool, column: str, pattern: str, values: list[str]
+) -> None:
+    """Migration 0009 rewrote `[c]{0,n}` checks (slow in PostgreSQL's regex engine) as `[c]*` plus a
+    length bound: the same strings are accepted, in jobs and in the execution snapshot."""
+    for i, value in enumerate(values):
+        row = {"name": f"n{i}", "handler": "test.echo", "queue": "default"} | {column: value}
+        insert = "INSERT INTO jobs (name, handler, queue, schedule_kind) VALUES ($1, $2, $3, 'manual') RETURNING id"
+        if re.fullmatch(pattern, value):
+            job_id = await pool.fetchval(insert, row["name"], row["handler"], row["queue"])
+        else:
+            with pytest.raises(asyncpg.CheckViolationError):
+                await pool.execute(insert, row["name"], row["handler"], row["queue"])
+            continue
+        if column == "name":
+            continue
+        snapshot = f"""INSERT INTO job_executions (id, run_id, job_id, scheduled_for, status, trigger, {column})
+                       VALUES ($1, $1, $2, now(), 'queued', 'manual', $3)"""
+        await pool.execute(snapshot, uuid.uuid4(), job_id, value)
+    bad = {"handler": "A" * 2, "queue": "q" * 65}.get(column)
+    if bad is not None:
+        job_id = await pool.fetchval("SELECT id FROM jobs LIMIT 1")
+        with pytest.raises(asyncpg.CheckViolationError):
+            await pool.execute(
+                f"""INSERT INTO job_executions (id, run_id, job_id, scheduled_for, status, trigger, {column})
+                    VALUES ($1, $1, $2, now(), 'queued', 'manual', $3)""",
+                uuid.uuid4(),
+                job_id,
+                bad,
+            )

@@ -24,6 +24,9 @@ from scheduler_grpc.db.jobs import job_from_row
 from scheduler_grpc.executions import Execution
 from scheduler_grpc.jobs import Job
 
+# The states of an unfinished attempt (`finished_at IS NULL`); every other one is final.
+_OPEN_STATES = frozenset({"queued", "running"})
+
 CHOICES_TTL = 10.0
 """Seconds the filters' handler and queue choices are reused (a DISTINCT over every job otherwise)."""
 
@@ -123,7 +126,8 @@ class ConsoleQueries:
         """Attempts newest first (by creation), before the keyset cursor `before`, with the filters.
 
         Only the filters given are in the SQL (no `$n IS NULL OR ...`), so the planner picks the index
-        that serves them: (status, created_at), (handler, created_at), the job's key, or created_at.
+        that serves them: (final_status, created_at), the open rows' created_at, (handler, created_at), the
+        job's key, or created_at.
         """
         conditions: list[str] = []
         args: list[object] = []
@@ -134,10 +138,19 @@ class ConsoleQueries:
 
         if job_id:
             where("e.job_id = {}", uuid.UUID(job_id))
-        if len(statuses) == 1:
-            where("e.status = {}", statuses[0])
+        # No index reads `status` (the claim must stay a HOT update, migration 0009): a finished
+        # state is found by `final_status`, an open one among the open rows (`finished_at IS NULL`).
+        finished = [state for state in statuses if state not in _OPEN_STATES]
+        opened = [state for state in statuses if state in _OPEN_STATES]
+        if len(finished) == 1 and not opened:
+            where("e.final_status = {}", finished[0])
+        elif finished and not opened:
+            where("e.final_status = ANY({}::text[])", finished)
+        elif opened and not finished:
+            where("e.finished_at IS NULL AND e.status = ANY({}::text[])", opened)
         elif statuses:
-            where("e.status = ANY({}::text[])", list(statuses))
+            where("(e.final_status = ANY({}::text[]) OR (e.finished_at IS NULL AND e.status = ANY({}::text[])))",
+                  finished, opened)  # fmt: skip
         if handler:
             where("e.handler = {}", handler)
         if since:
@@ -183,7 +196,7 @@ class ConsoleQueries:
         # One index range per failing state (newest first), merged: bounded however rare failures are.
         one_state = (
             f"(SELECT {_EXECUTION_COLUMNS_FULL}, e.handler AS snapshot FROM job_executions e"
-            " WHERE e.status = '{}'"
+            " WHERE e.final_status = '{}'"
             " ORDER BY e.created_at DESC, e.id DESC LIMIT $1)"
         )
         states = " UNION ALL ".join(one_state.format(state) for state in ("failed", "timed_out", "dead"))
@@ -209,7 +222,7 @@ class ConsoleQueries:
             self._pool.fetch(
                 """SELECT status, CASE WHEN priority > 0 THEN 'high' WHEN priority < 0 THEN 'low' ELSE 'normal' END
                           AS band, count(*) AS n
-                   FROM job_executions WHERE status IN ('queued', 'running') GROUP BY 1, 2 ORDER BY 1, 2""",
+                   FROM job_executions WHERE finished_at IS NULL GROUP BY 1, 2 ORDER BY 1, 2""",
                 timeout=self._timeout,
             ),
             self._pool.fetch(

@@ -2,6 +2,11 @@
 
 The hot paths (fire, claim, complete) are each ONE statement over arrays (`unnest`), so a batch of
 any size costs one round trip and commits atomically.
+
+No index reads a column the claim changes (status, claim_token, worker_id, started_at), so the claim
+is a HOT update (migration 0009). Queries that need an index therefore say "open" as
+`finished_at IS NULL` (equivalent to `status IN ('queued', 'running')` by a CHECK) and look up a
+finished status through the generated `final_status` column (NULL while open).
 """
 
 from __future__ import annotations
@@ -318,7 +323,7 @@ class ExecutionRepository:
                 SELECT gen_random_uuid() AS id, p.*, a.priority, {_snapshot("a")},
                        CASE WHEN p.status = 'queued' AND a.concurrency_policy = 'forbid' AND EXISTS (
                                 SELECT 1 FROM job_executions o
-                                WHERE o.job_id = p.job_id AND o.status IN ('queued', 'running'))
+                                WHERE o.job_id = p.job_id AND o.finished_at IS NULL)
                             THEN 'skipped' ELSE p.status END AS final_status
                 FROM unnest($6::uuid[], $7::timestamptz[], $8::text[], $9::timestamptz[], $10::timestamptz[],
                             $11::integer[])
@@ -384,7 +389,7 @@ class ExecutionRepository:
             WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
                 SELECT 1 FROM (
                     SELECT m.missed_through FROM job_executions m
-                    WHERE m.job_id = job.id AND m.status = 'missed' AND m.scheduled_for <= s.slot
+                    WHERE m.job_id = job.id AND m.final_status = 'missed' AND m.scheduled_for <= s.slot
                     ORDER BY m.scheduled_for DESC LIMIT 1
                 ) AS range WHERE range.missed_through >= s.slot
             )
@@ -450,7 +455,7 @@ class ExecutionRepository:
                 WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
                     SELECT 1 FROM (
                         SELECT m.missed_through FROM job_executions m
-                        WHERE m.job_id = r.job_id AND m.status = 'missed' AND m.scheduled_for <= r.slot
+                        WHERE m.job_id = r.job_id AND m.final_status = 'missed' AND m.scheduled_for <= r.slot
                         ORDER BY m.scheduled_for DESC LIMIT 1
                     ) AS range WHERE range.missed_through >= r.slot
                 )
@@ -694,7 +699,8 @@ class ExecutionRepository:
             return []
         rows = await self._pool.fetch(
             """SELECT id FROM job_executions
-               WHERE id = ANY($1::uuid[]) AND cancel_requested_at IS NOT NULL AND status = 'running'""",
+               WHERE id = ANY($1::uuid[]) AND cancel_requested_at IS NOT NULL AND finished_at IS NULL
+                 AND status = 'running'""",
             _ids(execution_ids),
         )
         return [str(row["id"]) for row in rows]
@@ -788,7 +794,7 @@ class ExecutionRepository:
         """Runs of these jobs whose latest attempt is queued or running (for the `replace` policy)."""
         rows = await self._pool.fetch(
             """SELECT DISTINCT run_id FROM job_executions
-               WHERE job_id = ANY($1::uuid[]) AND status IN ('queued', 'running') AND NOT run_id = ANY($2::uuid[])""",
+               WHERE job_id = ANY($1::uuid[]) AND finished_at IS NULL AND NOT run_id = ANY($2::uuid[])""",
             _ids(job_ids),
             _ids(excluding),
         )
@@ -847,7 +853,7 @@ class ExecutionRepository:
             SELECT e.run_id, e.job_id, e.priority, e.due_at, coalesce(e.handler, j.handler) AS handler,
                    coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
-            WHERE e.status = 'queued' AND e.created_at < now() - $1::interval
+            WHERE e.status = 'queued' AND e.finished_at IS NULL AND e.created_at < now() - $1::interval
               AND ($2::uuid IS NULL OR e.run_id > $2)
             ORDER BY e.run_id LIMIT $3
             """,
@@ -864,7 +870,8 @@ class ExecutionRepository:
             SELECT e.run_id, e.job_id, e.priority, e.due_at, coalesce(e.handler, j.handler) AS handler,
                    coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
-            WHERE e.status = 'running' AND e.started_at < now() - coalesce(e.timeout, j.timeout) - $1::interval
+            WHERE e.status = 'running' AND e.finished_at IS NULL
+              AND e.started_at < now() - coalesce(e.timeout, j.timeout) - $1::interval
             ORDER BY e.started_at LIMIT $2
             """,
             grace,
@@ -883,7 +890,7 @@ class ExecutionRepository:
             f"""
             SELECT e.run_id, e.job_id, e.priority, e.due_at, e.error, {_snapshot_of_run("e")}
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
-            WHERE e.status = 'dead' AND e.dlq_purged_at IS NULL AND ($1::uuid IS NULL OR e.run_id > $1)
+            WHERE e.final_status = 'dead' AND e.dlq_purged_at IS NULL AND ($1::uuid IS NULL OR e.run_id > $1)
               AND e.id = {_latest_attempt("e.run_id", "a.id")}
             ORDER BY e.run_id LIMIT $2
             """,
@@ -898,7 +905,7 @@ class ExecutionRepository:
             return 0
         result = await self._pool.execute(
             """UPDATE job_executions SET dlq_purged_at = now()
-               WHERE run_id = ANY($1::uuid[]) AND status = 'dead' AND dlq_purged_at IS NULL""",
+               WHERE run_id = ANY($1::uuid[]) AND final_status = 'dead' AND dlq_purged_at IS NULL""",
             _ids(run_ids),
         )
         return int(result.split()[-1])
