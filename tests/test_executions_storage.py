@@ -121,6 +121,17 @@ async def _plan(pool: asyncpg.Pool, sql: str, *args: object) -> str:
             "SELECT status, count(*) FROM job_executions WHERE finished_at IS NULL GROUP BY 1",
             "job_executions_open",
         ),
+        # The console's last hour and system.cleanup's prune: a range of finished_at (BRIN).
+        (
+            "SELECT status, count(*) FROM job_executions WHERE finished_at >= now() - interval '1 hour'"
+            " AND finished_at IS NOT NULL GROUP BY 1",
+            "job_executions_finished_idx",
+        ),
+        (
+            "SELECT count(*) FROM job_executions WHERE finished_at < now() - interval '1 day'"
+            " AND status NOT IN ('queued', 'running')",
+            "job_executions_finished_idx",
+        ),
     ],
 )
 async def test_the_queries_of_open_rows_and_final_statuses_read_their_index(
