@@ -179,3 +179,36 @@ async def test_the_console_state_filter_finds_open_and_finished_attempts(pool: a
     assert await states("queued", "running") == ["queued", "running"]
     assert await states("failed", "queued") == ["failed", "queued"]
     assert await states("failed", "succeeded") == ["failed"]
+
+
+async def test_a_completion_batch_reports_each_retry_with_its_own_outcome(pool: asyncpg.Pool) -> None:
+    """Retries come back as rows of their own and are joined to their outcome in Python."""
+    job_id = await _job(pool)
+    runs = await _runs(pool, job_id, 4)
+    executions = ExecutionRepository(pool)
+    claims = {c.run_id: c for c in await executions.claim([(run, f"t-{run}") for run in runs], "w")}
+    outcomes = [
+        Outcome(claims[runs[0]].execution_id, f"t-{runs[0]}", ExecutionStatus.FAILED, "x", None, timedelta(seconds=9)),
+        Outcome(claims[runs[1]].execution_id, f"t-{runs[1]}", ExecutionStatus.SUCCEEDED, None, {"n": 1}),
+        Outcome(claims[runs[2]].execution_id, f"t-{runs[2]}", ExecutionStatus.TIMED_OUT, "t", None, timedelta(0)),
+        Outcome(claims[runs[3]].execution_id, "not-the-token", ExecutionStatus.SUCCEEDED),
+    ]
+    done = {d.run_id: d for d in await executions.complete(outcomes, resent=False)}
+    assert set(done) == {runs[0], runs[1], runs[2]}
+    retry_of = dict(
+        await pool.fetch(
+            "SELECT run_id::text, id::text FROM job_executions WHERE attempt = 2 AND run_id = ANY($1::uuid[])",
+            [uuid.UUID(run) for run in runs],
+        )
+    )
+    assert set(retry_of) == {runs[0], runs[2]}
+    assert [done[run].retry_execution_id for run in runs[:3]] == [retry_of[runs[0]], None, retry_of[runs[2]]]
+    assert [done[run].execution_id for run in runs[:3]] == [claims[run].execution_id for run in runs[:3]]
+    # The retry carries the run's snapshot of its job.
+    snapshot = await pool.fetchrow(
+        "SELECT handler, queue FROM job_executions WHERE id = $1", uuid.UUID(retry_of[runs[0]])
+    )
+    assert tuple(snapshot) == ("test.echo", "default")
+    # Sent again (the reply was lost): reported again, with the same retry.
+    again = await executions.complete(outcomes[:2])
+    assert {(d.run_id, d.retry_execution_id) for d in again} == {(runs[0], retry_of[runs[0]]), (runs[1], None)}

@@ -626,14 +626,17 @@ class ExecutionRepository:
                        result = r.result::jsonb
                 FROM r WHERE e.id = r.id AND e.claim_token = r.token AND e.status = r.running
                 RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, r.retry_after,
-                          e.cancel_requested_at, {_snapshot("e")}
+                          e.cancel_requested_at
             ), retried AS (
-                -- A run whose cancel was requested meanwhile is not retried: the cancel wins.
+                -- A run whose cancel was requested meanwhile is not retried: the cancel wins. The
+                -- snapshot comes from the attempt's row as the statement's snapshot shows it (the
+                -- completion does not change it), read only for the few outcomes that retry.
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
                                             priority, {_SNAPSHOT_COLUMNS})
                 SELECT gen_random_uuid(), d.run_id, d.job_id, d.scheduled_for, d.attempt + 1, 'queued', 'retry',
-                       now() + d.retry_after, d.priority, {_snapshot("d")}
-                FROM done d WHERE d.retry_after IS NOT NULL AND d.cancel_requested_at IS NULL
+                       now() + d.retry_after, d.priority, {_snapshot("p")}
+                FROM done d JOIN job_executions p ON p.id = d.id
+                WHERE d.retry_after IS NOT NULL AND d.cancel_requested_at IS NULL
                 ON CONFLICT DO NOTHING
                 RETURNING id, run_id
             ), again AS (
@@ -646,8 +649,10 @@ class ExecutionRepository:
                 FROM r JOIN job_executions e ON e.id = r.id AND e.claim_token = r.token AND e.status = r.status
                 WHERE $7
             )
-            SELECT d.id::text, d.run_id::text, d.job_id::text, d.attempt, d.status, t.id::text AS retry_id
-            FROM done d LEFT JOIN retried t ON t.run_id = d.run_id
+            -- A retry's id comes as a row of its own (no id, the run id and the retry id), joined to
+            -- its outcome here: a join in SQL rescans `retried` once per outcome.
+            SELECT d.id::text, d.run_id::text, d.job_id::text, d.attempt, d.status, NULL::text AS retry_id FROM done d
+            UNION ALL SELECT NULL, run_id::text, NULL, NULL, NULL, id::text FROM retried
             UNION ALL SELECT id::text, run_id::text, job_id::text, attempt, status, retry_id::text FROM again
             """,
             [outcome.execution_id for outcome in outcomes],
@@ -658,6 +663,7 @@ class ExecutionRepository:
             [outcome.retry_after for outcome in outcomes],
             resent,
         )
+        retries = {row["run_id"]: row["retry_id"] for row in rows if row["id"] is None}
         return [
             Completed(
                 execution_id=row["id"],
@@ -665,9 +671,10 @@ class ExecutionRepository:
                 job_id=row["job_id"],
                 attempt=row["attempt"],
                 status=_STATUSES[row["status"]],
-                retry_execution_id=row["retry_id"],
+                retry_execution_id=row["retry_id"] or retries.get(row["run_id"]),
             )
             for row in rows
+            if row["id"] is not None
         ]
 
     async def release(
