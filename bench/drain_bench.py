@@ -85,7 +85,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
                 tree_cpu_seconds(ppid) if ppid else 0.0)  # fmt: skip
         deadline = time.monotonic() + args.timeout
         while True:
-            done = await pool.fetchval("SELECT count(*) FROM job_executions WHERE status = 'succeeded'")
+            done = await pool.fetchval("SELECT count(*) FROM job_executions WHERE final_status = 'succeeded'")
             if done >= args.runs:
                 break
             if worker.returncode is not None:

@@ -212,3 +212,29 @@ async def test_a_completion_batch_reports_each_retry_with_its_own_outcome(pool: 
     # Sent again (the reply was lost): reported again, with the same retry.
     again = await executions.complete(outcomes[:2])
     assert {(d.run_id, d.retry_execution_id) for d in again} == {(runs[0], retry_of[runs[0]]), (runs[1], None)}
+
+
+def _milliseconds(execution_id: str) -> int:
+    return uuid.UUID(execution_id).int >> 80
+
+
+async def test_execution_ids_are_time_ordered_from_python_and_from_sql(pool: asyncpg.Pool) -> None:
+    """UUID version 7: new index entries land on the rightmost leaves, not on random ones."""
+    job_id = await _job(pool)
+    before = int(datetime.now(UTC).timestamp() * 1000)
+    runs = await _runs(pool, job_id, 3)  # ids made in Python
+    executions = ExecutionRepository(pool)
+    claims = await executions.claim([(run, "t") for run in runs], "w")
+    [done, *_] = await executions.complete(
+        [Outcome(c.execution_id, "t", ExecutionStatus.FAILED, "x", None, timedelta(0)) for c in claims]
+    )
+    assert done.retry_execution_id is not None  # an id made in SQL (uuid_v7())
+    default = str(await pool.fetchval("SELECT uuid_v7()"))
+    after = int(datetime.now(UTC).timestamp() * 1000)
+    for made in [*runs, done.retry_execution_id, default]:
+        parsed = uuid.UUID(made)
+        assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122)
+        assert before - 1 <= _milliseconds(made) <= after + 1
+    assert _milliseconds(done.retry_execution_id) >= max(_milliseconds(run) for run in runs)
+    # Random below the milliseconds: many ids in one millisecond stay distinct.
+    assert await pool.fetchval("SELECT count(DISTINCT uuid_v7()) FROM generate_series(1, 1000)") == 1000

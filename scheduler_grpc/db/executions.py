@@ -12,6 +12,8 @@ finished status through the generated `final_status` column (NULL while open).
 from __future__ import annotations
 
 import enum
+import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -68,6 +70,20 @@ def _latest_attempt(run_id: str, columns: str = "*", *, lock: bool = False) -> s
     locking = " FOR UPDATE" if lock else ""
     return (
         f"(SELECT {columns} FROM job_executions a WHERE a.run_id = {run_id} ORDER BY a.attempt DESC LIMIT 1{locking})"
+    )
+
+
+_LOW_62 = (1 << 62) - 1
+
+
+def new_execution_id() -> uuid.UUID:
+    """A time-ordered execution id (UUID version 7, as `uuid_v7()` in SQL, migration 0009): 48 bits
+    of Unix milliseconds, the version, 74 random bits and the variant. New rows' index entries then
+    land on the rightmost leaves of the primary key and run index, not on random ones."""
+    random = int.from_bytes(os.urandom(10), "big")  # 12 bits before the variant, 62 after it
+    milliseconds = time.time_ns() // 1_000_000
+    return uuid.UUID(
+        int=(milliseconds << 80) | (0x7 << 76) | (((random >> 62) & 0xFFF) << 64) | (0b10 << 62) | (random & _LOW_62)
     )
 
 
@@ -320,7 +336,7 @@ class ExecutionRepository:
                 RETURNING j.id, j.priority, j.concurrency_policy, {_snapshot("j")}
             ), planned AS (
                 -- Each run's id (and run_id) is made here: a CTE read twice is evaluated once.
-                SELECT gen_random_uuid() AS id, p.*, a.priority, {_snapshot("a")},
+                SELECT uuid_v7() AS id, p.*, a.priority, {_snapshot("a")},
                        CASE WHEN p.status = 'queued' AND a.concurrency_policy = 'forbid' AND EXISTS (
                                 SELECT 1 FROM job_executions o
                                 WHERE o.job_id = p.job_id AND o.finished_at IS NULL)
@@ -377,7 +393,7 @@ class ExecutionRepository:
         A slot inside a `missed` range already has its record (the range's row), as it had when
         each missed slot had its own row: no run is created for it.
         """
-        ids = [uuid.uuid4() for _ in slots]
+        ids = [new_execution_id() for _ in slots]
         rows = await self._pool.fetch(
             f"""
             WITH job AS (SELECT id, priority, {_SNAPSHOT_COLUMNS} FROM jobs WHERE id = $1)
@@ -477,7 +493,7 @@ class ExecutionRepository:
             ORDER BY r.ord
             """,
             list(range(len(requests))),
-            [uuid.uuid4() for _ in requests],
+            [new_execution_id() for _ in requests],
             [uuid.UUID(request.job_id) for request in requests],
             [request.slot for request in requests],
             [request.request_id for request in requests],
@@ -547,7 +563,7 @@ class ExecutionRepository:
             ), restarted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
                                             claim_token, worker_id, started_at, {_SNAPSHOT_COLUMNS})
-                SELECT gen_random_uuid(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'running', 'retry',
+                SELECT uuid_v7(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'running', 'retry',
                        l.priority, l.token, $3, now(), {_snapshot("l")}
                 FROM latest l
                 WHERE l.status = 'abandoned'
@@ -633,7 +649,7 @@ class ExecutionRepository:
                 -- completion does not change it), read only for the few outcomes that retry.
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
                                             priority, {_SNAPSHOT_COLUMNS})
-                SELECT gen_random_uuid(), d.run_id, d.job_id, d.scheduled_for, d.attempt + 1, 'queued', 'retry',
+                SELECT uuid_v7(), d.run_id, d.job_id, d.scheduled_for, d.attempt + 1, 'queued', 'retry',
                        now() + d.retry_after, d.priority, {_snapshot("p")}
                 FROM done d JOIN job_executions p ON p.id = d.id
                 WHERE d.retry_after IS NOT NULL AND d.cancel_requested_at IS NULL
@@ -741,7 +757,7 @@ class ExecutionRepository:
             ), next AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
                                             priority, {_SNAPSHOT_COLUMNS})
-                SELECT gen_random_uuid(), g.run_id, g.job_id, g.scheduled_for, g.attempt + 1, 'queued', 'retry',
+                SELECT uuid_v7(), g.run_id, g.job_id, g.scheduled_for, g.attempt + 1, 'queued', 'retry',
                        now() + $6::interval, g.priority, {_snapshot("g")}
                 FROM gone g WHERE g.status = $3
                 ON CONFLICT DO NOTHING
@@ -840,7 +856,7 @@ class ExecutionRepository:
             )
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
                                         {_SNAPSHOT_COLUMNS})
-            SELECT gen_random_uuid(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'queued', 'dlq_requeue',
+            SELECT uuid_v7(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'queued', 'dlq_requeue',
                    l.priority, {_snapshot_of_run("l")}
             FROM latest l JOIN jobs j ON j.id = l.job_id
             ON CONFLICT DO NOTHING  -- a concurrent requeue of the same run added that attempt first

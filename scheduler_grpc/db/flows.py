@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from scheduler_grpc.db.executions import ExecutionRepository, Queued
+from scheduler_grpc.db.executions import ExecutionRepository, Queued, new_execution_id
 from scheduler_grpc.db.leadership import Connection, assert_current_term
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.flows import FlowRun, Node, TriggerRule
@@ -180,7 +180,7 @@ class FlowRepository:
             RETURNING id AS run_id, job_id, status, priority, due_at, handler, queue, payload, error
             """,
             uuid.UUID(flow_run_id),
-            [uuid.uuid4() for _ in decisions],
+            [new_execution_id() for _ in decisions],
             [uuid.UUID(decision.job_id) for decision in decisions],
             [decision.status for decision in decisions],
             [decision.payload for decision in decisions],
