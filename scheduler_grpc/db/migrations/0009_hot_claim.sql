@@ -12,16 +12,19 @@
 --   attempt is open, `status` once it is final. The claim leaves it NULL, so its value does not change.
 --
 -- The completion (running -> final) still changes indexed values (finished_at, final_status) and
--- stays a non-HOT update; what it writes is unchanged: one entry per index whose predicate the
--- finished row meets (the open-row indexes no longer get one).
+-- stays a non-HOT update: one entry in each index that holds finished rows (time-ordered ids, at
+-- the end, make those entries cheaper). finished_at keeps its btree: a BRIN index would save its
+-- entry, but it serves the console's "last hour" only while rows are stored in the order they
+-- finish, which reused free space breaks (bench/console_bench.py's overview: 27 -> 358 ms p50).
 --
 -- Every query that used a replaced index now states the replacement's predicate (db/executions.py,
 -- db/console.py): `finished_at IS NULL` next to `status IN ('queued', 'running')`, `final_status =
 -- 'dead'` for `status = 'dead'`, and so on; the planner does not derive them from the CHECK.
 --
 -- On an existing database: the indexes are dropped first, then ADD COLUMN ... STORED rewrites the
--- table once (ACCESS EXCLUSIVE for its duration: about a minute per few million rows here), and the
--- rewrite already honours the new fillfactor, so existing queued rows get room for their claim too.
+-- table once (ACCESS EXCLUSIVE for its duration, which grows with the history; the five index
+-- builds after it too), and the rewrite already honours the new fillfactor, so existing queued rows
+-- get room for their claim too.
 -- VALIDATE fails (and the migration with it, changing nothing) only if a row is open with a
 -- finished_at, which no statement of this code base writes.
 
@@ -63,13 +66,6 @@ CREATE INDEX job_executions_missed_ranges_idx ON job_executions (job_id, schedul
 -- The console's filter by a finished state (and the overview's latest failures), newest first.
 CREATE INDEX job_executions_final_status_created_idx ON job_executions (final_status, created_at DESC, id DESC)
     WHERE final_status IS NOT NULL;
--- The completion stays a non-HOT update: it adds an entry to every btree index of the table. The
--- overview's "finished in the last hour" and prune's "finished before" read finished_at by range,
--- and rows finish about in the order they are stored: a BRIN index (a min/max per 128 pages; a
--- row landing in a range not summarised yet adds nothing) serves those ranges with no entry per
--- completion.
-DROP INDEX job_executions_finished_idx;
-CREATE INDEX job_executions_finished_idx ON job_executions USING brin (finished_at);
 
 -- PostgreSQL evaluates every CHECK of a table on every UPDATE, whatever columns it changes, and a
 -- bounded repetition (`{0,99}`) makes its regex engine slow: the handler and queue patterns cost
