@@ -22,9 +22,9 @@
 -- 'dead'` for `status = 'dead'`, and so on; the planner does not derive them from the CHECK.
 --
 -- On an existing database: the indexes are dropped first, then ADD COLUMN ... STORED rewrites the
--- table once (ACCESS EXCLUSIVE for its duration, which grows with the history; the five index
--- builds after it too), and the rewrite already honours the new fillfactor, so existing queued rows
--- get room for their claim too.
+-- table once (ACCESS EXCLUSIVE for its duration, which grows with the history; the index builds
+-- after it too: 23 s in all for 1,000,000 rows on the 2-core development machine), and the
+-- rewrite already honours the new fillfactor, so existing queued rows get room for their claim too.
 -- VALIDATE fails (and the migration with it, changing nothing) only if a row is open with a
 -- finished_at, which no statement of this code base writes.
 
