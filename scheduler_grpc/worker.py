@@ -150,7 +150,7 @@ class _Deadline:
 class _Running:
     """A claimed attempt, from its claim until its outcome is recorded (or it is handed back)."""
 
-    __slots__ = ("claim", "deadline", "lease", "outcome", "task", "timed_out")
+    __slots__ = ("claim", "deadline", "lease", "outcome", "seconds", "task", "timed_out")
 
     def __init__(self, lease: Lease, claim: Claim, deadline: _Deadline) -> None:
         self.lease = lease
@@ -159,6 +159,7 @@ class _Running:
         self.task: asyncio.Task[None] | None = None
         self.outcome: Outcome | None = None  # set when the handler is done; then it waits in `_finished`
         self.timed_out = False  # its deadline cancelled its handler
+        self.seconds = 0.0  # how long its handler ran (observed with its batch's outcomes)
 
 
 class _Outbox:
@@ -517,13 +518,17 @@ class Worker:
 
     def _observe_starts(self, claims: Sequence[Claim]) -> None:
         metrics.WORKER_SLOTS.labels("busy").set(self._busy)
+        lateness: list[float] = []
+        waits: list[float] = []
         for claim in claims:
             # Scheduling lateness is a slot's or a trigger's: a backfill or a dead-letter requeue runs
             # a slot of the past on purpose, and its age would swamp the histogram.
             if claim.attempt == 1 and claim.trigger in _LATENESS_TRIGGERS:
-                metrics.LATENESS.observe(max((claim.started_at - claim.scheduled_for).total_seconds(), 0.0))
+                lateness.append(max((claim.started_at - claim.scheduled_for).total_seconds(), 0.0))
             if claim.due_at is not None:
-                metrics.QUEUE_WAIT.observe(max((claim.started_at - claim.due_at).total_seconds(), 0.0))
+                waits.append(max((claim.started_at - claim.due_at).total_seconds(), 0.0))
+        metrics.observe_many(metrics.LATENESS, lateness)
+        metrics.observe_many(metrics.QUEUE_WAIT, waits)
 
     # -- running -----------------------------------------------------------------------------------
 
@@ -622,10 +627,7 @@ class Worker:
             status, error = ExecutionStatus.FAILED, f"{type(exc).__name__}: {exc}"
         finally:
             deadline.release(running)  # (a no-op when released above)
-            duration = self._duration_by_handler.get(claim.handler)
-            if duration is None:  # a child per handler, looked up once (`labels()` takes a lock)
-                duration = self._duration_by_handler[claim.handler] = metrics.EXECUTION_DURATION.labels(claim.handler)
-            duration.observe(time.perf_counter() - began)
+            running.seconds = time.perf_counter() - began
         if status is ExecutionStatus.SUCCEEDED:
             return Outcome(claim.execution_id, lease.token, status, result=result)
         assert error is not None
@@ -701,11 +703,13 @@ class Worker:
         deaths: list[tuple[Lease, str]] = []
         event_list: list[bytes] = []
         counts: dict[tuple[str, str], int] = {}
+        durations: dict[str, list[float]] = {}
         now = datetime.now(UTC).isoformat()
         debug = log.isEnabledFor(logging.DEBUG)
         for finished in batch:
             outcome, lease, claim = finished.outcome, finished.lease, finished.claim
             assert outcome is not None  # only runs with an outcome are put in `_finished`
+            durations.setdefault(claim.handler, []).append(finished.seconds)
             done: Completed | None = completed.get(outcome.execution_id)
             if done is None:
                 self.stats.lost_leases += 1  # another attempt replaced this one: change nothing
@@ -739,6 +743,11 @@ class Worker:
         for (status_value, handler), count in counts.items():
             self.stats.by_status[status_value] = self.stats.by_status.get(status_value, 0) + count
             metrics.EXECUTIONS.labels(status_value, handler).inc(count)
+        for handler, seconds in durations.items():
+            duration = self._duration_by_handler.get(handler)
+            if duration is None:  # a child per handler, looked up once (`labels()` takes a lock)
+                duration = self._duration_by_handler[handler] = metrics.EXECUTION_DURATION.labels(handler)
+            metrics.observe_many(duration, seconds)
         # One script call for the whole batch; safe to repeat: a lease already acted on answers
         # "lost" and changes nothing.
         await self._retrying("finishing queue items", lambda: self.queue.finish_many(acks, retries, deaths), until)
@@ -753,7 +762,7 @@ class Worker:
             until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
             try:
                 await self._retrying(
-                    "publishing events", functools.partial(events.publish_encoded, self._redis, batch), until
+                    "publishing events", functools.partial(events.publish_encoded, self._redis, batch, ids=False), until
                 )
             except asyncio.CancelledError:
                 raise
