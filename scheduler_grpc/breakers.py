@@ -1,11 +1,15 @@
-"""Circuit breakers per handler and per webhook host (aiobreaker, with a rolling failure window).
+"""Circuit breakers per handler and per webhook host, with a rolling failure window.
 
 A process keeps at most `MAX_BREAKERS` of them (least recently used first out).
 
-aiobreaker counts *consecutive* failures. We want "open at >= 50 % failures over the last >= 5
-calls", so the breaker's state storage (its documented extension point) keeps a rolling window of
-outcomes and reports the trip condition through the counter aiobreaker checks. Half-open after the
-reset timeout: the next calls are trials; a failure re-opens, a success closes and clears the window.
+A breaker opens at >= `failure_ratio` failures over the last `window` outcomes once it has seen at
+least `min_calls` of them (not after a run of *consecutive* failures). Open, it refuses work for
+`reset_timeout`; then it is half-open: the next calls are trials; a failure re-opens it, a success
+closes it and clears the window.
+
+The worker asks a breaker synchronously, around its own await of the handler: `admit()` before,
+`record(failed)` after (no wrapper coroutine, no exception per failed outcome: this is on the path
+of every execution). `call()` wraps both around an awaitable for other callers.
 
 Work for an open breaker is not a failure: the worker puts it back with the breaker's remaining
 open time as delay, without spending an attempt.
@@ -14,29 +18,21 @@ open time as delay, without spending an attempt.
 from __future__ import annotations
 
 import enum
+import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
-
-from aiobreaker import CircuitBreaker, CircuitBreakerError, CircuitBreakerListener, CircuitBreakerState
-from aiobreaker.storage.memory import CircuitMemoryStorage
+from datetime import timedelta
+from typing import TypeVar
 
 T = TypeVar("T")
+_NO_WAIT = timedelta(0)
 
 
 class BreakerState(enum.StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
-
-
-_STATES = {
-    CircuitBreakerState.CLOSED: BreakerState.CLOSED,
-    CircuitBreakerState.OPEN: BreakerState.OPEN,
-    CircuitBreakerState.HALF_OPEN: BreakerState.HALF_OPEN,
-}
 
 
 @dataclass(frozen=True)
@@ -49,62 +45,6 @@ class BreakerPolicy:
     reset_timeout: timedelta = timedelta(seconds=30)  # open -> half-open
 
 
-class _RollingWindowStorage(CircuitMemoryStorage):  # type: ignore[misc]
-    """aiobreaker storage whose `counter` is 1 exactly when the rolling window says "trip"."""
-
-    def __init__(self, policy: BreakerPolicy) -> None:
-        super().__init__(CircuitBreakerState.CLOSED)
-        self._state: CircuitBreakerState = CircuitBreakerState.CLOSED
-        self._policy = policy
-        self._outcomes: deque[bool] = deque(maxlen=policy.window)  # True = success
-        self._ignore_next_reset = False
-
-    @property
-    def state(self) -> CircuitBreakerState:
-        return self._state
-
-    @state.setter
-    def state(self, state: CircuitBreakerState) -> None:
-        if state is CircuitBreakerState.CLOSED and self._state is not CircuitBreakerState.CLOSED:
-            # A fresh start; aiobreaker's closed state resets the counter right after: not a call.
-            self._outcomes.clear()
-            self._ignore_next_reset = True
-        self._state = state
-
-    def increment_counter(self) -> None:
-        self._outcomes.append(False)
-
-    def reset_counter(self) -> None:
-        # aiobreaker calls this on every success (and once when the circuit closes).
-        if self._ignore_next_reset:
-            self._ignore_next_reset = False
-            return
-        self._outcomes.append(True)
-
-    @property
-    def counter(self) -> int:
-        calls = len(self._outcomes)
-        failures = calls - sum(self._outcomes)
-        tripped = calls >= self._policy.min_calls and failures >= self._policy.failure_ratio * calls
-        return 1 if tripped else 0
-
-    @property
-    def calls(self) -> int:
-        return len(self._outcomes)
-
-    @property
-    def failures(self) -> int:
-        return len(self._outcomes) - sum(self._outcomes)
-
-
-class _CallFailed(Exception):
-    """Carries a failed outcome through aiobreaker so it is counted, without losing the value."""
-
-    def __init__(self, outcome: Any) -> None:
-        super().__init__("call failed")
-        self.outcome = outcome
-
-
 class BreakerOpen(Exception):
     """The breaker refused the call; retry after `retry_after`."""
 
@@ -114,81 +54,103 @@ class BreakerOpen(Exception):
         self.retry_after = retry_after
 
 
-class _Transitions(CircuitBreakerListener):  # type: ignore[misc]
-    def __init__(self, on_change: Callable[[str, BreakerState, BreakerState], None], key: str) -> None:
-        self._on_change = on_change
-        self._key = key
-
-    def state_change(self, breaker: CircuitBreaker, old: Any, new: Any) -> None:
-        if old is not None:
-            self._on_change(self._key, _STATES[old.state], _STATES[new.state])
-
-
 class Breaker:
-    """One circuit breaker (a handler, or a webhook target host)."""
+    """One circuit breaker (a handler, or a webhook target host).
+
+    `on_change(key, old, new)` is called on every transition (closed -> open, open -> half-open,
+    half-open -> open or closed).
+    """
 
     def __init__(
         self, key: str, policy: BreakerPolicy, on_change: Callable[[str, BreakerState, BreakerState], None]
     ) -> None:
         self.key = key
         self._policy = policy
-        self._storage = _RollingWindowStorage(policy)
-        self._breaker = CircuitBreaker(
-            fail_max=1,
-            timeout_duration=policy.reset_timeout,
-            state_storage=self._storage,
-            listeners=[_Transitions(on_change, key)],
-            name=key,
-        )
+        self._on_change = on_change
+        self._state = BreakerState.CLOSED
+        self._opened_at = 0.0  # time.monotonic() when it last opened
+        self._outcomes: deque[bool] = deque(maxlen=policy.window)  # True = failed
+        self._failures = 0  # of `_outcomes`, kept as they come and go
 
     @property
     def state(self) -> BreakerState:
-        state = _STATES[self._breaker.current_state]
-        if state is BreakerState.OPEN and self.retry_after() == timedelta(0):
+        if self._state is BreakerState.OPEN and self.retry_after() == _NO_WAIT:
             return BreakerState.HALF_OPEN  # the next call will be a trial
-        return state
+        return self._state
 
     def retry_after(self) -> timedelta:
         """Time until an open breaker lets a trial call through (zero when not open)."""
-        if self._breaker.current_state is not CircuitBreakerState.OPEN:
-            return timedelta(0)
-        opened_at: datetime | None = self._storage.opened_at
-        if opened_at is None:
-            return timedelta(0)
-        # aiobreaker stamps opened_at with utcnow(); compare in the same (naive UTC) terms.
-        remaining = opened_at + self._policy.reset_timeout - datetime.now(UTC).replace(tzinfo=None)
-        return max(remaining, timedelta(0))
+        if self._state is not BreakerState.OPEN:
+            return _NO_WAIT
+        remaining = self._opened_at + self._policy.reset_timeout.total_seconds() - time.monotonic()
+        return timedelta(seconds=remaining) if remaining > 0 else _NO_WAIT
 
     @property
     def failures(self) -> int:
-        return self._storage.failures
+        return self._failures
 
     @property
     def calls(self) -> int:
-        return self._storage.calls
+        return len(self._outcomes)
+
+    def admit(self) -> None:
+        """Before a call: let it through, or refuse it. An open breaker whose reset timeout has
+        passed turns half-open and lets the call through as a trial.
+
+        Raises:
+            BreakerOpen: the breaker is open; do not make the call.
+        """
+        if self._state is BreakerState.OPEN:
+            wait = self.retry_after()
+            if wait:
+                raise BreakerOpen(self.key, wait)
+            self._move(BreakerState.HALF_OPEN)
+
+    def record(self, failed: bool) -> None:
+        """After an admitted call: count its outcome, and open or close the breaker on it."""
+        if self._state is BreakerState.HALF_OPEN:  # a trial decides
+            if failed:
+                self._open()
+            else:
+                self._outcomes.clear()
+                self._failures = 0
+                self._move(BreakerState.CLOSED)
+        elif self._state is BreakerState.CLOSED:
+            outcomes = self._outcomes
+            if len(outcomes) == outcomes.maxlen and outcomes[0]:
+                self._failures -= 1  # the oldest outcome, a failure, leaves the window
+            outcomes.append(failed)
+            if failed:
+                self._failures += 1
+                policy = self._policy
+                calls = len(outcomes)
+                if calls >= policy.min_calls and self._failures >= policy.failure_ratio * calls:
+                    self._open()
+        # Open: a call admitted before the breaker opened, ending late, changes nothing.
 
     async def call(self, run: Callable[[], Awaitable[T]], failed: Callable[[T], bool]) -> T:
         """Run `run()` through the breaker; `failed(result)` says whether its result counts as a failure.
+        An exception from `run()` counts as a failure and propagates.
 
         Raises:
             BreakerOpen: the breaker is open; `run` was not called.
         """
-
-        async def guarded() -> T:
-            result = await run()
-            if failed(result):
-                raise _CallFailed(result)
-            return result
-
+        self.admit()
         try:
-            result: T = await self._breaker.call_async(guarded)
-        except _CallFailed as failure:
-            return failure.outcome  # type: ignore[no-any-return]
-        except CircuitBreakerError as exc:
-            if isinstance(exc.__cause__, _CallFailed):  # this very failure tripped the breaker
-                return exc.__cause__.outcome  # type: ignore[no-any-return]
-            raise BreakerOpen(self.key, self.retry_after() or timedelta(seconds=1)) from None
+            result = await run()
+        except Exception:
+            self.record(True)
+            raise
+        self.record(failed(result))
         return result
+
+    def _open(self) -> None:
+        self._opened_at = time.monotonic()
+        self._move(BreakerState.OPEN)
+
+    def _move(self, new: BreakerState) -> None:
+        old, self._state = self._state, new
+        self._on_change(self.key, old, new)
 
 
 MAX_BREAKERS = 1000
@@ -227,7 +189,7 @@ class Breakers:
     def blocked_for(self, key: str) -> timedelta:
         """How long work for `key` must wait (zero: go ahead). Unknown keys are closed."""
         breaker = self._breakers.get(key)
-        return breaker.retry_after() if breaker is not None else timedelta(0)
+        return breaker.retry_after() if breaker is not None else _NO_WAIT
 
     def states(self) -> dict[str, BreakerState]:
         return {key: breaker.state for key, breaker in self._breakers.items()}

@@ -114,7 +114,8 @@ def encode_fields(
 ) -> bytes:
     """`ExecutionEvent(...).encode()` without building the event: for writers on a hot path (the
     worker), which also format `time` (ISO 8601) once per batch."""
-    return orjson.dumps((kind.value, execution_id, run_id, job_id, attempt, handler, worker_id, error[:500], time))
+    # `kind` as it is: orjson writes a str enum as its value (without the `.value` lookup).
+    return orjson.dumps((kind, execution_id, run_id, job_id, attempt, handler, worker_id, error[:500], time))
 
 
 # Under the resend guard: a publish resent by the client's auto-retry must not append twice.
@@ -127,20 +128,21 @@ async def publish(redis: Redis, events: Iterable[ExecutionEvent]) -> list[str]:
     return await publish_encoded(redis, [event.encode() for event in events])
 
 
-async def publish_encoded(redis: Redis, encoded: Sequence[bytes]) -> list[str]:
-    """`publish` of events already encoded (`ExecutionEvent.encode`, `encode_fields`)."""
+async def publish_encoded(redis: Redis, encoded: Sequence[bytes], *, ids: bool = True) -> list[str]:
+    """`publish` of events already encoded (`ExecutionEvent.encode`, `encode_fields`); with
+    `ids=False` the stream ids are not decoded and `[]` is returned (a writer that does not use them)."""
     global _add_script
     if not encoded:
         return []
     if _add_script is None:
         _add_script = redis.register_script(_ADD_SOURCE)  # EVALSHA, loaded on NOSCRIPT; any client
     async with asyncio.timeout(5.0):
-        ids = await _add_script(
+        reply = await _add_script(
             keys=[_KEYS.stream, _KEYS.request(resend.request_id())],
             args=[STREAM_MAX_LENGTH, *encoded, resend.remember_ms()],
             client=redis,
         )
-    return [_text(entry_id) for entry_id in ids]
+    return [_text(entry_id) for entry_id in reply] if ids else []
 
 
 async def read_after(redis: Redis, cursor: str = "0-0", count: int = 1000) -> list[ExecutionEvent]:

@@ -4,10 +4,11 @@ Modules log through the standard `logging` module and pass context as `extra={..
 (job_id, execution_id, worker_id, attempt, term, ...); every extra field lands in the JSON object.
 
 Writing is off the caller's thread: a record is formatted where it is logged (its arguments may
-change later), put on a bounded queue, and written to stderr by a writer thread in batches (every
-20 ms, one write for all the lines queued meanwhile), so a slow or full stderr pipe never blocks the
-event loop and a line costs no thread wake-up of its own. When the queue is full, lines are dropped
-and counted (a later line says how many); the queue is flushed at exit.
+change later), put on a bounded queue, and written to stderr by a writer thread in batches (at most
+every 20 ms, one write for all the lines queued meanwhile), so a slow or full stderr pipe never
+blocks the event loop and a line costs no thread wake-up of its own. With nothing to write the
+writer sleeps until the next line comes (an idle process is not woken 50 times a second). When the
+queue is full, lines are dropped and counted (a later line says how many); the queue is flushed at exit.
 """
 
 from __future__ import annotations
@@ -94,8 +95,9 @@ class TextFormatter(logging.Formatter):
 QUEUE_SIZE = 10_000
 """Lines waiting for stderr at most; beyond, lines are dropped (and counted) rather than block."""
 _FLUSH_TIMEOUT_S = 5.0
-# The writer wakes this often and writes every line queued meanwhile in one write: a line costs its
-# formatting and an append, not a thread wake-up and a write of its own (at INFO, one per gRPC call).
+# While lines come, the writer wakes this often and writes every line queued meanwhile in one
+# write: a line costs its formatting and an append, not a thread wake-up and a write of its own (at
+# INFO, one per gRPC call). With none queued it sleeps until `emit` wakes it.
 _WRITE_INTERVAL_S = 0.02
 
 
@@ -111,6 +113,10 @@ class _BufferedHandler(logging.Handler):
         self._lines: collections.deque[str] = collections.deque()
         self.dropped = 0
         self._closing = threading.Event()
+        # Set by `emit` only when the writer sleeps for want of lines (`_idle`), so a busy stream
+        # of lines costs no Event.set (a lock and a notify) per line.
+        self._wake = threading.Event()
+        self._idle = False
         self._writer = threading.Thread(target=self._write_loop, name="log-writer", daemon=True)
         self._writer.start()
 
@@ -133,10 +139,22 @@ class _BufferedHandler(logging.Handler):
             self._lines.append(self.format(notice))
             self.dropped = 0
         self._lines.append(line)  # deque.append is atomic: the writer pops from the other end
+        if self._idle:  # checked after the append: see `_write_loop`
+            self._idle = False
+            self._wake.set()
 
     def _write_loop(self) -> None:
         while not self._closing.wait(_WRITE_INTERVAL_S):
             self._write_pending()
+            if not self._lines:
+                # Nothing to write: sleep until a line comes. `_idle` is set before the deque is
+                # looked at again, and `emit` looks at `_idle` after its append, so a line
+                # appended meanwhile is either seen here or wakes us.
+                self._idle = True
+                if not self._lines:
+                    self._wake.wait()
+                self._idle = False
+                self._wake.clear()
         self._write_pending()
 
     def _write_pending(self) -> None:
@@ -149,6 +167,7 @@ class _BufferedHandler(logging.Handler):
 
     def close(self) -> None:
         self._closing.set()
+        self._wake.set()
         self._writer.join(_FLUSH_TIMEOUT_S)  # a stuck stderr: exit without the last lines, not hang
         super().close()
 

@@ -9,8 +9,10 @@ One pass of a run through a worker:
 3. One statement claims the rest in PostgreSQL under their lease tokens (`ExecutionRepository.claim`);
    items with nothing left to run are acked away.
 4. Each claim runs in its own task under the job's timeout and its breaker(s); its lease is extended
-   while it runs. Its slot is freed when the handler returns: the outcome goes to a bounded buffer
-   (`_finished`), and its run stays in `_running` (lease extended) until the outcome is recorded.
+   while it runs. The claims of a batch that share a timeout share one deadline timer (`_Deadline`),
+   which cancels the handlers still running when it fires. Its slot is freed when the handler
+   returns: the run (its outcome set) goes to a bounded buffer (`_finished`), and stays in
+   `_running` (lease extended) until the outcome is recorded.
 5. A completion stage, concurrent with fetching, takes outcomes in batches: one statement records
    them (only under the claim token, so an attempt whose lease was lost cannot overwrite its
    replacement), then one script call tells the queue (acks, retries with backoff, dead letters).
@@ -38,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import math
 import os
@@ -76,6 +79,11 @@ from scheduler_grpc.registry import HEARTBEAT_INTERVAL
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_PORT = 9100
+# The cyclic garbage collector's first threshold for a busy worker (Python's default: 700). Each run
+# allocates a task, its coroutines, a claim, an outcome, a context, events...: at 700 a worker
+# draining a few thousand runs a second collected its youngest generations ~300 times per 20,000
+# runs, ~0.25 s of CPU (~12 us per run, measured with gc.callbacks); at 5,000 about 10 times, ~0.03 s.
+GC_THRESHOLD = (5_000, 20, 20)
 FETCH_WAIT = timedelta(seconds=2)
 COMPLETION_BATCH = 500
 PUBLISH_BATCH = 1000  # events per publish call
@@ -100,19 +108,64 @@ _EVENT_OF = {
 }
 
 
-@dataclass
+class _Deadline:
+    """The timeout of the claims of one batch that share a job timeout: one timer for all of them
+    instead of one `asyncio.timeout` (a timer armed, moved and cancelled) per run.
+
+    When it fires it cancels the handlers still running (`running`); each of them takes that
+    cancellation as its timeout (`release`, as `asyncio.timeout` turns it into TimeoutError). The
+    timer is cancelled once every run of the group has finished (`finished`), so a drained batch
+    leaves no timer behind.
+    """
+
+    __slots__ = ("_pending", "_timer", "expired", "running")
+
+    def __init__(self, seconds: float, runs: int) -> None:
+        self.running: dict[str, _Running] = {}  # by run id, while their handlers run
+        self.expired = False
+        self._pending = runs
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        for running in self.running.values():
+            assert running.task is not None  # a handler runs in its task
+            running.timed_out = True
+            running.task.cancel()
+
+    def release(self, running: _Running) -> bool:
+        """`running`'s handler is done (however it ended): off the deadline. The deadline's
+        cancellation, if any, is taken back (whatever the handler made of it, as `asyncio.timeout`
+        does), so it never hides or outlives another one.
+
+        Returns:
+            True when the deadline cancelled this handler and nothing else did: its timeout.
+        """
+        if self.running.pop(running.lease.id, None) is None or not running.timed_out:
+            return False
+        assert running.task is not None
+        return running.task.uncancel() == 0
+
+    def finished(self) -> None:
+        """One run of the group is done (whatever its end)."""
+        self._pending -= 1
+        if self._pending <= 0:
+            self._timer.cancel()
+
+
 class _Running:
-    lease: Lease
-    claim: Claim
-    task: asyncio.Task[None] | None = None
+    """A claimed attempt, from its claim until its outcome is recorded (or it is handed back)."""
 
+    __slots__ = ("claim", "deadline", "lease", "outcome", "seconds", "task", "timed_out")
 
-@dataclass
-class _Finished:
-    lease: Lease
-    claim: Claim
-    outcome: Outcome
-    handler: str
+    def __init__(self, lease: Lease, claim: Claim, deadline: _Deadline) -> None:
+        self.lease = lease
+        self.claim = claim
+        self.deadline = deadline
+        self.task: asyncio.Task[None] | None = None
+        self.outcome: Outcome | None = None  # set when the handler is done; then it waits in `_finished`
+        self.timed_out = False  # its deadline cancelled its handler
+        self.seconds = 0.0  # how long its handler ran (observed with its batch's outcomes)
 
 
 class _Outbox:
@@ -280,7 +333,7 @@ class Worker:
         # claims the previous one. Leased, not yet claimed items hold their slots (`_reserved`).
         self._reserved = 0
         self._claiming: asyncio.Queue[list[Lease]] = asyncio.Queue(maxsize=1)
-        self._finished: asyncio.Queue[_Finished] = asyncio.Queue(maxsize=self.concurrency * 4)
+        self._finished: asyncio.Queue[_Running] = asyncio.Queue(maxsize=self.concurrency * 4)
         self._outbox = _Outbox(limit=PUBLISH_BATCH * 4)
         self._duration_by_handler: dict[str, Any] = {}  # handler -> its EXECUTION_DURATION child
         self._started_at = datetime.now(UTC)
@@ -453,11 +506,16 @@ class Worker:
         now = datetime.now(UTC).isoformat()
         # Added before any of these handlers can run: a run's STARTED precedes its end in the stream.
         self._outbox.add([self._event(EventType.STARTED, claim, now=now) for claim in claims])
+        deadlines: dict[timedelta, _Deadline] = {}
         for lease in wanted:
             claim = by_run.get(lease.id)
             if claim is None:
                 continue
-            running = _Running(lease, claim)
+            deadline = deadlines.get(claim.timeout)
+            if deadline is None:
+                runs = sum(1 for c in claims if c.timeout == claim.timeout)
+                deadline = deadlines[claim.timeout] = _Deadline(claim.timeout.total_seconds(), runs)
+            running = _Running(lease, claim, deadline)
             self._running[lease.id] = running
             self._busy += 1
             running.task = asyncio.create_task(self._execute(running))
@@ -466,62 +524,75 @@ class Worker:
 
     def _observe_starts(self, claims: Sequence[Claim]) -> None:
         metrics.WORKER_SLOTS.labels("busy").set(self._busy)
+        lateness: list[float] = []
+        waits: list[float] = []
         for claim in claims:
             # Scheduling lateness is a slot's or a trigger's: a backfill or a dead-letter requeue runs
             # a slot of the past on purpose, and its age would swamp the histogram.
             if claim.attempt == 1 and claim.trigger in _LATENESS_TRIGGERS:
-                metrics.LATENESS.observe(max((claim.started_at - claim.scheduled_for).total_seconds(), 0.0))
+                lateness.append(max((claim.started_at - claim.scheduled_for).total_seconds(), 0.0))
             if claim.due_at is not None:
-                metrics.QUEUE_WAIT.observe(max((claim.started_at - claim.due_at).total_seconds(), 0.0))
+                waits.append(max((claim.started_at - claim.due_at).total_seconds(), 0.0))
+        metrics.observe_many(metrics.LATENESS, lateness)
+        metrics.observe_many(metrics.QUEUE_WAIT, waits)
 
     # -- running -----------------------------------------------------------------------------------
 
     async def _execute(self, running: _Running) -> None:
+        claim, lease = running.claim, running.lease
         try:
-            await self._execute_in_slot(running)
+            try:
+                handler = self._registry.get(claim.handler)
+                breaker = self.breakers.get(handler.breaker_key(claim.payload))
+                breaker.admit()
+            except BreakerOpen as exc:
+                # Rare since the item carries its breaker key (checked before the claim): the breaker
+                # opened between that check and now. Not a failure and no retry spent: recorded
+                # `interrupted`, the next attempt due (and the item back in the queue) after the wait.
+                await self._defer(running, exc)
+                return
+            except SchedulerError as exc:  # unknown handler (plugin removed): a permanent failure
+                outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc))
+            else:
+                try:
+                    outcome = await self._attempt(running, handler)
+                except asyncio.CancelledError:
+                    if lease.id not in self._cancel_requested:
+                        raise  # shutdown or a lost lease: not ours to record
+                    # We cancelled this task ourselves for a cancel request: absorb exactly that one.
+                    self._cancel_requested.discard(lease.id)
+                    task = asyncio.current_task()
+                    if task is not None and task.uncancel() > 0:
+                        raise
+                    outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.CANCELLED, error="cancelled")
+                else:
+                    breaker.record(_failed(outcome))  # a cancelled attempt counts neither way
+            running.outcome = outcome
+            await self._finished.put(running)
         finally:
+            running.deadline.finished()
             self._busy -= 1
             self._slot_free.set()
 
-    async def _execute_in_slot(self, running: _Running) -> None:
+    async def _defer(self, running: _Running, exc: BreakerOpen) -> None:
         claim, lease = running.claim, running.lease
+        self.stats.breaker_deferred += 1
         try:
-            handler = self._registry.get(claim.handler)
-            breaker = self.breakers.get(handler.breaker_key(claim.payload))
-            outcome = await breaker.call(lambda: self._attempt(claim, lease, handler), _failed)
-        except BreakerOpen as exc:
-            # Rare since the item carries its breaker key (checked before the claim): the breaker
-            # opened between that check and this call. Not a failure and no retry spent: recorded
-            # `interrupted`, the next attempt due (and the item back in the queue) after the wait.
-            self.stats.breaker_deferred += 1
-            try:
-                await self._executions.release(
-                    [(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after
-                )
-                await self.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
-                self._outbox.add([self._event(EventType.INTERRUPTED, claim, error=str(exc))])
-            except Exception as error:
-                if not stores.is_fault(error):
-                    raise
-                metrics.store_error(error)  # the lease expires; the leader recovers the item
-                log.warning("could not defer a run: %r", error, extra={"worker_id": self.id})
-            finally:
-                self._running.pop(lease.id, None)
-            return
-        except SchedulerError as exc:  # unknown handler (plugin removed): a permanent failure
-            outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc))
-        except asyncio.CancelledError:
-            if lease.id not in self._cancel_requested:
-                raise  # shutdown or a lost lease: not ours to record
-            # We cancelled this task ourselves for a cancel request: absorb exactly that one.
-            self._cancel_requested.discard(lease.id)
-            task = asyncio.current_task()
-            if task is not None and task.uncancel() > 0:
+            await self._executions.release([(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after)
+            await self.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
+            self._outbox.add([self._event(EventType.INTERRUPTED, claim, error=str(exc))])
+        except Exception as error:
+            if not stores.is_fault(error):
                 raise
-            outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.CANCELLED, error="cancelled")
-        await self._finished.put(_Finished(lease, claim, outcome, claim.handler))
+            metrics.store_error(error)  # the lease expires; the leader recovers the item
+            log.warning("could not defer a run: %r", error, extra={"worker_id": self.id})
+        finally:
+            self._running.pop(lease.id, None)
 
-    async def _attempt(self, claim: Claim, lease: Lease, handler: Any) -> Outcome:
+    async def _attempt(self, running: _Running, handler: Any) -> Outcome:
+        claim, lease, deadline = running.claim, running.lease, running.deadline
+        if deadline.expired:  # its batch's timeout passed before this handler could start
+            return self._failure(claim, lease, ExecutionStatus.TIMED_OUT, _timed_out(claim))
         ctx = ExecutionContext(
             execution_id=claim.execution_id,
             job_id=claim.job_id,
@@ -543,12 +614,16 @@ class Worker:
             ),
         )
         status, error, result = ExecutionStatus.SUCCEEDED, None, None
+        deadline.running[lease.id] = running
         began = time.perf_counter()
         try:
-            async with asyncio.timeout(claim.timeout.total_seconds()):
-                result = await handler.run(ctx, claim.payload)
-        except TimeoutError:
-            status, error = ExecutionStatus.TIMED_OUT, f"timed out after {claim.timeout.total_seconds():g}s"
+            result = await handler.run(ctx, claim.payload)
+        except asyncio.CancelledError:
+            # The deadline's cancellation is this attempt's timeout: absorb exactly that one; any
+            # other cancellation (a cancel request, a stop, a lost lease) goes on.
+            if not deadline.release(running):
+                raise
+            status, error = ExecutionStatus.TIMED_OUT, _timed_out(claim)
         except PermanentHandlerError as exc:
             return Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc))
         except HandlerError as exc:
@@ -557,12 +632,16 @@ class Worker:
             log.exception("handler raised", extra={"execution_id": claim.execution_id, "handler": claim.handler})
             status, error = ExecutionStatus.FAILED, f"{type(exc).__name__}: {exc}"
         finally:
-            duration = self._duration_by_handler.get(claim.handler)
-            if duration is None:  # a child per handler, looked up once (`labels()` takes a lock)
-                duration = self._duration_by_handler[claim.handler] = metrics.EXECUTION_DURATION.labels(claim.handler)
-            duration.observe(time.perf_counter() - began)
+            deadline.release(running)  # (a no-op when released above)
+            running.seconds = time.perf_counter() - began
         if status is ExecutionStatus.SUCCEEDED:
             return Outcome(claim.execution_id, lease.token, status, result=result)
+        assert error is not None
+        return self._failure(claim, lease, status, error)
+
+    @staticmethod
+    def _failure(claim: Claim, lease: Lease, status: ExecutionStatus, error: str) -> Outcome:
+        """The outcome of a failed attempt: retried while its budget allows, else dead."""
         # Interrupted attempts (a worker's graceful stop) spend no retry budget.
         if claim.retry.allows_retry_after(claim.budget_attempt):
             backoff = claim.retry.backoff(claim.budget_attempt)
@@ -613,9 +692,9 @@ class Worker:
                 trouble.recovered()
                 return result
 
-    async def _complete(self, batch: list[_Finished]) -> None:
+    async def _complete(self, batch: list[_Running]) -> None:
         until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
-        outcomes = [f.outcome for f in batch]
+        outcomes = [f.outcome for f in batch if f.outcome is not None]
         tries = 0
 
         async def record() -> list[Completed]:
@@ -630,14 +709,17 @@ class Worker:
         deaths: list[tuple[Lease, str]] = []
         event_list: list[bytes] = []
         counts: dict[tuple[str, str], int] = {}
+        durations: dict[str, list[float]] = {}
         now = datetime.now(UTC).isoformat()
         debug = log.isEnabledFor(logging.DEBUG)
         for finished in batch:
-            done: Completed | None = completed.get(finished.outcome.execution_id)
+            outcome, lease, claim = finished.outcome, finished.lease, finished.claim
+            assert outcome is not None  # only runs with an outcome are put in `_finished`
+            durations.setdefault(claim.handler, []).append(finished.seconds)
+            done: Completed | None = completed.get(outcome.execution_id)
             if done is None:
                 self.stats.lost_leases += 1  # another attempt replaced this one: change nothing
                 continue
-            outcome, lease, claim = finished.outcome, finished.lease, finished.claim
             status = outcome.status
             if debug:
                 log.debug(
@@ -645,13 +727,13 @@ class Worker:
                     extra={"execution_id": claim.execution_id, "job_id": claim.job_id, "attempt": claim.attempt,
                            "worker_id": self.id, "status": status.value},
                 )  # fmt: skip
-            key = (status.value, finished.handler)
+            key = (status.value, claim.handler)
             counts[key] = counts.get(key, 0) + 1
             event_list.append(self._event(_EVENT_OF[status], claim, error=outcome.error or "", now=now))
             if outcome.retry_after is not None:
                 # The delivery is given back: only stalls count towards the stall limit.
                 retries.append((lease, outcome.retry_after))
-                metrics.RETRIES.labels(finished.handler).inc()
+                metrics.RETRIES.labels(claim.handler).inc()
                 if done.retry_execution_id is not None:
                     event_list.append(
                         self._event(EventType.RETRYING, claim, execution_id=done.retry_execution_id,
@@ -667,6 +749,11 @@ class Worker:
         for (status_value, handler), count in counts.items():
             self.stats.by_status[status_value] = self.stats.by_status.get(status_value, 0) + count
             metrics.EXECUTIONS.labels(status_value, handler).inc(count)
+        for handler, seconds in durations.items():
+            duration = self._duration_by_handler.get(handler)
+            if duration is None:  # a child per handler, looked up once (`labels()` takes a lock)
+                duration = self._duration_by_handler[handler] = metrics.EXECUTION_DURATION.labels(handler)
+            metrics.observe_many(duration, seconds)
         # One script call for the whole batch; safe to repeat: a lease already acted on answers
         # "lost" and changes nothing.
         await self._retrying("finishing queue items", lambda: self.queue.finish_many(acks, retries, deaths), until)
@@ -681,7 +768,7 @@ class Worker:
             until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
             try:
                 await self._retrying(
-                    "publishing events", functools.partial(events.publish_encoded, self._redis, batch), until
+                    "publishing events", functools.partial(events.publish_encoded, self._redis, batch, ids=False), until
                 )
             except asyncio.CancelledError:
                 raise
@@ -864,6 +951,10 @@ class Worker:
         log.log(level, "circuit breaker %s: %s -> %s", key, old, new, extra={"breaker": key, "worker_id": self.id})
 
 
+def _timed_out(claim: Claim) -> str:
+    return f"timed out after {claim.timeout.total_seconds():g}s"
+
+
 def _failed(outcome: Outcome) -> bool:
     return outcome.status in (ExecutionStatus.FAILED, ExecutionStatus.TIMED_OUT, ExecutionStatus.DEAD)
 
@@ -876,6 +967,10 @@ async def run_worker(settings: Settings, args: argparse.Namespace, stop: asyncio
         try:
             executions = ExecutionRepository(conns.pool)
             worker = Worker(conns.redis, executions, registry, settings, concurrency=args.concurrency)
+            # What start-up made (modules, the registry, pools) lives as long as the process: out of
+            # the collector's sight, so a full collection does not walk it again and again.
+            gc.freeze()
+            gc.set_threshold(*GC_THRESHOLD)
             metrics.WORKER_SLOTS.labels("total").set(worker.concurrency)
             metrics.WORKER_SLOTS.labels("busy").set(0)
             await worker.run(stop)

@@ -246,7 +246,11 @@ async def test_poison_job_gets_exactly_max_retries_plus_one_attempts_then_the_dl
     for gap, low in zip(gaps, expected, strict=True):
         assert low <= gap < low + 0.5, gaps
     queue = Queue(redis)
-    assert [item.id for item in (await queue.list_dead()).items] == [run.run_id]
+
+    async def parked() -> list[str]:  # PostgreSQL records `dead` first, then the queue parks the item
+        return [item.id for item in (await queue.list_dead()).items]
+
+    assert await eventually(parked, within=5) == [run.run_id]
 
     await control.requeue_dead_runs("default", [run.run_id])
 

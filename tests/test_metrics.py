@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_grpc import metrics, stores
@@ -196,3 +197,22 @@ async def test_store_errors_are_counted_by_the_store_that_failed(redis: aioredis
     after = counted()
     assert (after["redis"] - before["redis"], after["postgres"] - before["postgres"]) == (2, 2)
     assert [stores.store_of(exc) for exc in unrelated] == [None, None]
+
+
+def test_observe_many_counts_as_observe_does_value_by_value() -> None:
+    # observe_many reads prometheus-client's bucket internals: it must stay exactly observe() per value.
+    registry = CollectorRegistry()
+    one_by_one = Histogram("one", "by observe", ["handler"], buckets=(0.01, 0.1, 1), registry=registry)
+    batched = Histogram("many", "by observe_many", ["handler"], buckets=(0.01, 0.1, 1), registry=registry)
+    values = [0.0, 0.01, 0.0100001, 0.05, 0.1, 0.5, 1.0, 7.0, 0.003]
+    for value in values:
+        one_by_one.labels("h").observe(value)
+    metrics.observe_many(batched.labels("h"), values)
+    metrics.observe_many(batched.labels("h"), [])
+
+    def samples(name: str) -> list[tuple[str, dict[str, str], float]]:
+        family = next(f for f in registry.collect() if f.name == name)
+        return [(s.name.removeprefix(name), s.labels, s.value) for s in family.samples if "_created" not in s.name]
+
+    assert samples("many") == samples("one")
+    assert ("_count", {"handler": "h"}, 9.0) in samples("many")

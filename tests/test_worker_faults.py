@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from chaos.proxy import FaultProxy
 from scheduler_grpc import events, metrics
-from scheduler_grpc.breakers import Breakers
+from scheduler_grpc.breakers import BreakerOpen, BreakerPolicy, Breakers, BreakerState
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.executions import Advance, Claim, ExecutionRepository, Outcome, PlannedSlot
@@ -528,3 +528,76 @@ async def test_a_slot_is_freed_when_its_handler_returns_not_when_its_outcome_is_
         await eventually(all_succeeded)
         assert worker.stats.completed == 6
         assert not task.done()
+
+
+async def test_runs_claimed_together_time_out_each_by_its_own_job_timeout(
+    redis_url: str, database_url: str, pool: asyncpg.Pool, control: Control
+) -> None:
+    # Claimed in one batch (triggered before the worker starts): the claims sharing a timeout share
+    # one deadline timer. The stuck run times out; the quick one of the same deadline and the slower
+    # one of a longer timeout are not cut by it.
+    retry = RetryPolicy(max_retries=1, initial_backoff=timedelta(seconds=30))
+    jobs = {
+        name: await control.create_job(
+            JobSpec(
+                name=name,
+                handler="test.delay",
+                payload={"seconds": seconds},
+                timeout=timedelta(seconds=timeout),
+                retry=retry,
+            )
+        )
+        for name, seconds, timeout in (("stuck", 30, 1), ("quick", 0.1, 1), ("longer", 1.5, 5))
+    }
+    runs = {name: (await control.trigger_job(job.id))[0] for name, job in jobs.items()}
+    async with running_worker(redis_url, database_url, ExecutionRepository(pool), default_registry(_SETTINGS)):
+
+        async def first_attempts() -> dict[str, str]:
+            found = {name: (await statuses(pool, run.run_id))[0] for name, run in runs.items()}
+            return found if not {"queued", "running"} & set(found.values()) else {}
+
+        assert await eventually(first_attempts, within=15) == {
+            "stuck": "timed_out", "quick": "succeeded", "longer": "succeeded"
+        }  # fmt: skip
+    row = await pool.fetchrow(
+        "SELECT error, started_at, finished_at FROM job_executions WHERE run_id = $1 AND attempt = 1",
+        runs["stuck"].run_id,
+    )
+    assert row["error"] == "timed out after 1s"
+    assert 0.9 < (row["finished_at"] - row["started_at"]).total_seconds() < 2.0
+
+
+def test_a_breaker_opens_on_its_failure_ratio_and_a_half_open_trial_decides() -> None:
+    changes: list[tuple[str, str]] = []
+    breakers = Breakers(
+        BreakerPolicy(window=4, min_calls=4, failure_ratio=0.5, reset_timeout=timedelta(seconds=30)),
+        lambda key, old, new: changes.append((old.value, new.value)),
+    )
+    breaker = breakers.get("h")
+    for failed in (False, True, False):  # 1 of 3: under min_calls anyway
+        breaker.admit()
+        breaker.record(failed)
+    assert breaker.state is BreakerState.CLOSED
+    breaker.record(False)  # the window slides: 1 failure of 4
+    breaker.record(True)  # 2 of 4 (the oldest, a success, left): opens
+    assert breaker.state is BreakerState.OPEN
+    assert breaker.failures == 2
+    with pytest.raises(BreakerOpen):
+        breaker.admit()
+    assert timedelta(seconds=29) < breakers.blocked_for("h") <= timedelta(seconds=30)
+    breaker._opened_at -= 30  # the reset timeout has passed (instead of waiting 30 s)
+    assert breaker.state is BreakerState.HALF_OPEN
+    assert breakers.blocked_for("h") == timedelta(0)
+    breaker.admit()  # the trial
+    breaker.record(True)  # fails: open again, for a new reset timeout
+    assert breaker.state is BreakerState.OPEN
+    assert breakers.blocked_for("h") > timedelta(seconds=29)
+    breaker._opened_at -= 30
+    breaker.admit()
+    breaker.record(False)  # a trial succeeds: closed, with a clean window
+    assert breaker.state is BreakerState.CLOSED
+    assert (breaker.calls, breaker.failures) == (0, 0)
+    assert changes == [
+        ("closed", "open"), ("open", "half_open"), ("half_open", "open"), ("open", "half_open"),
+        ("half_open", "closed"),
+    ]  # fmt: skip
