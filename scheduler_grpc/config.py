@@ -232,7 +232,7 @@ SETTINGS: tuple[Setting, ...] = (
         "fire_ahead",
         "SCHEDULER_FIRE_AHEAD",
         parse_duration,
-        "1s",
+        "1500ms",
         "The leader records and enqueues a slot of an `allow` job this long before it is due; the run waits, "
         "delayed, until its slot, so recording it is off the lateness path. Pausing, editing or deleting a job "
         "does not recall a slot already fired. `forbid` and `replace` jobs fire at the slot; `0` for all. "

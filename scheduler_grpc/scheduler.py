@@ -147,7 +147,9 @@ class LoopSettings:
     plan_ahead: timedelta = timedelta(milliseconds=50)
     # Slots of `allow` jobs are recorded and enqueued (delayed, due at the slot) this long before
     # they are due, so the fire is off the lateness path too; 0: at the slot (SCHEDULER_FIRE_AHEAD).
-    fire_ahead: timedelta = timedelta(seconds=1)
+    # Half a second off the whole: schedules fire on whole seconds, so the fire of the slot after
+    # next never competes with the workers claiming a slot's runs [1.5 s].
+    fire_ahead: timedelta = timedelta(milliseconds=1500)
     max_slots_per_job: int = 250  # catch-up slots one job records per scan (~12 ms of planning) [250]
     max_slots_per_scan: int = 2000  # slots one scan plans and records (bounds its loop stalls) [2000]
     missed_count_walk: int = 32  # slots walked at most to count a missed range exactly (else NULL) [32]
