@@ -3,6 +3,7 @@
     .venv/bin/python bench/lateness_bench.py [--jobs 1000] [--seconds 60] [--schedulers 2] [--workers 2]
     .venv/bin/python bench/lateness_bench.py --burst 10000 [--kind once|cron]
     .venv/bin/python bench/lateness_bench.py --scan-tick [--definitions 1000 1000000] [--due 100]
+    ... [--set SCHEDULER_FIRE_AHEAD=0] [--set SCHEDULER_WORKER_CONCURRENCY=100]
 
 Starts embedded Valkey and PostgreSQL (or uses REDIS_URL / DATABASE_URL); job definitions are
 inserted with COPY. Three modes:
@@ -346,7 +347,8 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str, log_
             return await scan_tick(args, pool, redis_url)
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
                "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_METRICS_PORT": "0",
-               "SCHEDULER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING")}  # fmt: skip
+               "SCHEDULER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
+               **dict(setting.split("=", 1) for setting in args.set)}  # fmt: skip
         procs = Processes(env, log_dir)
         try:
             if args.burst:
@@ -368,6 +370,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--burst", type=int, default=0, help="burst mode: this many jobs due in the same second")
     parser.add_argument("--kind", choices=["once", "cron"], default="once", help="burst mode: job kind [once]")
     parser.add_argument("--scan-tick", action="store_true", help="scan-tick mode (in-process leader)")
+    parser.add_argument("--set", action="append", default=[], metavar="SCHEDULER_X=VALUE",
+                        help="a setting for every role process, e.g. SCHEDULER_FIRE_AHEAD=0 (repeatable)")  # fmt: skip
     parser.add_argument("--definitions", type=int, nargs="+", default=[1000, 1_000_000],
                         help="scan-tick mode: table sizes [1000 1000000]")  # fmt: skip
     parser.add_argument("--due", type=int, default=100, help="scan-tick mode: due jobs among them [100]")
@@ -375,6 +379,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.scan_tick and min(args.definitions) < args.due:
         parser.error("--definitions must each be at least --due")
+    if any("=" not in setting for setting in args.set):
+        parser.error("--set takes SCHEDULER_X=VALUE")
     return args
 
 

@@ -229,6 +229,16 @@ SETTINGS: tuple[Setting, ...] = (
         "Longest the leader sleeps between due-scans (it wakes earlier for the next due job or a change).",
     ),
     Setting(
+        "fire_ahead",
+        "SCHEDULER_FIRE_AHEAD",
+        parse_duration,
+        "1500ms",
+        "The leader records and enqueues a slot of an `allow` job this long before it is due; the run waits, "
+        "delayed, until its slot, so recording it is off the lateness path. Pausing, editing or deleting a job "
+        "does not recall a slot already fired. `forbid` and `replace` jobs fire at the slot; `0` for all. "
+        "At most 1m.",
+    ),
+    Setting(
         "visibility_timeout",
         "SCHEDULER_VISIBILITY_TIMEOUT",
         parse_duration,
@@ -414,6 +424,7 @@ class Settings:
     misfire_grace: timedelta
     reconcile_interval: timedelta
     scan_interval: timedelta
+    fire_ahead: timedelta
     visibility_timeout: timedelta
     max_stalls: int
     worker_concurrency: int
@@ -504,6 +515,9 @@ def _check(settings: Settings) -> None:
         raise ConfigError(f"{name('visibility_timeout')} must be at least 1s")
     if settings.connect_timeout <= timedelta(0):
         raise ConfigError(f"{name('connect_timeout')} must be positive")
+    if settings.fire_ahead > timedelta(minutes=1):
+        # Slots fired ahead are not recalled by a pause or an edit: keep that window short.
+        raise ConfigError(f"{name('fire_ahead')} must be at most 1m")
     if settings.production and not (settings.redis_url and settings.database_url):
         raise ConfigError("SCHEDULER_ENV=production needs REDIS_URL and DATABASE_URL: embedded servers are for dev")
     if settings.session_ttl < timedelta(minutes=1):

@@ -262,7 +262,7 @@ class Queue:
         self._enqueue = op("enqueue", "ready delayed priority data seq marker")
         # once=True: not safe to run twice (see `resend`); the others are.
         self._dequeue = op(
-            "dequeue", "ready processing priority data deliveries lease owner lease_seq marker", once=True
+            "dequeue", "ready processing priority data deliveries lease owner lease_seq marker delayed seq", once=True
         )
         self._ack = op("ack", "processing priority data deliveries lease owner")
         self._nack = op("nack", "processing ready delayed priority deliveries lease owner seq marker")
@@ -371,21 +371,32 @@ class Queue:
             Unavailable: Redis did not answer in time.
         """
         _check_id(worker_id, "worker_id")
+        leases, _ = await self._take(worker_id, visibility_timeout, count)
+        return leases
+
+    async def _take(
+        self, worker_id: str, visibility_timeout: timedelta, count: int
+    ) -> tuple[list[Lease], float | None]:
+        """`dequeue`, and when nothing was ready, the seconds until the earliest delayed item is due
+        (Redis clock; None when nothing is delayed). Due delayed items are promoted in the same call."""
         visibility_ms = _to_ms(visibility_timeout, "visibility_timeout", minimum=1)
         _check_count(count, "count")
-        call = asyncio.ensure_future(self._run(self._dequeue, (worker_id, visibility_ms, count)))
+        call = asyncio.ensure_future(self._run(self._dequeue, (worker_id, visibility_ms, count, MAX_BATCH)))
         try:
             # Shielded: a cancellation must not drop a reply whose items are already leased.
             reply = await asyncio.shield(call)
         except asyncio.CancelledError:
             await self._give_back(call)
             raise
-        return _leases(reply)
+        if len(reply) == 1:
+            return [], int(reply[0]) / 1000
+        return _leases(reply), None
 
     async def _give_back(self, call: asyncio.Future[Any]) -> None:
         """Finish a cancelled dequeue and return what it leased to ready, as if never delivered."""
         try:
-            leases = _leases(await call)
+            reply = await call
+            leases = _leases(reply) if len(reply) > 1 else []
             if leases:
                 await self.nack_many(leases, count_delivery=False)
         except Exception:
@@ -436,7 +447,10 @@ class Queue:
 
         Tries a dequeue; when nothing is ready, blocks on the marker (no polling) and tries again,
         until it gets items or `wait` has passed. Work enqueued at any point, even between the empty
-        dequeue and the block, wakes it: the marker stays set until a waiter takes it.
+        dequeue and the block, wakes it: the marker stays set until a waiter takes it. Delayed work
+        needs no leader: the dequeue promotes due items itself and, when nothing is ready, says when
+        the earliest delayed item is due, and the block ends then (an enqueue of an earlier delayed
+        item sets the marker, so the waiter learns the new time at once).
 
         Returns:
             The leases, best first; empty if nothing became ready within `wait`.
@@ -450,13 +464,31 @@ class Queue:
         loop = asyncio.get_running_loop()
         end = loop.time() + wait.total_seconds()
         while True:
-            leases = await self.dequeue(worker_id, visibility_timeout, count)
+            leases, next_due = await self._take(worker_id, visibility_timeout, count)
             if leases:
                 return leases
             remaining = end - loop.time()
             if remaining <= 0:
                 return []
-            await self.wait_for_work(timedelta(seconds=min(remaining, _MAX_BLOCK_S)))
+            block = min(remaining, _MAX_BLOCK_S)
+            if next_due is not None and next_due < block:
+                # Counted from the reply, which came after the script read the Redis clock: the
+                # next dequeue runs no earlier than the item's due time, so it finds it promoted.
+                await self._sleep_until_due(next_due)
+                continue
+            await self.wait_for_work(timedelta(seconds=block))
+
+    async def _sleep_until_due(self, seconds: float) -> None:
+        """Block on the marker (new ready work ends the wait) for `seconds`, then return.
+
+        Redis ends a blocking command's own timeout only at its next `hz` tick (every 100 ms by
+        default), far too coarse for a due time, so the timer is ours: when it fires, the blocked
+        call is cancelled (redis-py drops that connection and the pool opens another; a marker
+        popped meanwhile is set again by `wait_for_work`). One such wake per due time is the cost.
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.wait_for_work(timedelta(seconds=seconds + _MAX_BLOCK_S))
 
     # -- finishing work -------------------------------------------------------------------------
 

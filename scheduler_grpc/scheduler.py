@@ -3,7 +3,9 @@
 * scan: due jobs (one statement on the partial index: O(due)) -> planned (next slots by arithmetic
   or a cached walk, `schedule.next_instant`) -> recorded and advanced in chunks, one fenced
   statement each, two in flight (see `ExecutionRepository.fire`) -> each chunk's queued runs are
-  enqueued in Redis as soon as it is recorded. Between scans: asleep until the next due slot.
+  enqueued in Redis as soon as it is recorded. `allow` jobs are fired `fire_ahead` before their
+  slot, their runs delayed in the queue until it (`fires_ahead`), so recording a big second is
+  off the lateness path. Between scans: asleep until the next job is to fire.
 * recover: expired leases back to ready; runs that stalled too often are dead-lettered.
 * promote: due retries move from the delayed set to ready.
 * reconcile: runs PostgreSQL has `queued` that Redis does not know (crash between commit and
@@ -143,6 +145,11 @@ class LoopSettings:
     # Jobs due this soon are read and planned before their slot; the scan then waits for the slot
     # and only records them at it, so the read and the planning are off the lateness path [50 ms].
     plan_ahead: timedelta = timedelta(milliseconds=50)
+    # Slots of `allow` jobs are recorded and enqueued (delayed, due at the slot) this long before
+    # they are due, so the fire is off the lateness path too; 0: at the slot (SCHEDULER_FIRE_AHEAD).
+    # Half a second off the whole: schedules fire on whole seconds, so the fire of the slot after
+    # next never competes with the workers claiming a slot's runs [1.5 s].
+    fire_ahead: timedelta = timedelta(milliseconds=1500)
     max_slots_per_job: int = 250  # catch-up slots one job records per scan (~12 ms of planning) [250]
     max_slots_per_scan: int = 2000  # slots one scan plans and records (bounds its loop stalls) [2000]
     missed_count_walk: int = 32  # slots walked at most to count a missed range exactly (else NULL) [32]
@@ -161,6 +168,7 @@ class LoopSettings:
     def from_settings(cls, settings: Settings) -> LoopSettings:
         return cls(
             scan_interval=settings.scan_interval,
+            fire_ahead=settings.fire_ahead,
             misfire_grace=settings.misfire_grace,
             reconcile_interval=settings.reconcile_interval,
             max_stalls=settings.max_stalls,
@@ -177,8 +185,19 @@ class Plan:
     slots: list[PlannedSlot] = field(default_factory=list)
 
 
-def plan_job(job: Job, now: datetime, loop: LoopSettings, plan: Plan) -> None:
-    """Decide the due slots of one job at `now` (database clock) and its next run time.
+def fires_ahead(job: Job) -> bool:
+    """Whether a job's slots may be recorded and enqueued up to `fire_ahead` before they are due.
+
+    Only under the `allow` concurrency policy (the default), one-shots included: `forbid` and
+    `replace` decide on the state of the job's earlier run at the slot itself (still running, or
+    not), so those slots are recorded at their time.
+    """
+    return job.concurrency_policy is ConcurrencyPolicy.ALLOW
+
+
+def plan_job(job: Job, now: datetime, loop: LoopSettings, plan: Plan, *, until: datetime | None = None) -> None:
+    """Decide the slots of one job due at `now` (database clock), or by `until` when later (fired
+    ahead: see `fires_ahead`), and its next run time.
 
     A slot older than `now - misfire_grace` is a misfire and follows the misfire policy; younger
     slots run as usual. `skip` and `run_once` plan a run of misfires arithmetically, so recovery
@@ -228,8 +247,9 @@ def plan_job(job: Job, now: datetime, loop: LoopSettings, plan: Plan) -> None:
             plan.slots.append(PlannedSlot(job.id, first, ExecutionStatus.MISSED, first, through, count))
     due: list[datetime] = []
     following: datetime | None = None
+    last = now if until is None else max(now, until)
     for instant in upcoming:
-        if instant > now or len(due) >= loop.max_slots_per_job:
+        if instant > last or len(due) >= loop.max_slots_per_job:
             following = instant
             break
         due.append(instant)
@@ -358,29 +378,34 @@ class LeaderLoops:
     async def scan_once(self, term: Term) -> bool:
         """One scan: record and enqueue what is due. Returns True if the batch was full.
 
-        One statement reads the due jobs (at most `scan_batch`; or, when none is due yet, those of
-        a slot within `plan_ahead`, recorded once the slot is reached), planning is arithmetic or
+        One statement reads the jobs to fire (at most `scan_batch`): due ones, and `allow` ones due
+        within `fire_ahead`, whose slots up to `fire_ahead` from now are recorded and enqueued now,
+        delayed until due (`fires_ahead`); or, when none is to fire yet, those to fire within
+        `plan_ahead`, recorded once that time is reached. Planning is arithmetic or
         cached (`schedule.next_instant`), and the slots are fired in chunks of `fire_chunk` jobs, each one
         fenced statement followed by its CREATED events and one enqueue call, with up to
         `fire_concurrency` chunks in flight: the first runs are in the queue while PostgreSQL is
         still recording the rest, instead of every run of the scan waiting for the slowest.
         """
         began = time.perf_counter()
-        read, now = await self._jobs.due(self._loop.scan_batch, self._loop.plan_ahead)
+        ahead = self._loop.fire_ahead
+        read, now = await self._jobs.due(self._loop.scan_batch, self._loop.plan_ahead, ahead)
         read_at = time.monotonic()
         self.scans += 1
         if not read:
             metrics.SCAN_DUE_JOBS.observe(0)
             metrics.SCAN_DURATION.observe(time.perf_counter() - began)
             return False
-        # Jobs already due fire now. Otherwise (all read ahead: due within `plan_ahead`) the jobs of
-        # the earliest slot are planned as of it and recorded once the database clock reaches it;
-        # later ones are left to the next scan, so no job waits for another's slot.
-        jobs = [job for job in read if job.next_run_time is not None and job.next_run_time <= now]
+        # A job is to fire at its next run, or `fire_ahead` before it (`fires_ahead`). Those whose
+        # time has come fire now. Otherwise (all read ahead: to fire within `plan_ahead`) the jobs
+        # of the earliest such time are planned as of it and recorded once the database clock
+        # reaches it; later ones are left to the next scan, so no job waits for another's time.
+        fire_at = {job.id: self._fire_at(job) for job in read}
+        jobs = [job for job in read if fire_at[job.id] <= now]
         at = now
         if not jobs:
-            at = min(job.next_run_time for job in read if job.next_run_time is not None)
-            jobs = [job for job in read if job.next_run_time == at]
+            at = min(fire_at.values())
+            jobs = [job for job in read if fire_at[job.id] == at]
         metrics.SCAN_DUE_JOBS.observe(len(jobs))
         chunks: list[tuple[list[Job], Plan]] = []
         planned = slots = 0
@@ -396,7 +421,7 @@ class LeaderLoops:
                 chunks.append(([], Plan()))
             chunk_jobs, plan = chunks[-1]
             before = len(plan.slots)
-            plan_job(job, at, self._loop, plan)
+            plan_job(job, at, self._loop, plan, until=at + ahead if fires_ahead(job) else at)
             chunk_jobs.append(job)
             planned += 1
             slots += len(plan.slots) - before
@@ -410,12 +435,12 @@ class LeaderLoops:
         wait = (at - now).total_seconds() - (time.monotonic() - read_at)
         if wait > 0:
             await asyncio.sleep(wait)
-        await self._fire_chunks(term, chunks, at)
+        await self._fire_chunks(term, chunks)
         metrics.SCAN_DURATION.observe(time.perf_counter() - began)
         # Full, cut short, or jobs read ahead left for the next scan: scan again at once.
         return len(read) >= self._loop.scan_batch or planned < len(read)
 
-    async def _fire_chunks(self, term: Term, chunks: Sequence[tuple[list[Job], Plan]], now: datetime) -> None:
+    async def _fire_chunks(self, term: Term, chunks: Sequence[tuple[list[Job], Plan]]) -> None:
         """Fire every chunk, `fire_concurrency` at a time; raise the first failure once all are done.
 
         Chunks are independent (each its own fenced compare-and-set), so one failing leaves the
@@ -425,7 +450,7 @@ class LeaderLoops:
 
         async def fire_some() -> None:
             for chunk_jobs, plan in pending:
-                await self._fire(term, chunk_jobs, plan, now)
+                await self._fire(term, chunk_jobs, plan)
 
         results = await asyncio.gather(
             *(fire_some() for _ in range(min(self._loop.fire_concurrency, len(chunks)))), return_exceptions=True
@@ -434,14 +459,24 @@ class LeaderLoops:
             if isinstance(result, BaseException):
                 raise result
 
-    async def _fire(self, term: Term, jobs: Sequence[Job], plan: Plan, now: datetime) -> None:
-        queued = await self._executions.fire(term.token, plan.advances, plan.slots)
+    def _fire_at(self, job: Job) -> datetime:
+        """When a job's next slot is to be recorded: at it, or `fire_ahead` before (`fires_ahead`)."""
+        assert job.next_run_time is not None  # the due scan reads only jobs with a next run
+        return job.next_run_time - self._loop.fire_ahead if fires_ahead(job) else job.next_run_time
+
+    async def _fire(self, term: Term, jobs: Sequence[Job], plan: Plan) -> None:
+        queued, fired_at = await self._executions.fire_clocked(term.token, plan.advances, plan.slots)
+        fired = time.monotonic()
         # `replace`: the earlier runs are cancelled before the new ones can be claimed, so the two
         # overlap as little as possible (if this fails, reconcile enqueues the new runs later).
         await self._replace_earlier_runs(term, jobs, queued)
         # CREATED before the enqueue, so no STARTED of these runs can precede it (dispatch_new_runs).
         await self._announce(queued, plan.slots)
-        await enqueue_runs(self._queues, queued, now)
+        # A run fired ahead waits in the delayed set until its slot. Its delay is counted from the
+        # database clock read at the end of the fire statement, less the time spent here since:
+        # both happened before the enqueue script reads the Redis clock, so the item is due no
+        # sooner than its slot whatever the offset between the two clocks (and barely later).
+        await enqueue_runs(self._queues, queued, fired_at + timedelta(seconds=time.monotonic() - fired))
 
     async def _replace_earlier_runs(self, term: Term, jobs: Sequence[Job], queued: Sequence[Queued]) -> None:
         """`replace` concurrency policy: a new run cancels the job's runs still queued or running."""
@@ -469,7 +504,7 @@ class LeaderLoops:
 
     async def _sleep_until_next_due(self) -> None:
         cap = self._loop.scan_interval.total_seconds()
-        until_due = await self._jobs.time_until_next_due()
+        until_due = await self._jobs.time_until_next_due(self._loop.fire_ahead)
         # Wake `plan_ahead` early: the scan reads and plans the slot's jobs, then waits for it.
         ahead = self._loop.plan_ahead.total_seconds()
         wait = cap if until_due is None else min(cap, max(0.0, until_due.total_seconds() - ahead))

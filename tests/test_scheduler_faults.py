@@ -207,7 +207,7 @@ async def test_a_scan_fired_in_concurrent_chunks_is_fenced_whole_and_records_eac
 ) -> None:
     stale, current = await _terms(pool)
     # 30 due jobs in chunks of 7 with 3 fire statements in flight: 5 statements, 3 at once.
-    loops = LeaderLoops(redis, pool, LoopSettings(fire_chunk=7, fire_concurrency=3))
+    loops = LeaderLoops(redis, pool, LoopSettings(fire_chunk=7, fire_concurrency=3, fire_ahead=timedelta(0)))
     for index in range(30):
         await control.create_job(every_second(f"chunked-{index}"))
     slot = await pool.fetchval("UPDATE jobs SET next_run_time = date_trunc('second', now()) RETURNING next_run_time")
@@ -235,7 +235,7 @@ async def test_jobs_read_ahead_of_their_slot_are_recorded_at_it_and_never_hold_u
 ) -> None:
     _, current = await _terms(pool)
     # A wide read-ahead window, so the read surely happens before the slot even on a loaded host.
-    loops = LeaderLoops(redis, pool, LoopSettings(plan_ahead=timedelta(seconds=3)))
+    loops = LeaderLoops(redis, pool, LoopSettings(plan_ahead=timedelta(seconds=3), fire_ahead=timedelta(0)))
     ahead = [await control.create_job(every_second(f"ahead-{index}")) for index in range(5)]
     late = await control.create_job(every_second("already-due"))
     slot = await pool.fetchval(
@@ -299,7 +299,7 @@ async def test_a_long_outage_of_500_jobs_is_one_missed_row_each_and_the_current_
     control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:
     _, current = await _terms(pool)
-    loops = LeaderLoops(redis, pool, LoopSettings(misfire_grace=timedelta(seconds=1)))
+    loops = LeaderLoops(redis, pool, LoopSettings(misfire_grace=timedelta(seconds=1), fire_ahead=timedelta(0)))
     policies = {}
     for index in range(500):
         policy = MisfirePolicy.SKIP if index % 2 else MisfirePolicy.RUN_ONCE

@@ -307,6 +307,13 @@ class ExecutionRepository:
             yield ExecutionRepository(conn, scope=self._scope)
 
     async def fire(self, term: int, advances: Sequence[Advance], slots: Sequence[PlannedSlot]) -> list[Queued]:
+        """`fire_clocked` without the clock."""
+        queued, _ = await self.fire_clocked(term, advances, slots)
+        return queued
+
+    async def fire_clocked(
+        self, term: int, advances: Sequence[Advance], slots: Sequence[PlannedSlot]
+    ) -> tuple[list[Queued], datetime]:
         """Record planned slots and advance their jobs, atomically, under leader term `term`.
 
         One statement: the fence (the term must still be current; FOR SHARE makes a concurrent
@@ -319,7 +326,9 @@ class ExecutionRepository:
 
         Returns:
             The runs inserted as `queued`, to be enqueued in Redis (the outbox order: PostgreSQL
-            first; if we crash before enqueueing, reconcile finds them).
+            first; if we crash before enqueueing, reconcile finds them), and the database clock as
+            the statement ended: a run due later is enqueued delayed by its due time less this
+            clock, which was read before the enqueue whatever the offset of the Redis clock.
 
         Raises:
             Fenced: `term` is no longer the current term; nothing was written.
@@ -357,7 +366,7 @@ class ExecutionRepository:
                 RETURNING id, job_id, status, priority, due_at
             )
             SELECT (SELECT count(*) FROM fence) AS fenced_in, i.id, i.id AS run_id, i.job_id, i.status, i.priority,
-                   i.due_at, p.handler, p.queue, p.payload
+                   i.due_at, p.handler, p.queue, p.payload, clock_timestamp() AS clock
             FROM (SELECT 1) AS one
             LEFT JOIN inserted i ON true
             LEFT JOIN planned p ON p.id = i.id
@@ -377,7 +386,8 @@ class ExecutionRepository:
         )
         if not rows or rows[0]["fenced_in"] == 0:
             raise Fenced(f"leader term {term} is no longer current")
-        return [_queued(row) for row in rows if row["id"] is not None and row["status"] == ExecutionStatus.QUEUED]
+        queued = [_queued(row) for row in rows if row["id"] is not None and row["status"] == ExecutionStatus.QUEUED]
+        return queued, max(row["clock"] for row in rows)
 
     async def trigger(
         self,

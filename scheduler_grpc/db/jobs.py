@@ -180,26 +180,47 @@ class JobRepository:
     async def _notify(self) -> None:
         await self._pool.execute("SELECT pg_notify($1, '')", JOBS_CHANGED_CHANNEL)
 
-    async def due(self, limit: int, ahead: timedelta = timedelta(0)) -> tuple[list[Job], datetime]:
-        """Active jobs whose next run is due, or due within `ahead`, oldest first (the partial index
-        `jobs_due_idx`: O(due)), and the database's clock, which every leader decision uses so
-        scheduler hosts' clocks don't matter."""
+    async def due(
+        self, limit: int, ahead: timedelta = timedelta(0), fire_ahead: timedelta = timedelta(0)
+    ) -> tuple[list[Job], datetime]:
+        """Active jobs to fire now or soon, earliest next run first, and the database's clock, which
+        every leader decision uses so scheduler hosts' clocks don't matter.
+
+        A job is read when its next run is due within `ahead` or, when its concurrency policy is
+        `allow` (its slots may fire ahead, see `scheduler.fires_ahead`), within `fire_ahead` plus
+        `ahead`. One range of the partial index `jobs_due_idx` (O(jobs due that soon)).
+        """
         rows = await self._pool.fetch(
             f"""SELECT {_COLUMNS}, now() AS db_now FROM jobs
-                WHERE status = 'active' AND next_run_time <= now() + $2::interval
+                WHERE status = 'active' AND next_run_time <= now() + $2::interval + $3::interval
+                  AND (next_run_time <= now() + $2::interval OR concurrency_policy = 'allow')
                 ORDER BY next_run_time LIMIT $1""",
             limit,
             ahead,
+            fire_ahead,
         )
         if not rows:
             return [], await self._pool.fetchval("SELECT now()")
         return [job_from_row(row) for row in rows], rows[0]["db_now"]
 
-    async def time_until_next_due(self) -> timedelta | None:
-        """How long until the earliest active job is due, by the database clock (one index probe);
-        None when no job has a next run."""
+    async def time_until_next_due(self, fire_ahead: timedelta = timedelta(0)) -> timedelta | None:
+        """How long until the earliest active job is to fire, by the database clock; None when no
+        job has a next run.
+
+        A job is to fire at its next run, or `fire_ahead` before it when its concurrency policy is
+        `allow`. The jobs due within `fire_ahead` are looked at one by one (a range of the partial
+        index: the jobs due that soon); the earliest beyond is one index probe, counted as `allow`
+        (the earliest it could fire: a wake-up too early at worst, never too late).
+        """
         value: timedelta | None = await self._pool.fetchval(
-            "SELECT min(next_run_time) - now() FROM jobs WHERE status = 'active' AND next_run_time IS NOT NULL"
+            """SELECT least(
+                   (SELECT min(next_run_time - CASE WHEN concurrency_policy = 'allow' THEN $1::interval
+                                                    ELSE interval '0' END)
+                    FROM jobs WHERE status = 'active' AND next_run_time <= now() + $1::interval),
+                   (SELECT min(next_run_time) - $1::interval
+                    FROM jobs WHERE status = 'active' AND next_run_time > now() + $1::interval)
+               ) - now()""",
+            fire_ahead,
         )
         return value
 

@@ -1,21 +1,54 @@
 -- KEYS[1]=ready KEYS[2]=processing KEYS[3]=priority KEYS[4]=data KEYS[5]=deliveries KEYS[6]=lease
--- KEYS[7]=owner KEYS[8]=lease_seq KEYS[9]=marker
+-- KEYS[7]=owner KEYS[8]=lease_seq KEYS[9]=marker KEYS[10]=delayed KEYS[11]=seq
 -- ARGV[1]=worker id ARGV[2]=visibility timeout in ms ARGV[3]=most items to take
--- Returns: {} when nothing is ready, else {deadline_ms, id, token, data, priority, deliveries, id, ...}:
--- the best ready items, best first, each now leased to the worker until deadline_ms (Redis clock).
+-- ARGV[4]=most due delayed items to promote first
+-- Returns: {} when nothing is ready nor delayed; {wait_ms} when nothing is ready and the earliest
+-- delayed item is due in wait_ms (Redis clock); else {deadline_ms, id, token, data, priority,
+-- deliveries, id, ...}: the best ready items, best first, each now leased to the worker until
+-- deadline_ms (Redis clock).
+-- Delayed items whose due time has passed are promoted to ready first (up to ARGV[4]), so a worker
+-- takes work at its due time without waiting for the leader's promote loop.
 local ready_key, processing_key, priority_key, data_key, deliveries_key, lease_key, owner_key,
-  lease_seq_key, marker_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
-  KEYS[9]
+  lease_seq_key, marker_key, delayed_key, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+  KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+
+-- @include ready_score
+
+-- The earliest delayed item: when it is due, the due items are promoted first, so they compete
+-- with ready ones by priority; when it is not, an idle caller learns when to come back.
+local earliest = redis.call('ZRANGE', delayed_key, 0, 0, 'WITHSCORES')
+local t, now
+if #earliest > 0 then
+  t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if tonumber(earliest[2]) <= now then
+    local due = redis.call('ZRANGE', delayed_key, '-inf', string.format('%.0f', now), 'BYSCORE',
+      'LIMIT', 0, tonumber(ARGV[4]))
+    for _, id in ipairs(due) do
+      redis.call('ZREM', delayed_key, id)
+      local priority = tonumber(redis.call('HGET', priority_key, id) or '0')
+      redis.call('ZADD', ready_key, ready_score(priority), id)
+    end
+  end
+end
 
 local popped = redis.call('ZPOPMIN', ready_key, ARGV[3])
 if #popped == 0 then
   -- Ready is empty, so no idle worker should wake for it; the next enqueue sets the marker again.
   redis.call('DEL', marker_key)
-  return {}
+  if #earliest == 0 then
+    return {}
+  end
+  -- Nothing was promoted (ready would not be empty), so the earliest delayed item is still ahead.
+  -- The caller sleeps until it is due (BullMQ's delayed marker), measured on this clock and
+  -- handed over as a duration, so the worker's own clock never matters.
+  return {math.max(1, tonumber(earliest[2]) - now)}
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if not t then
+  t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local deadline = string.format('%.0f', now + tonumber(ARGV[2]))
 -- A token joins the lease counter with the server time, so it stays unique per delivery even if
 -- Redis restarts without its data and the counter starts over.

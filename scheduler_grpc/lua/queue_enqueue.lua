@@ -3,6 +3,10 @@
 --       ARGV[4i+3]=delay in ms (0: ready now) ARGV[4i+4]=data (opaque bytes; '' stores nothing)
 -- Returns: the number of items added. An id the queue already knows, in any state, is skipped,
 -- which makes enqueueing idempotent per id.
+-- A delayed item is due `delay` after now, now rounded UP to the millisecond (dequeue and promote
+-- compare with now rounded down), so it never becomes ready before `delay` has passed. When one
+-- becomes the earliest delayed item, the marker wakes an idle worker, whose dequeue then tells it
+-- when that item is due (it may be sleeping until a later one).
 local ready_key, delayed_key, priority_key, data_key, seq_key, marker_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
@@ -10,7 +14,8 @@ local ready_key, delayed_key, priority_key, data_key, seq_key, marker_key =
 
 local now
 local added = 0
-local made_ready = false
+local wake = false
+local earliest_added
 for i = 1, #ARGV, 4 do
   local id = ARGV[i]
   -- The priority hash doubles as the set of known ids: HSETNX is the idempotency check.
@@ -22,17 +27,26 @@ for i = 1, #ARGV, 4 do
     if delay > 0 then
       if not now then
         local t = redis.call('TIME')
-        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        now = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
       end
-      redis.call('ZADD', delayed_key, string.format('%.0f', now + delay), id)
+      local due = now + delay
+      if not earliest_added or due < earliest_added then
+        earliest_added = due
+      end
+      redis.call('ZADD', delayed_key, string.format('%.0f', due), id)
     else
       redis.call('ZADD', ready_key, ready_score(tonumber(ARGV[i + 1])), id)
-      made_ready = true
+      wake = true
     end
     added = added + 1
   end
 end
-if made_ready then
+if not wake and earliest_added then
+  -- ZRANGE after the adds: the earliest is one of ours exactly when nothing else was due sooner.
+  local earliest = redis.call('ZRANGE', delayed_key, 0, 0, 'WITHSCORES')
+  wake = tonumber(earliest[2]) >= earliest_added
+end
+if wake then
   redis.call('ZADD', marker_key, 0, 'ready')
 end
 return added
