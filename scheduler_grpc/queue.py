@@ -11,7 +11,8 @@ of four sorted sets of its queue (all keys share the hash tag `{q:<name>}`, see 
 - processing: leased to a worker until a deadline (ms, Redis clock). Each delivery gets a fresh
   token; ack, nack, extend and dead_letter act only under the current token, so a worker whose lease
   expired and was recovered changes nothing ("lease lost").
-- delayed: due at a time (ms, Redis clock); `promote_due` moves due items to ready.
+- delayed: due at a time (ms, Redis clock, rounded up at enqueue so an item is never due early);
+  every dequeue first moves the due ones to ready (so do `promote_due` and the leader's loop).
 - dead: parked with a reason; listed, requeued or purged by an operator.
 
 Every time comes from Redis `TIME` inside the scripts, never from a client clock; durations in this
@@ -19,7 +20,9 @@ API are `timedelta`, turned into integer milliseconds only at the Redis boundary
 
 Idle workers do not poll: they block in `BZPOPMIN` on the queue's marker, a one-member sorted set
 that every script making work ready sets (BullMQ's marker pattern), so an enqueue wakes one of them
-at once and the marker persists until consumed, which rules out a lost wake-up.
+at once and the marker persists until consumed, which rules out a lost wake-up. An empty dequeue
+says when the earliest delayed item is due, and the wait ends then; an enqueue of a delayed item
+that becomes the earliest sets the marker too, so a waiter learns the new time.
 
 The queue knows nothing of gRPC or PostgreSQL; the scheduler records what `recover_expired`,
 `dead_letter`, `requeue_dead` and `purge_dead` report.
@@ -353,8 +356,10 @@ class Queue:
     async def dequeue(self, worker_id: str, visibility_timeout: timedelta, count: int = 1) -> list[Lease]:
         """Lease up to `count` of the best ready items to `worker_id`, without waiting.
 
-        Items come out by priority (highest first), FIFO within a priority. Each gets a fresh token,
-        a deadline `visibility_timeout` from now (Redis clock) and one more delivery counted. If this
+        Delayed items whose due time has passed (Redis clock) are promoted to ready first, in the
+        same script call. Items come out by priority (highest first), FIFO within a priority. Each
+        gets a fresh token, a deadline `visibility_timeout` from now (Redis clock) and one more
+        delivery counted. If this
         call is cancelled while the script runs, it waits for the reply and hands whatever it leased
         back (uncounted) before re-raising, so a cancelled consumer strands nothing.
 

@@ -140,6 +140,21 @@ async def test_an_earlier_delayed_item_wakes_a_consumer_sleeping_towards_a_later
     assert 0.3 <= took < 0.39, took
 
 
+async def test_a_dequeue_promotes_due_delayed_items_before_taking_so_priority_holds(redis: aioredis.Redis) -> None:
+    queue = Queue(redis)
+    assert await queue.enqueue("low", priority=-5)
+    assert await queue.enqueue("high", priority=5, delay=timedelta(milliseconds=50))
+    due_ms = await redis.zscore(queue.keys.delayed, "high")
+
+    async def due() -> bool:
+        seconds, micros = await redis.time()
+        return bool(seconds * 1000 + micros // 1000 >= due_ms)
+
+    await eventually(due, within=5, interval=0.01)
+    assert [lease.id for lease in await queue.dequeue("w", VT, 1)] == ["high"]
+    assert [lease.id for lease in await queue.dequeue("w", VT, 1)] == ["low"]
+
+
 async def test_a_flushall_inside_the_fire_ahead_window_loses_nothing(
     control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:
