@@ -2,13 +2,15 @@
 
     .venv/bin/python bench/pg_hotpath_bench.py [--history 1000000] [--runs 20000] [--batch 200] [--explain]
 
-Starts embedded PostgreSQL (or uses DATABASE_URL, truncating the job tables), seeds `--history`
-finished attempts (bench/console_bench.py's generator), queues `--runs` runs of one job, then
-claims and completes them in batches of `--batch` through `ExecutionRepository` (one connection,
-as the worker's pipeline does per stage, no Redis, no handler). Per execution and per statement
-kind: PostgreSQL CPU µs (its process tree, from /proc), WAL bytes (pg_current_wal_lsn), and how
-many of the row updates were HOT (pg_stat_user_tables). With `--explain`, prints EXPLAIN (ANALYZE,
-BUFFERS, WAL) of one claim batch and one complete batch (auto_explain, as NOTICE).
+Starts embedded PostgreSQL (or uses DATABASE_URL), seeds `--history` finished attempts
+(bench/console_bench.py's generator; a database already holding exactly that many rows is reused,
+since seeding a million takes minutes), queues `--runs` runs of one job, then claims and completes
+them in batches of `--batch` through `ExecutionRepository` (no Redis, no handler). Per execution and
+per statement kind: PostgreSQL CPU µs (its process tree, from /proc; the machine's load inflates
+it, so compare the ratio to the `UPDATE ... FROM unnest` floor measured first), WAL bytes
+(pg_current_wal_lsn), and how many row updates were HOT (pg_stat_user_tables; its counters lag up
+to a second). With `--explain`, prints EXPLAIN (ANALYZE, BUFFERS, WAL) of one claim batch and one
+complete batch halfway through (both rolled back).
 """
 
 from __future__ import annotations
