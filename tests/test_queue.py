@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection
 
 from scheduler_grpc import queue as queue_module
 from scheduler_grpc import resend
+from scheduler_grpc.connections import redis_client
 from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
 from scheduler_grpc.queue import (
     PRIORITY_MAX,
@@ -782,3 +784,12 @@ async def test_extend_many_keeps_the_live_leases_and_reports_the_lost_ones(redis
     assert deadlines[0] > leases[0].deadline
     assert deadlines[1] is None
     assert await redis.zscore(queue.keys.processing, leases[1].id) == before
+
+
+def test_the_client_packs_commands_byte_for_byte_as_redis_py_does() -> None:
+    # connections.redis_client packs with hiredis: the same bytes for every kind of argument we send.
+    packing = redis_client("redis://127.0.0.1:1/0").connection_pool.connection_class()
+    args = ("SCRIPT LOAD", "x", b"y", 1, -5, 0.1, 1e20, 3.0, "é", memoryview(b"mv"), b"", b"\x00\r\n")
+    assert b"".join(packing.pack_command(*args)) == b"".join(Connection().pack_command(*args))
+    many = ("EVALSHA", "0" * 40, 2, "k1", "k2", *[f"item-{n}" for n in range(3000)])  # past the 6 kB chunks
+    assert b"".join(packing.pack_command(*many)) == b"".join(Connection().pack_command(*many))
