@@ -420,6 +420,14 @@ async def test_a_standby_takes_over_from_a_leader_killed_during_a_postgresql_out
     url = pg_proxy.url(database_url)
     schedulers = [roles.start("scheduler", DATABASE_URL=url), roles.start("scheduler", DATABASE_URL=url)]
     await wait_until_ready(redis, workers=0)
+
+    async def both_connected() -> bool:
+        # "metrics listening" follows the start-up connection: a process cut off before it
+        # exits on purpose (a URL that never answers is a configuration error), which is not
+        # the outage of a running standby this test is about.
+        return all(_lines(role, "metrics listening") for role in schedulers)
+
+    await eventually(both_connected, within=30)
     job = await control.create_job(every_second("tick"))
     await eventually(lambda: _fires_after(pool, job.id, job.created_at), within=15)
     holder = await pool.fetchval("SELECT holder FROM leader_state WHERE scope = 'scheduler'")
