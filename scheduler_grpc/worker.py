@@ -962,7 +962,9 @@ def _failed(outcome: Outcome) -> bool:
 async def run_worker(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
     """`scheduler-grpc worker`: execute jobs until SIGTERM/SIGINT."""
     port = settings.metrics_port if settings.metrics_port is not None else DEFAULT_METRICS_PORT
-    async with connect(settings) as conns, metrics.serve(settings.metrics_host, port):
+    # No session reset on release (a round trip per statement of the hot path): the worker's
+    # statements leave no session state behind (SET LOCAL only, no LISTEN, no advisory locks).
+    async with connect(settings, session_reset=False) as conns, metrics.serve(settings.metrics_host, port):
         registry = default_registry(HandlerSettings.from_settings(settings))
         try:
             executions = ExecutionRepository(conns.pool)
