@@ -13,6 +13,7 @@ local ready_key, processing_key, priority_key, data_key, deliveries_key, lease_k
   KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 
 -- @include ready_score
+-- @include promote_due
 
 -- The earliest delayed item: when it is due, the due items are promoted first, so they compete
 -- with ready ones by priority; when it is not, an idle caller learns when to come back.
@@ -22,13 +23,7 @@ if #earliest > 0 then
   t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if tonumber(earliest[2]) <= now then
-    local due = redis.call('ZRANGE', delayed_key, '-inf', string.format('%.0f', now), 'BYSCORE',
-      'LIMIT', 0, tonumber(ARGV[4]))
-    for _, id in ipairs(due) do
-      redis.call('ZREM', delayed_key, id)
-      local priority = tonumber(redis.call('HGET', priority_key, id) or '0')
-      redis.call('ZADD', ready_key, ready_score(priority), id)
-    end
+    promote_due(now, tonumber(ARGV[4]))
   end
 end
 

@@ -5,16 +5,11 @@
 local delayed_key, ready_key, priority_key, seq_key, marker_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 -- @include ready_score
+-- @include promote_due
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZRANGE', delayed_key, '-inf', string.format('%.0f', now), 'BYSCORE',
-  'LIMIT', 0, tonumber(ARGV[1]))
-for _, id in ipairs(due) do
-  redis.call('ZREM', delayed_key, id)
-  local priority = tonumber(redis.call('HGET', priority_key, id) or '0')
-  redis.call('ZADD', ready_key, ready_score(priority), id)
-end
+local due = promote_due(now, tonumber(ARGV[1]))
 if #due > 0 then
   redis.call('ZADD', marker_key, 0, 'ready')
 end
