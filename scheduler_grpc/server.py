@@ -32,7 +32,8 @@ from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import FileDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_reflection.v1alpha._async import ReflectionServicer
 from redis.asyncio import Redis
 
 from scheduler_grpc import metrics
@@ -50,6 +51,7 @@ from scheduler_grpc.events import EventFanout
 from scheduler_grpc.handlers import HandlerSettings, default_registry
 from scheduler_grpc.interceptors import ApiInterceptor
 from scheduler_grpc.services import Api, add_services
+from scheduler_grpc.services.decode import GenericOnly
 
 log = logging.getLogger(__name__)
 
@@ -322,11 +324,16 @@ async def serve(
         )
         services = add_services(server, api)
         health = HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        reflection.enable_server_reflection(
-            [*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-            server,
-            pool=reflection_pool(),
+        generic = cast(grpc.aio.Server, GenericOnly(server))  # generated code, generic handlers only
+        health_pb2_grpc.add_HealthServicer_to_server(health, generic)
+        # What reflection.enable_server_reflection does for an aio server (it picks the servicer
+        # by the server's type, which GenericOnly is not).
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(  # type: ignore[no-untyped-call]  # untyped generated code
+            ReflectionServicer(
+                [*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+                pool=reflection_pool(),
+            ),
+            generic,
         )
         monitor = HealthMonitor(health, services, redis, pool, recorder)
         await monitor.check()  # the first answer is a real one, not the library's default SERVING

@@ -44,7 +44,10 @@ from scheduler_grpc.errors import Aborted, InvalidArgument
 log = logging.getLogger(__name__)
 
 MAX_BATCH: Final = 500  # requests per statement (bounds its parameters and the enqueue script's)
-MAX_IN_FLIGHT: Final = 2  # batches running at once (each holds one pool connection)
+# Batches running at once (each holds one pool connection). One: while it runs, the next batch
+# gathers every call that arrives, so under load batches are bigger and fewer (measured: ~25 % more
+# TriggerJob/s than with two), and an idle server still answers a lone call at once.
+MAX_IN_FLIGHT: Final = 1
 MAX_COLLISIONS: Final = 5  # fresh slots tried for one request before giving up (ABORTED)
 BATCH_TIMEOUT: Final = timedelta(seconds=30)  # one batch: statement, enqueue and publish
 

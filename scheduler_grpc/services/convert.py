@@ -115,13 +115,17 @@ def job_fields() -> contextlib.AbstractContextManager[None]:
 # -- scalars ----------------------------------------------------------------------------------------
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     """An aware datetime as a Timestamp (None stays None, so the field stays unset)."""
     if value is None:
         return None
-    message = timestamp_pb2.Timestamp()
-    message.FromDatetime(value.astimezone(UTC))
-    return message
+    # Integer arithmetic on the timedelta: FromDatetime converts through a float timestamp and a
+    # second datetime, ~3x the cost, and an execution carries up to five of these.
+    delta = value - _EPOCH
+    return timestamp_pb2.Timestamp(seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1000)
 
 
 # The ranges google.protobuf.Timestamp and Duration define (0001-01-01 to 9999-12-31; about 10,000
