@@ -25,6 +25,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/mypy bench
 	$(BIN)/mypy clients/python/scheduler_client --exclude 'scheduler_client/v1/'
 	cd protos && npm install --no-audit --no-fund --silent && npx buf lint
 

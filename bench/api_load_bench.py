@@ -37,6 +37,7 @@ import urllib.request
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 import uvloop
@@ -77,7 +78,7 @@ def scrape(metrics_port: int) -> str:
 
 async def wait_serving(target: str, process: asyncio.subprocess.Process) -> None:
     async with grpc.aio.insecure_channel(target) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
+        health: Any = health_pb2_grpc.HealthStub(channel)  # its stubs do not declare Check
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if process.returncode is not None:
@@ -118,7 +119,7 @@ async def trigger_load(args: argparse.Namespace, target: str, server_pid: int) -
         codes: collections.Counter[str] = collections.Counter()
         request = jobs_pb2.TriggerJobRequest(id=job.job.id)
         if args.method == "HealthCheck":
-            checks = [health_pb2_grpc.HealthStub(channel) for channel in channels]
+            checks: list[Any] = [health_pb2_grpc.HealthStub(channel) for channel in channels]
             calls = [functools.partial(check.Check, health_pb2.HealthCheckRequest(), timeout=60) for check in checks]
         else:
             calls = [functools.partial(stub.TriggerJob, request, metadata=token, timeout=60) for stub in stubs]
@@ -240,10 +241,15 @@ def probe(target: str, token: str) -> None:
     latencies: dict[str, list[float]] = {"health": [], "admin ListJobs": []}
     codes: collections.Counter[str] = collections.Counter()
     stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+
+    def wait_for_eof() -> None:
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=wait_for_eof, daemon=True).start()
     metadata = (("authorization", f"Bearer {token}"),)
     with grpc.insecure_channel(target) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
+        health: Any = health_pb2_grpc.HealthStub(channel)
         jobs = jobs_pb2_grpc.JobServiceStub(channel)
         calls: dict[str, Callable[[], object]] = {
             "health": lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=10),
@@ -257,7 +263,7 @@ def probe(target: str, token: str) -> None:
                     call()
                     codes["OK"] += 1
                 except grpc.RpcError as error:
-                    codes[error.code().name] += 1  # type: ignore[attr-defined]
+                    codes[error.code().name] += 1
                 latencies[name].append(time.perf_counter() - began)
             if first:
                 print("probing", flush=True)

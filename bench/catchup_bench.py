@@ -94,6 +94,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
         missed = await pool.fetchrow(
             "SELECT count(*) AS ranges, sum(missed_count) AS slots FROM job_executions WHERE status = 'missed'"
         )
+        assert missed is not None  # an aggregate always returns its row
         runs = await pool.fetchval("SELECT count(*) FROM job_executions WHERE status <> 'missed'")
         print(f"catch-up of {args.jobs} per-second jobs ({args.policy}) after a {args.minutes}-minute outage:")
         print(f"  caught up in {took:.1f} s; longest loop stall {max(stalls) * 1000:.0f} ms")

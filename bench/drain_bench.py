@@ -109,6 +109,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
             """SELECT extract(epoch FROM max(finished_at) - min(started_at)) AS seconds,
                       count(*) AS runs FROM job_executions WHERE status = 'succeeded'"""
         )
+        assert row is not None  # an aggregate always returns its row
         seconds = float(row["seconds"])
         n = int(row["runs"])
         figures |= {

@@ -224,6 +224,7 @@ async def burst(args: argparse.Namespace, pool: asyncpg.Pool, procs: Processes, 
     await leader_ready(pool)
     await workers_ready(redis_url, args.workers)
     slot = await pool.fetchval("SELECT date_trunc('second', now()) + interval '4 seconds'")
+    records: list[tuple[object, ...]]
     if args.kind == "once":
         records = [(f"burst-{i}", "test.echo", "once", None, slot, slot) for i in range(args.burst)]
     else:  # fires at this second of every minute: once in the window
@@ -243,6 +244,7 @@ async def burst(args: argparse.Namespace, pool: asyncpg.Pool, procs: Processes, 
                    extract(epoch FROM max(started_at) - $1)::float8 AS all_started {window}""",
         slot,
     )
+    assert row is not None  # an aggregate always returns its row
     rows = await pool.fetch(f"SELECT extract(epoch FROM started_at - $1)::float8 AS s {window}", slot)
     result = {
         "mode": "burst", "kind": args.kind, "jobs": args.burst, "fired": row["fired"], "started": row["started"],

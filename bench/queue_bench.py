@@ -15,6 +15,7 @@ included; the server's is shown separately from INFO cpu).
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import os
 import platform
 import tempfile
@@ -124,7 +125,7 @@ async def run(client: Redis) -> None:
     info = await client.info("server")
     server = f"{info.get('server_name', 'redis')} {info.get('valkey_version') or info.get('redis_version')}"
     print(
-        f"queue bench: {server}, redis-py {redis.__version__}, uvloop {uvloop.__version__}, "
+        f"queue bench: {server}, redis-py {redis.__version__}, uvloop {importlib.metadata.version('uvloop')}, "
         f"Python {platform.python_version()}, {os.cpu_count()} CPUs, {SECONDS} s per row"
     )
     floors = Floors(client)

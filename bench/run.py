@@ -681,11 +681,11 @@ def main() -> int:
     parser.add_argument("--readme", action="store_true", help="with --from-json: put the table into README.md")
     args = parser.parse_args()
     if args.from_json:
-        report = load_report(Path(args.from_json))
+        saved = load_report(Path(args.from_json))
         if args.readme:
-            update_readme(report)
+            update_readme(saved)
         else:
-            print_report(report, markdown=args.markdown)
+            print_report(saved, markdown=args.markdown)
         return 0
     chosen = [m for m in MEASUREMENTS if not args.only or m.name in args.only.split(",")]
     if args.only and (unknown := set(args.only.split(",")) - {m.name for m in MEASUREMENTS}):

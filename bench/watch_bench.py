@@ -31,6 +31,7 @@ import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 import uvloop
@@ -64,7 +65,7 @@ def subscribers_counted(metrics_port: int) -> float:
 
 
 async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> dict[str, object]:
-    figures: dict[str, object] = await grpc_fanout_floor(args.subscribers, args.runs)
+    figures: dict[str, object] = dict(await grpc_fanout_floor(args.subscribers, args.runs))
     print(f"floor: {figures}", file=sys.stderr)
     pool = await create_pool(database_url, size=4, connect_timeout=timedelta(seconds=10))
     await migrate(pool)
@@ -99,13 +100,13 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
         ended: collections.Counter[str] = collections.Counter()
         received = 0
 
-        async def subscriber(call: grpc.aio.UnaryStreamCall[object, object]) -> None:
+        async def subscriber(call: grpc.aio.UnaryStreamCall[Any, Any]) -> None:
             nonlocal received
             got = 0
             try:
                 async for response in call:
                     now = time.time()
-                    stamp = response.event.event_time  # type: ignore[attr-defined]
+                    stamp = response.event.event_time
                     at = stamp.seconds + stamp.nanos / 1e9
                     delays.append(now - at)
                     if got == 0:
