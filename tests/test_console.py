@@ -9,6 +9,7 @@ import contextlib
 import re
 import shutil
 import ssl
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -417,3 +418,22 @@ async def test_an_operator_cancels_a_waiting_run_from_its_page(console: Console)
         async with http.post(f"/executions/{execution.id}/cancel", data={"csrf": csrf_token(token)}) as reply:
             assert reply.status == 409  # FAILED_PRECONDITION, as over gRPC
     assert (await console.server.api.control.executions.get(execution.id)).status.value == "cancelled"
+
+
+async def test_a_queued_run_not_yet_due_says_when_it_is_due(console: Console, pool: asyncpg.Pool) -> None:
+    """Runs fired ahead of their slot (or backing off before a retry) wait queued: the list says so,
+    rather than showing them like runs a worker should be taking now."""
+    job_id = await _job(console)
+    later = await console.server.api.control.trigger_execution(job_id)  # no worker: they stay queued
+    now = await console.server.api.control.trigger_execution(job_id)
+    await pool.execute(
+        "UPDATE job_executions SET due_at = now() + interval '1 hour' WHERE id = $1", uuid.UUID(later.id)
+    )
+    token = await console.session_for("vera", Role.VIEWER)
+    async with console.client() as http:
+        _with_cookie(http, token)
+        async with http.get("/executions") as page:
+            body = await page.text()
+    rows = {row.split('"', 1)[0]: row for row in body.split('data-execution="')[1:]}
+    assert 'class="not-due"' in rows[later.id], rows[later.id]
+    assert 'class="not-due"' not in rows[now.id], rows[now.id]

@@ -402,6 +402,8 @@ async def executions(request: web.Request) -> web.StreamResponse:
         "executions.html",
         {
             "rows": rows,
+            # A queued run due later (fired ahead of its slot, a retry's backoff) says when it is due.
+            "now": datetime.now(UTC),
             "query": query,
             "states": [s.value for s in ExecutionStatus],
             "selected_states": states,
