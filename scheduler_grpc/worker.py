@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import functools
 import gc
@@ -88,11 +89,13 @@ FETCH_WAIT = timedelta(seconds=2)
 COMPLETION_BATCH = 500
 PUBLISH_BATCH = 1000  # events per publish call
 BATCH_WAIT = 0.005  # seconds a busy worker waits for a quarter of its slots before leasing fewer
+RESERVE_BATCH = 100  # most delayed items one dequeue reserves
 STORE_ERROR_LOG_EVERY = 30.0  # seconds between two log lines about the same failing loop
 STORE_BACKOFF_MAX = 5.0  # seconds: the longest pause of a loop retrying a failing store
 COMPLETION_RETRY_FOR = timedelta(minutes=2)  # then the leases are let go: the runs run again elsewhere
 CANCEL_POLL_INTERVAL = timedelta(seconds=1)
 T = TypeVar("T")
+_MS = timedelta(milliseconds=1)
 _BREAKER_SEVERITY = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 _LATENESS_TRIGGERS = frozenset({Trigger.SCHEDULE, Trigger.MANUAL})
 # Attempts these make are never a flow run's downstream runs (a flow run's root has no upstreams):
@@ -154,18 +157,25 @@ class _Deadline:
 
 
 class _Running:
-    """A claimed attempt, from its claim until its outcome is recorded (or it is handed back)."""
+    """A claimed attempt, from its claim until its outcome is recorded (or it is handed back).
 
-    __slots__ = ("claim", "deadline", "lease", "outcome", "seconds", "task", "timed_out")
+    A reserved one is first held (`held`): claimed, waiting for its due time (`due`, monotonic),
+    without a slot or a deadline; `started_at` is then its real start (database clock).
+    """
 
-    def __init__(self, lease: Lease, claim: Claim, deadline: _Deadline) -> None:
+    __slots__ = ("claim", "deadline", "due", "held", "lease", "outcome", "seconds", "started_at", "task", "timed_out")
+
+    def __init__(self, lease: Lease, claim: Claim, deadline: _Deadline | None) -> None:
         self.lease = lease
         self.claim = claim
-        self.deadline = deadline
+        self.deadline = deadline  # None while held: a held run's timeout starts with it
         self.task: asyncio.Task[None] | None = None
         self.outcome: Outcome | None = None  # set when the handler is done; then it waits in `_finished`
         self.timed_out = False  # its deadline cancelled its handler
         self.seconds = 0.0  # how long its handler ran (observed with its batch's outcomes)
+        self.held = False
+        self.due = 0.0
+        self.started_at: datetime | None = None
 
 
 class _Outbox:
@@ -330,9 +340,22 @@ class Worker:
         # and fetching stops.
         self._busy = 0
         # Dequeuing and claiming overlap: the fetch loop leases the next batch while the claim loop
-        # claims the previous one. Leased, not yet claimed items hold their slots (`_reserved`).
-        self._reserved = 0
-        self._claiming: asyncio.Queue[list[Lease]] = asyncio.Queue(maxsize=1)
+        # claims the previous one. Leased, not yet claimed ready items hold their slots (`_unclaimed`).
+        self._unclaimed = 0
+        # Each batch with the monotonic time its dequeue replied (a reserved item's due time counts from it).
+        self._claiming: asyncio.Queue[tuple[list[Lease], float]] = asyncio.Queue(maxsize=1)
+        # Reservations (`SCHEDULER_WORKER_RESERVE_AHEAD`): delayed items leased ahead of their due
+        # time, claimed at once and started at their due time; they take no slot until then.
+        # `_reserving` counts those leased, not yet claimed; `_held` those claimed, not yet started;
+        # together at most `_reserve_max`. `_starting` counts held runs due and waiting for a slot:
+        # the fetch loop leaves them those slots.
+        self._reserve_ahead = settings.worker_reserve_ahead
+        self._reserve_max = settings.worker_reserve_max
+        self._reserve_grace = settings.worker_reserve_grace.total_seconds()
+        self._reserving = 0
+        self._held = 0
+        self._starting = 0
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._finished: asyncio.Queue[_Running] = asyncio.Queue(maxsize=self.concurrency * 4)
         self._outbox = _Outbox(limit=PUBLISH_BATCH * 4)
         self._duration_by_handler: dict[str, Any] = {}  # handler -> its EXECUTION_DURATION child
@@ -369,6 +392,7 @@ class Worker:
             await asyncio.wait([fetcher])
             await self._claiming.join()  # what was leased is claimed (or handed back) first
             claimer.cancel()
+            await self._release_held()  # reserved runs not started yet go back at once, unspent
             await self._drain(self._settings.shutdown_grace)
             await self._finished.join()
             await self._outbox.flushed()  # bounded: the publisher gives up by _retry_until_stopped
@@ -416,7 +440,7 @@ class Worker:
         trouble = _StoreTrouble("taking work", self.id)
         min_batch = max(1, self.concurrency // 4)
         while True:
-            free = self.concurrency - self._busy - self._reserved
+            free = self._free_slots()
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
@@ -426,12 +450,20 @@ class Worker:
                 # busy worker leases (and claims, records) in batches rather than one item at a time.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(BATCH_WAIT):
-                        while self.concurrency - self._busy - self._reserved < min_batch:
+                        while self._free_slots() < min_batch:
                             self._slot_free.clear()
                             await self._slot_free.wait()
-                free = self.concurrency - self._busy - self._reserved
+                free = self._free_slots()
+                if free <= 0:  # held runs came due meanwhile and took the slots
+                    continue
+            reserve_count = 0
+            if self._reserve_ahead:
+                reserve_count = max(0, min(RESERVE_BATCH, self._reserve_max - self._reserving - self._held))
             try:
-                leases = await self.queue.dequeue_blocking(self.id, self._visibility, free, FETCH_WAIT)
+                leases = await self.queue.dequeue_blocking(
+                    self.id, self._visibility, free, FETCH_WAIT,
+                    reserve=self._reserve_ahead if reserve_count else timedelta(0), reserve_count=reserve_count,
+                )  # fmt: skip
                 trouble.recovered()
             except asyncio.CancelledError:
                 raise
@@ -442,21 +474,41 @@ class Worker:
                 continue
             if not leases:
                 continue
-            self._reserved += len(leases)
+            fetched = time.monotonic()
+            reserved = sum(1 for lease in leases if lease.due_in is not None)
+            self._unclaimed += len(leases) - reserved
+            self._reserving += reserved
             try:
-                await self._claiming.put(leases)
+                await self._claiming.put((leases, fetched))
             except BaseException:  # stopping while the claim stage is busy: hand the batch back now
-                self._reserved -= len(leases)
+                self._unclaimed -= len(leases) - reserved
+                self._reserving -= reserved
                 with contextlib.suppress(Exception):
-                    await self.queue.nack_many(leases, count_delivery=False)
+                    await self._give_back_leases(leases, fetched)
                 raise
+
+    def _free_slots(self) -> int:
+        """Slots the fetch loop may lease ready items for: not running a handler, not promised to a
+        leased item, nor to a held run whose due time has come."""
+        return self.concurrency - self._busy - self._unclaimed - self._starting
+
+    async def _give_back_leases(self, leases: Sequence[Lease], fetched: float) -> None:
+        """Return unclaimed leases to the queue, their deliveries given back: a ready item to ready, a
+        reserved one delayed until its due time (ready, any worker would start it early)."""
+        elapsed = timedelta(seconds=time.monotonic() - fetched)
+        # A millisecond more: the queue's clock reads whole milliseconds.
+        retries = [
+            (lease, max(lease.due_in - elapsed + _MS, timedelta(0)) if lease.due_in is not None else timedelta(0))
+            for lease in leases
+        ]
+        await self.queue.finish_many(retries=retries)
 
     async def _claim_loop(self) -> None:
         trouble = _StoreTrouble("claiming work", self.id)
         while True:
-            leases = await self._claiming.get()
+            leases, fetched = await self._claiming.get()
             try:
-                await self._take(leases)
+                await self._take(leases, fetched)
                 trouble.recovered()
             except asyncio.CancelledError:
                 raise
@@ -465,11 +517,14 @@ class Worker:
                     raise
                 await asyncio.sleep(trouble.failed(exc))
             finally:
-                self._reserved -= len(leases)
+                reserved = sum(1 for lease in leases if lease.due_in is not None)
+                self._unclaimed -= len(leases) - reserved
+                self._reserving -= reserved
                 self._claiming.task_done()
+                self._grant_slots()  # slots promised to this batch and not taken
                 self._slot_free.set()
 
-    async def _take(self, leases: list[Lease]) -> None:
+    async def _take(self, leases: list[Lease], fetched: float) -> None:
         deferred: dict[timedelta, list[Lease]] = {}
         wanted: list[Lease] = []
         for lease in leases:
@@ -479,21 +534,35 @@ class Worker:
             else:
                 wanted.append(lease)
         for wait, group in deferred.items():
-            await self.queue.nack_many(group, wait, count_delivery=False)
+            if any(lease.due_in is not None for lease in group):
+                # Never before a reserved item's due time, whatever the breaker's wait.
+                elapsed = timedelta(seconds=time.monotonic() - fetched)
+                await self.queue.finish_many(retries=[
+                    (lease, max(wait, (lease.due_in or timedelta(0)) - elapsed + _MS)) for lease in group
+                ])  # fmt: skip
+            else:
+                await self.queue.nack_many(group, wait, count_delivery=False)
             self.stats.breaker_deferred += len(group)
         if not wanted:
             return
+        # Flags only when the batch holds reservations: a batch without pays nothing for them.
+        flags = [lease.due_in is not None for lease in wanted]
+        items = [(lease.id, lease.token) for lease in wanted]
         try:
-            claims = await self._executions.claim([(lease.id, lease.token) for lease in wanted], self.id)
+            if any(flags):
+                claims = await self._executions.claim(items, self.id, reserved=flags)
+            else:
+                claims = await self._executions.claim(items, self.id)
         except BaseException:
-            await self.queue.nack_many(wanted, count_delivery=False)
+            await self._give_back_leases(wanted, fetched)
             raise
+        replied = time.monotonic()
         flow_runs = [claim.run_id for claim in claims if claim.trigger not in _ROOT_TRIGGERS]
         if flow_runs:  # a flow run's downstream runs: their handlers get the upstream results
             try:
                 upstream = await self._executions.upstream_results(flow_runs)
             except BaseException:
-                await self.queue.nack_many(wanted, count_delivery=False)
+                await self._give_back_leases(wanted, fetched)
                 raise
             claims = [
                 replace(claim, upstream_results=upstream[claim.run_id]) if claim.run_id in upstream else claim
@@ -503,24 +572,192 @@ class Worker:
         nothing_to_do = [lease for lease in wanted if lease.id not in by_run]
         if nothing_to_do:  # finished meanwhile, or its job was deleted
             await self.queue.ack_many(nothing_to_do)
+        ready = [c for lease in wanted if lease.due_in is None and (c := by_run.get(lease.id)) is not None]
         now = datetime.now(UTC).isoformat()
         # Added before any of these handlers can run: a run's STARTED precedes its end in the stream.
-        self._outbox.add([self._event(EventType.STARTED, claim, now=now) for claim in claims])
+        # A held run's STARTED comes when it starts.
+        self._outbox.add([self._event(EventType.STARTED, claim, now=now) for claim in ready])
         deadlines: dict[timedelta, _Deadline] = {}
         for lease in wanted:
             claim = by_run.get(lease.id)
             if claim is None:
                 continue
+            if lease.due_in is not None:
+                held = _Running(lease, claim, None)
+                held.held = True
+                assert claim.clock is not None  # every claim reads the clock
+                held.due = replied + max((claim.started_at - claim.clock).total_seconds(), 0.0)
+                self._running[lease.id] = held
+                self._held += 1
+                held.task = asyncio.create_task(self._hold(held, replied))
+                held.task.add_done_callback(functools.partial(self._hold_ended, held))
+                continue
             deadline = deadlines.get(claim.timeout)
             if deadline is None:
-                runs = sum(1 for c in claims if c.timeout == claim.timeout)
+                runs = sum(1 for c in ready if c.timeout == claim.timeout)
                 deadline = deadlines[claim.timeout] = _Deadline(claim.timeout.total_seconds(), runs)
             running = _Running(lease, claim, deadline)
             self._running[lease.id] = running
             self._busy += 1
             running.task = asyncio.create_task(self._execute(running))
         self.stats.claimed += len(claims)
-        self._observe_starts(claims)
+        self._observe_starts(ready)
+
+    # -- reservations ------------------------------------------------------------------------------
+
+    async def _hold(self, running: _Running, replied: float) -> None:
+        """A reserved run, claimed ahead: wait for its due time on the database clock, take a slot,
+        run it. Handed back (`_unreserve`) if its breaker is open then, or if no slot frees up
+        within the reserve grace; cancelled without running on a cancel request.
+
+        The claim says when the run is due (`started_at`, the later of its `due_at` and the claim's
+        clock) and what the database clock read (`clock`); the wait is their difference less the
+        time since the reply: late by the reply's transfer, never early, whatever the host clocks.
+        """
+        claim, lease, due = running.claim, running.lease, running.due
+        assert claim.clock is not None
+        try:
+            try:
+                await _sleep_until(due)
+                wait = self.breakers.blocked_for(lease.data.decode())
+                if wait > timedelta(0):
+                    self.stats.breaker_deferred += 1
+                    await self._unreserve([running], wait)
+                    return
+                if not await self._take_slot(due + self._reserve_grace):
+                    log.warning("no slot for a reserved run within the grace; handed back",
+                                extra={"run_id": lease.id, "worker_id": self.id})  # fmt: skip
+                    await self._unreserve([running])
+                    return
+            except asyncio.CancelledError:
+                if lease.id not in self._cancel_requested:
+                    raise  # a stop or a lost lease: `_release_held` or `_give_up` deals with the run
+                # We cancelled this task ourselves for a cancel request: absorb exactly that one.
+                self._cancel_requested.discard(lease.id)
+                task = asyncio.current_task()
+                if task is not None and task.uncancel() > 0:
+                    raise
+                await self._unreserve([running])  # its attempt is recorded cancelled: it never ran
+                return
+        finally:
+            if running.held:
+                running.held = False
+                self._held -= 1
+        # Started: a slot is ours (`_take_slot` counted it busy).
+        started = max(claim.started_at, claim.clock + timedelta(seconds=time.monotonic() - replied))
+        running.started_at = started
+        running.claim = claim = replace(claim, started_at=started)
+        running.deadline = _Deadline(claim.timeout.total_seconds(), 1)
+        self._outbox.add([self._event(EventType.STARTED, claim, now=started.isoformat())])
+        self._observe_starts([claim])
+        await self._execute(running)
+
+    def _hold_ended(self, running: _Running, task: asyncio.Task[None]) -> None:
+        """A held task cancelled before its first step never ran its own clean-up: do it here."""
+        if not running.held:
+            return
+        running.held = False
+        self._held -= 1
+        if task.cancelled() and running.lease.id in self._cancel_requested and self._group is not None:
+            # Cancelled on request: record it cancelled (never run). A stop or a lost lease hands
+            # the run back or abandons it by itself (`_release_held`, `_give_up`).
+            self._cancel_requested.discard(running.lease.id)
+            self._group.create_task(self._unreserve([running]), name="cancel-held")
+
+    async def _take_slot(self, until: float) -> bool:
+        """Wait for a slot until the monotonic `until`; True when taken (counted busy).
+
+        Held runs due at the same instant queue here first come, first served: a freed slot is
+        handed to the first of them (`_free_slot`), one wake-up per slot rather than all of them
+        racing for each; they come before the fetch loop (`_starting`).
+        """
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._slot_waiters.append(waiter)
+        self._grant_slots()
+        if waiter.done():  # a slot was free (and nobody waited before us)
+            return True
+        self._starting += 1
+        got = False
+        try:
+            left = until - time.monotonic()
+            if left > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await waiter
+                        got = True
+        finally:
+            self._starting -= 1
+            if not got:
+                if waiter.done() and not waiter.cancelled():
+                    self._free_slot()  # handed a slot just as we gave up: pass it on
+                else:
+                    waiter.cancel()
+        return got
+
+    def _grant_slots(self) -> None:
+        """Hand free slots to the held runs waiting for one, in their order."""
+        while self._slot_waiters and self._busy + self._unclaimed < self.concurrency:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                self._busy += 1
+                waiter.set_result(None)
+
+    def _free_slot(self) -> None:
+        """A handler returned: its slot goes to a waiting held run, else to the fetch loop."""
+        self._busy -= 1
+        self._grant_slots()
+        self._slot_free.set()
+
+    async def _unreserve(self, runs: Sequence[_Running], delay: timedelta = timedelta(0)) -> None:
+        """Hand back held runs that never started: each attempt back to `queued`, unspent (or
+        `cancelled` where a cancel was requested), each item back to the queue without counting the
+        delivery, delayed until its due time if that is still ahead (and at least `delay`)."""
+        if not runs:
+            return
+        try:
+            ended = await self._executions.unclaim([(r.claim.execution_id, r.lease.token) for r in runs])
+            now = time.monotonic()
+            retries: list[tuple[Lease, timedelta]] = []
+            acks: list[Lease] = []
+            cancelled: list[_Running] = []
+            for running in runs:
+                status = ended.get(running.claim.execution_id)
+                if status is ExecutionStatus.QUEUED:
+                    ahead = timedelta(seconds=max(running.due - now, 0.0))
+                    retries.append((running.lease, max(delay, ahead + _MS if ahead else ahead)))
+                elif status is ExecutionStatus.CANCELLED:
+                    acks.append(running.lease)
+                    cancelled.append(running)
+                # None: no longer ours (lease lost, taken over): nothing to give back.
+            await self.queue.finish_many(acks, retries)
+            stamp = datetime.now(UTC).isoformat()
+            self._outbox.add(
+                [self._event(EventType.CANCELLED, r.claim, error="cancelled", now=stamp) for r in cancelled]
+            )
+            for running in cancelled:
+                metrics.EXECUTIONS.labels(ExecutionStatus.CANCELLED.value, running.claim.handler).inc()
+        except Exception as exc:
+            if not stores.is_fault(exc):
+                raise
+            # Not lost: the leases expire, the leader recovers the items, a claim restarts the runs.
+            metrics.store_error(exc)
+            log.warning("could not hand back reserved runs: %r", exc, extra={"worker_id": self.id})
+        finally:
+            for running in runs:
+                self._running.pop(running.lease.id, None)
+
+    async def _release_held(self) -> None:
+        """Stopping: hand back every held run that has not started (their tasks stopped first)."""
+        held = [r for r in self._running.values() if r.held and r.task is not None]
+        for running in held:
+            assert running.task is not None
+            running.task.cancel()
+        if not held:
+            return
+        await asyncio.wait([r.task for r in held if r.task is not None])
+        stopped = [r for r in held if r.task is not None and r.task.cancelled()]
+        await self._unreserve(stopped)
+        log.info("handed back reserved runs", extra={"worker_id": self.id, "runs": len(stopped)})
 
     def _observe_starts(self, claims: Sequence[Claim]) -> None:
         metrics.WORKER_SLOTS.labels("busy").set(self._busy)
@@ -540,6 +777,7 @@ class Worker:
 
     async def _execute(self, running: _Running) -> None:
         claim, lease = running.claim, running.lease
+        assert running.deadline is not None  # set from the claim, or when a held run starts
         try:
             try:
                 handler = self._registry.get(claim.handler)
@@ -567,12 +805,13 @@ class Worker:
                     outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.CANCELLED, error="cancelled")
                 else:
                     breaker.record(_failed(outcome))  # a cancelled attempt counts neither way
+            if running.started_at is not None:  # a reserved run: its real start goes with the outcome
+                outcome = replace(outcome, started_at=running.started_at)
             running.outcome = outcome
             await self._finished.put(running)
         finally:
             running.deadline.finished()
-            self._busy -= 1
-            self._slot_free.set()
+            self._free_slot()
 
     async def _defer(self, running: _Running, exc: BreakerOpen) -> None:
         claim, lease = running.claim, running.lease
@@ -591,6 +830,7 @@ class Worker:
 
     async def _attempt(self, running: _Running, handler: Any) -> Outcome:
         claim, lease, deadline = running.claim, running.lease, running.deadline
+        assert deadline is not None
         if deadline.expired:  # its batch's timeout passed before this handler could start
             return self._failure(claim, lease, ExecutionStatus.TIMED_OUT, _timed_out(claim))
         ctx = ExecutionContext(
@@ -949,6 +1189,15 @@ class Worker:
         metrics.BREAKER_TRANSITIONS.labels(handler, new.value).inc()
         level = logging.WARNING if new is BreakerState.OPEN else logging.INFO
         log.log(level, "circuit breaker %s: %s -> %s", key, old, new, extra={"breaker": key, "worker_id": self.id})
+
+
+async def _sleep_until(when: float) -> None:
+    """Sleep until the monotonic `when`, never less: a loop's timer may fire a little early (uvloop
+    counts from its cached clock), so it sleeps again for what is left."""
+    left = when - time.monotonic()
+    while left > 0:
+        await asyncio.sleep(max(left, 0.001))
+        left = when - time.monotonic()
 
 
 def _timed_out(claim: Claim) -> str:
