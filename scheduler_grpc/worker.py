@@ -19,9 +19,15 @@ One pass of a run through a worker:
    Events (STARTED at the claim, the outcome's at completion) go through an ordered outbox that
    one task publishes in batches.
 
-On SIGTERM: stop taking work, let running jobs finish within the grace period, then cancel the rest
-and hand their runs straight back to the queue (not after the visibility timeout), each recorded
-`interrupted` with the next attempt `queued`.
+Reservations (`SCHEDULER_WORKER_RESERVE_AHEAD`): when ready items do not fill a dequeue, it also
+leases delayed items due within the window. They are claimed at once (`started_at` = their due time),
+held outside the slots (`_hold`), and started when the database clock reaches their due time,
+measured from the claim's clock reading; then they take a slot like any run. A held run that cannot
+start (no slot within the grace, its breaker open, a stop) is handed back unspent (`_unreserve`).
+
+On SIGTERM: stop taking work (held reservations go straight back, unspent), let running jobs finish
+within the grace period, then cancel the rest and hand their runs straight back to the queue (not
+after the visibility timeout), each recorded `interrupted` with the next attempt `queued`.
 
 Faults. Every loop (fetch, complete, extend, heartbeat, cancel listener and poll) survives any store
 error (Redis or PostgreSQL unreachable, or answering an error such as READONLY, BUSY or OOM): it
