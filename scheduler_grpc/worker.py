@@ -362,7 +362,11 @@ class Worker:
         self._held = 0
         self._starting = 0
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._finished: asyncio.Queue[_Running] = asyncio.Queue(maxsize=self.concurrency * 4)
+        self._held_started: list[_Running] = []  # started in this turn of the loop (`_started_held`)
+        # At least two completion batches (one recorded, one gathering): a worker with few slots
+        # starting a crowd of held runs due at one instant must not wait for a recording per handful
+        # of them (a slot is free once its outcome is in this buffer).
+        self._finished: asyncio.Queue[_Running] = asyncio.Queue(maxsize=max(self.concurrency * 4, 2 * COMPLETION_BATCH))
         self._outbox = _Outbox(limit=PUBLISH_BATCH * 4)
         self._duration_by_handler: dict[str, Any] = {}  # handler -> its EXECUTION_DURATION child
         self._started_at = datetime.now(UTC)
@@ -649,13 +653,11 @@ class Worker:
             if running.held:
                 running.held = False
                 self._held -= 1
-        # Started: a slot is ours (`_take_slot` counted it busy).
-        started = max(claim.started_at, claim.clock + timedelta(seconds=time.monotonic() - replied))
-        running.started_at = started
-        running.claim = claim = replace(claim, started_at=started)
+        # Started: a slot is ours (`_take_slot` counted it busy). Its STARTED event is added before
+        # its handler can end (the outcome's event waits for the completion stage).
+        running.started_at = max(claim.started_at, claim.clock + timedelta(seconds=time.monotonic() - replied))
         running.deadline = _Deadline(claim.timeout.total_seconds(), 1)
-        self._outbox.add([self._event(EventType.STARTED, claim, now=started.isoformat())])
-        self._observe_starts([claim])
+        self._started_held(running)
         await self._execute(running)
 
     def _hold_ended(self, running: _Running, task: asyncio.Task[None]) -> None:
@@ -765,19 +767,38 @@ class Worker:
         await self._unreserve(stopped)
         log.info("handed back reserved runs", extra={"worker_id": self.id, "runs": len(stopped)})
 
-    def _observe_starts(self, claims: Sequence[Claim]) -> None:
+    def _observe_starts(self, claims: Sequence[Claim], starts: Sequence[datetime] = ()) -> None:
+        """Lateness and queue wait of attempts that started (at `starts`, default their claims')."""
         metrics.WORKER_SLOTS.labels("busy").set(self._busy)
         lateness: list[float] = []
         waits: list[float] = []
-        for claim in claims:
+        for claim, started in zip(claims, starts or [c.started_at for c in claims], strict=True):
             # Scheduling lateness is a slot's or a trigger's: a backfill or a dead-letter requeue runs
             # a slot of the past on purpose, and its age would swamp the histogram.
             if claim.attempt == 1 and claim.trigger in _LATENESS_TRIGGERS:
-                lateness.append(max((claim.started_at - claim.scheduled_for).total_seconds(), 0.0))
+                lateness.append(max((started - claim.scheduled_for).total_seconds(), 0.0))
             if claim.due_at is not None:
-                waits.append(max((claim.started_at - claim.due_at).total_seconds(), 0.0))
+                waits.append(max((started - claim.due_at).total_seconds(), 0.0))
         metrics.observe_many(metrics.LATENESS, lateness)
         metrics.observe_many(metrics.QUEUE_WAIT, waits)
+
+    def _started_held(self, running: _Running) -> None:
+        """A held run started: its STARTED event and metrics, gathered for all the held runs that
+        start in this turn of the event loop (a crowd of them is due at one instant) and given out
+        once, after them, off their start path."""
+        if not self._held_started:
+            asyncio.get_running_loop().call_soon(self._observe_held_starts)
+        self._held_started.append(running)
+
+    def _observe_held_starts(self) -> None:
+        started, self._held_started = self._held_started, []
+        claims = [r.claim for r in started]
+        starts = [r.started_at or r.claim.started_at for r in started]
+        self._outbox.add([
+            self._event(EventType.STARTED, claim, now=start.isoformat())
+            for claim, start in zip(claims, starts, strict=True)
+        ])  # fmt: skip
+        self._observe_starts(claims, starts)
 
     # -- running -----------------------------------------------------------------------------------
 
@@ -811,8 +832,6 @@ class Worker:
                     outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.CANCELLED, error="cancelled")
                 else:
                     breaker.record(_failed(outcome))  # a cancelled attempt counts neither way
-            if running.started_at is not None:  # a reserved run: its real start goes with the outcome
-                outcome = replace(outcome, started_at=running.started_at)
             running.outcome = outcome
             await self._finished.put(running)
         finally:
@@ -940,7 +959,12 @@ class Worker:
 
     async def _complete(self, batch: list[_Running]) -> None:
         until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
-        outcomes = [f.outcome for f in batch if f.outcome is not None]
+        # A reserved run's real start goes with its outcome (set here, off its start path).
+        outcomes = [
+            f.outcome if f.started_at is None else _with_start(f.outcome, f.started_at)
+            for f in batch
+            if f.outcome is not None
+        ]
         tries = 0
 
         async def record() -> list[Completed]:
@@ -1195,6 +1219,12 @@ class Worker:
         metrics.BREAKER_TRANSITIONS.labels(handler, new.value).inc()
         level = logging.WARNING if new is BreakerState.OPEN else logging.INFO
         log.log(level, "circuit breaker %s: %s -> %s", key, old, new, extra={"breaker": key, "worker_id": self.id})
+
+
+def _with_start(outcome: Outcome, started_at: datetime) -> Outcome:
+    # Built directly: `dataclasses.replace` costs several times more.
+    return Outcome(outcome.execution_id, outcome.claim_token, outcome.status, outcome.error, outcome.result,
+                   outcome.retry_after, started_at)  # fmt: skip
 
 
 async def _sleep_until(when: float) -> None:
