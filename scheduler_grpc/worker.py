@@ -348,8 +348,9 @@ class Worker:
         # Dequeuing and claiming overlap: the fetch loop leases the next batch while the claim loop
         # claims the previous one. Leased, not yet claimed ready items hold their slots (`_unclaimed`).
         self._unclaimed = 0
-        # Each batch with the monotonic time its dequeue replied (a reserved item's due time counts from it).
-        self._claiming: asyncio.Queue[tuple[list[Lease], float]] = asyncio.Queue(maxsize=1)
+        # Each batch with the monotonic time its dequeue replied (a reserved item's due time counts
+        # from it) and how many of its items are reserved.
+        self._claiming: asyncio.Queue[tuple[list[Lease], float, int]] = asyncio.Queue(maxsize=1)
         # Reservations (`SCHEDULER_WORKER_RESERVE_AHEAD`): delayed items leased ahead of their due
         # time, claimed at once and started at their due time; they take no slot until then.
         # `_reserving` counts those leased, not yet claimed; `_held` those claimed, not yet started;
@@ -363,10 +364,13 @@ class Worker:
         self._starting = 0
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._held_started: list[_Running] = []  # started in this turn of the loop (`_started_held`)
-        # At least two completion batches (one recorded, one gathering): a worker with few slots
-        # starting a crowd of held runs due at one instant must not wait for a recording per handful
-        # of them (a slot is free once its outcome is in this buffer).
-        self._finished: asyncio.Queue[_Running] = asyncio.Queue(maxsize=max(self.concurrency * 4, 2 * COMPLETION_BATCH))
+        # Bounded at `_finished_max` for runs from the queue (`_finish` waits for room). A held run's
+        # outcome never waits: held runs are bounded by SCHEDULER_WORKER_RESERVE_MAX already, and a
+        # crowd of them due at one instant on a worker of few slots must not be throttled to a
+        # recording per handful of them (a slot is free once its outcome is in this buffer).
+        self._finished: asyncio.Queue[_Running] = asyncio.Queue()
+        self._finished_max = self.concurrency * 4
+        self._finished_room = asyncio.Event()
         self._outbox = _Outbox(limit=PUBLISH_BATCH * 4)
         self._duration_by_handler: dict[str, Any] = {}  # handler -> its EXECUTION_DURATION child
         self._started_at = datetime.now(UTC)
@@ -485,11 +489,15 @@ class Worker:
             if not leases:
                 continue
             fetched = time.monotonic()
-            reserved = sum(1 for lease in leases if lease.due_in is not None)
+            # Reserved items come last (a ready one never follows one): count from the end.
+            reserved = 0
+            if reserve_count:
+                while reserved < len(leases) and leases[-1 - reserved].due_in is not None:
+                    reserved += 1
             self._unclaimed += len(leases) - reserved
             self._reserving += reserved
             try:
-                await self._claiming.put((leases, fetched))
+                await self._claiming.put((leases, fetched, reserved))
             except BaseException:  # stopping while the claim stage is busy: hand the batch back now
                 self._unclaimed -= len(leases) - reserved
                 self._reserving -= reserved
@@ -516,9 +524,9 @@ class Worker:
     async def _claim_loop(self) -> None:
         trouble = _StoreTrouble("claiming work", self.id)
         while True:
-            leases, fetched = await self._claiming.get()
+            leases, fetched, reserved = await self._claiming.get()
             try:
-                await self._take(leases, fetched)
+                await self._take(leases, fetched, reserved)
                 trouble.recovered()
             except asyncio.CancelledError:
                 raise
@@ -527,14 +535,13 @@ class Worker:
                     raise
                 await asyncio.sleep(trouble.failed(exc))
             finally:
-                reserved = sum(1 for lease in leases if lease.due_in is not None)
                 self._unclaimed -= len(leases) - reserved
                 self._reserving -= reserved
                 self._claiming.task_done()
                 self._grant_slots()  # slots promised to this batch and not taken
                 self._slot_free.set()
 
-    async def _take(self, leases: list[Lease], fetched: float) -> None:
+    async def _take(self, leases: list[Lease], fetched: float, reserved: int = 0) -> None:
         deferred: dict[timedelta, list[Lease]] = {}
         wanted: list[Lease] = []
         for lease in leases:
@@ -555,13 +562,12 @@ class Worker:
             self.stats.breaker_deferred += len(group)
         if not wanted:
             return
-        # Flags only when the batch holds reservations: a batch without pays nothing for them.
-        flags = [lease.due_in is not None for lease in wanted]
         items = [(lease.id, lease.token) for lease in wanted]
         try:
-            if any(flags):
+            if reserved:
+                flags = [lease.due_in is not None for lease in wanted]
                 claims = await self._executions.claim(items, self.id, reserved=flags)
-            else:
+            else:  # a batch without reservations pays nothing for them
                 claims = await self._executions.claim(items, self.id)
         except BaseException:
             await self._give_back_leases(wanted, fetched)
@@ -582,7 +588,9 @@ class Worker:
         nothing_to_do = [lease for lease in wanted if lease.id not in by_run]
         if nothing_to_do:  # finished meanwhile, or its job was deleted
             await self.queue.ack_many(nothing_to_do)
-        ready = [c for lease in wanted if lease.due_in is None and (c := by_run.get(lease.id)) is not None]
+        ready = claims
+        if reserved:
+            ready = [c for lease in wanted if lease.due_in is None and (c := by_run.get(lease.id)) is not None]
         now = datetime.now(UTC).isoformat()
         # Added before any of these handlers can run: a run's STARTED precedes its end in the stream.
         # A held run's STARTED comes when it starts.
@@ -833,10 +841,19 @@ class Worker:
                 else:
                     breaker.record(_failed(outcome))  # a cancelled attempt counts neither way
             running.outcome = outcome
-            await self._finished.put(running)
+            await self._finish(running)
         finally:
             running.deadline.finished()
             self._free_slot()
+
+    async def _finish(self, running: _Running) -> None:
+        """Hand a run with its outcome to the completion stage; one from the queue waits while the
+        buffer is full (its slot stays busy, so fetching stops), a held one never does."""
+        if running.started_at is None:
+            while self._finished.qsize() >= self._finished_max:
+                self._finished_room.clear()
+                await self._finished_room.wait()
+        self._finished.put_nowait(running)
 
     async def _defer(self, running: _Running, exc: BreakerOpen) -> None:
         claim, lease = running.claim, running.lease
@@ -922,6 +939,7 @@ class Worker:
             batch = [await self._finished.get()]
             while len(batch) < COMPLETION_BATCH and not self._finished.empty():
                 batch.append(self._finished.get_nowait())
+            self._finished_room.set()
             try:
                 await self._complete(batch)
             except asyncio.CancelledError:

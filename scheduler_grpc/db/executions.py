@@ -616,8 +616,8 @@ class ExecutionRepository:
                               WHERE p.run_id = c.run_id AND p.status = 'interrupted') END AS interrupted,
                    (SELECT count(*) FROM abandoned) AS abandoned,
                    -- Read last, after the writes: a reserved attempt's wait counted from it errs late
-                   -- (by the reply's transfer), never early.
-                   clock_timestamp() AS clock
+                   -- (by the reply's transfer), never early. Only for a batch with reservations.
+                   CASE WHEN cardinality($6::bool[]) > 0 THEN clock_timestamp() END AS clock
             FROM claimed c JOIN jobs j ON j.id = c.job_id
             """,
             [run_id for run_id, _ in items],
