@@ -11,12 +11,13 @@ One pass of a run through a worker:
 4. Each claim runs in its own task under the job's timeout and its breaker(s); its lease is extended
    while it runs. The claims of a batch that share a timeout share one deadline timer (`_Deadline`),
    which cancels the handlers still running when it fires. Its slot is freed when the handler
-   returns: the run (its outcome set) goes to a bounded buffer (`_finished`), and stays in
-   `_running` (lease extended) until the outcome is recorded.
+   returns: the run (its outcome set) goes to a buffer (`_finished`, bounded for runs from the
+   queue; a held reservation's outcome never waits), and stays in `_running` (lease extended)
+   until the outcome is recorded.
 5. A completion stage, concurrent with fetching, takes outcomes in batches: one statement records
    them (only under the claim token, so an attempt whose lease was lost cannot overwrite its
    replacement), then one script call tells the queue (acks, retries with backoff, dead letters).
-   Events (STARTED at the claim, the outcome's at completion) go through an ordered outbox that
+   Events (STARTED at the claim or a held run's start, the outcome's at completion) go through an ordered outbox that
    one task publishes in batches.
 
 Reservations (`SCHEDULER_WORKER_RESERVE_AHEAD`): when ready items do not fill a dequeue, it also
