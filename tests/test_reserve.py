@@ -243,7 +243,9 @@ async def test_a_held_run_that_cannot_get_a_slot_starts_late_with_its_real_start
         clock.gate.set()
         [row] = await eventually(lambda: all_with(pool, runs, "succeeded"), within=10)
     assert row["attempt"] == 1
-    assert row["started_at"] >= due + timedelta(milliseconds=300), "the expected start, not the real one"
+    # Not its expected start (its due time): the real one, 300 ms on (less what the estimate from
+    # the claim's clock may err early by, the claim reply's transfer).
+    assert row["started_at"] >= due + timedelta(milliseconds=250), "the expected start, not the real one"
     began = clock.began[row["id"]]
     assert timedelta(milliseconds=-5) < began - row["started_at"] < timedelta(milliseconds=100), (began, row)
 

@@ -209,8 +209,9 @@ class Claim:
     retry: RetryPolicy
     queue: str
     due_at: datetime | None = None
-    # The database clock as the claim statement read it, after the claim's writes: a reserved
-    # attempt (`claim(reserved=...)`) starts when `started_at - clock` has passed since the reply.
+    # The database clock as the claim statement read it, after the claim's writes (only in a claim
+    # with reservations, else None): a reserved attempt (`claim(reserved=...)`) starts when
+    # `started_at - clock` has passed since the reply.
     clock: datetime | None = None
     interrupted: int = 0  # earlier attempts of the run that were interrupted (they spend no retry budget)
     trigger: Trigger = Trigger.SCHEDULE  # what created this attempt (a backfill's slot lies in the past)
