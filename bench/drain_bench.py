@@ -80,7 +80,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
     vpid, ppid = await valkey_pid(redis), await postgres_pid(pool)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
            "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
-           "SCHEDULER_METRICS_PORT": "0"}  # fmt: skip
+           "SCHEDULER_METRICS_PORT": "0", **dict(setting.split("=", 1) for setting in args.set)}  # fmt: skip
     worker = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "scheduler_grpc", "worker", "--concurrency", str(args.concurrency), env=env, cwd=ROOT
     )
@@ -136,6 +136,8 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=50_000)
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds of drain")
+    parser.add_argument("--set", action="append", default=[], metavar="SCHEDULER_X=VALUE",
+                        help="a setting for the worker, e.g. SCHEDULER_WORKER_RESERVE_AHEAD=0")  # fmt: skip
     arguments = parser.parse_args()
     with servers() as urls:
         print(json.dumps(uvloop.run(main(arguments, urls.redis_url, urls.database_url))))

@@ -187,7 +187,9 @@ async def steady(args: argparse.Namespace, pool: asyncpg.Pool, procs: Processes,
     window = """FROM job_executions WHERE attempt = 1 AND trigger = 'schedule'
                 AND scheduled_for >= $1 AND scheduled_for < $2"""
     while time.monotonic() - drain_began < args.drain:
-        started = await pool.fetchval(f"SELECT count(*) {window} AND started_at IS NOT NULL", start, end)
+        # Ended, not just started: a run a worker reserved shows its expected start until it ends,
+        # when the real one is written (test.echo ends at once).
+        started = await pool.fetchval(f"SELECT count(*) {window} AND finished_at IS NOT NULL", start, end)
         if started >= expected:
             break
         await asyncio.sleep(0.5)
@@ -235,7 +237,8 @@ async def burst(args: argparse.Namespace, pool: asyncpg.Pool, procs: Processes, 
     window = "FROM job_executions WHERE attempt = 1 AND trigger = 'schedule' AND scheduled_for = $1"
     began = time.monotonic()
     while time.monotonic() - began < args.drain + 5:
-        if await pool.fetchval(f"SELECT count(*) {window} AND started_at IS NOT NULL", slot) >= args.burst:
+        # Ended: a reserved run's `started_at` is final only then (see `steady`).
+        if await pool.fetchval(f"SELECT count(*) {window} AND finished_at IS NOT NULL", slot) >= args.burst:
             break
         await asyncio.sleep(0.25)
     row = await pool.fetchrow(

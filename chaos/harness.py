@@ -189,6 +189,24 @@ class Stage:
 
         return await eventually(busy, within=within, what="a busy worker")
 
+    async def holding_worker(self, within: float = 30) -> tuple[RoleProcess, list[str]]:
+        """The live worker holding the most reservations (runs claimed ahead: `running` with a start
+        still to come, on PostgreSQL's clock), and those run ids."""
+
+        async def holding() -> tuple[RoleProcess, list[str]] | None:
+            rows = await self.pool.fetch(
+                """SELECT worker_id, array_agg(run_id::text) AS runs FROM job_executions
+                   WHERE status = 'running' AND started_at > clock_timestamp() GROUP BY worker_id"""
+            )
+            best: tuple[RoleProcess, list[str]] | None = None
+            for row in rows:
+                role = self.cluster.by_worker_id(row["worker_id"])
+                if role is not None and role.alive() and (best is None or len(row["runs"]) > len(best[1])):
+                    best = (role, list(row["runs"]))
+            return best
+
+        return await eventually(holding, within=within, interval=0.02, what="a worker holding reservations")
+
     async def workers_beating(self) -> int:
         return int(await self.redis.zcard(WorkerKeys().index))
 

@@ -93,6 +93,20 @@ async def worker_kill9(stage: Stage, times: int = 10) -> None:
         await stage.restart(worker)
 
 
+async def worker_kill9_reserved(stage: Stage, times: int = 5) -> None:
+    """kill -9 of a worker while it holds reservations (runs claimed ahead of their due time),
+    `times` times; restarted at once. Their leases expire, the leader requeues them, and the next
+    claim supersedes the dead worker's attempt: no slot lost, none run twice."""
+    for _ in range(times):
+        worker, runs = await stage.holding_worker()
+        at = now()
+        worker.kill9()
+        stage.fault(f"kill -9 {worker.name} ({len(runs)} reserved)")
+        stage.mark(f"kill -9 {worker.name}", at, run_ids=runs)
+        await stage.restart(worker)
+        await stage.sleep_until(now() + timedelta(seconds=2))  # a few slots between two kills
+
+
 async def worker_sigterm(stage: Stage, times: int = 3) -> None:
     """SIGTERM of the busiest worker (it drains), `times` times; restarted after it exited."""
     for _ in range(times):
@@ -510,6 +524,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("zombie-leader", zombie_leader, budget=90, description="SIGSTOP the leader 15 s, then SIGCONT"),
     Scenario("worker-kill9", worker_kill9, env=FAST_WORKERS, handler="test.delay", payload=BUSY, budget=150,
              description="kill -9 of the busiest worker x10"),
+    Scenario("worker-kill9-reserved", worker_kill9_reserved, env=FAST_WORKERS, budget=120,
+             description="kill -9 of a worker holding reservations x5"),
     Scenario("worker-sigterm", worker_sigterm, env=FAST_WORKERS, handler="test.delay", payload=BUSY, budget=120,
              description="SIGTERM of the busiest worker x3"),
     Scenario("worker-cut-off", worker_cut_off, env={"SCHEDULER_VISIBILITY_TIMEOUT": "2s"}, budget=60,

@@ -62,6 +62,13 @@ def _parse_positive_int(text: str) -> int:
     return value
 
 
+def _parse_non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
 def _parse_port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -267,6 +274,30 @@ SETTINGS: tuple[Setting, ...] = (
         "On SIGTERM a worker lets running jobs finish this long, then hands the rest back to the queue.",
     ),
     Setting(
+        "worker_reserve_ahead",
+        "SCHEDULER_WORKER_RESERVE_AHEAD",
+        parse_duration,
+        "750ms",
+        "A worker with free slots also takes (reserves) delayed runs due within this long and claims them "
+        "ahead, so each starts at its due time without a claim on the way; a reserved run shows `running` "
+        "with a future start until then. `0` turns reservations off. Below the visibility timeout.",
+    ),
+    Setting(
+        "worker_reserve_max",
+        "SCHEDULER_WORKER_RESERVE_MAX",
+        _parse_non_negative_int,
+        "10000",
+        "Most reserved runs one worker holds (waiting for their due time; they take no slot until then).",
+    ),
+    Setting(
+        "worker_reserve_grace",
+        "SCHEDULER_WORKER_RESERVE_GRACE",
+        parse_duration,
+        "2s",
+        "A reserved run that cannot start this long after its due time (all slots busy) is handed back to "
+        "the queue, its attempt unspent.",
+    ),
+    Setting(
         "breaker_window",
         "SCHEDULER_BREAKER_WINDOW",
         _parse_positive_int,
@@ -429,6 +460,9 @@ class Settings:
     max_stalls: int
     worker_concurrency: int
     shutdown_grace: timedelta
+    worker_reserve_ahead: timedelta
+    worker_reserve_max: int
+    worker_reserve_grace: timedelta
     breaker_window: int
     breaker_min_calls: int
     breaker_failure_ratio: float
@@ -513,6 +547,12 @@ def _check(settings: Settings) -> None:
         raise ConfigError(f"{name('leader_ttl')} must be at least 300ms (renewal runs at TTL/3)")
     if settings.visibility_timeout < timedelta(seconds=1):
         raise ConfigError(f"{name('visibility_timeout')} must be at least 1s")
+    if settings.worker_reserve_ahead >= settings.visibility_timeout:
+        # A reserved item's lease runs from its reservation: it must outlast the wait for its due time.
+        raise ConfigError(
+            f"{name('worker_reserve_ahead')} must be shorter than {name('visibility_timeout')} "
+            f"({format_duration(settings.visibility_timeout)})"
+        )
     if settings.connect_timeout <= timedelta(0):
         raise ConfigError(f"{name('connect_timeout')} must be positive")
     if settings.fire_ahead > timedelta(minutes=1):

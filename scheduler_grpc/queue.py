@@ -12,7 +12,9 @@ of four sorted sets of its queue (all keys share the hash tag `{q:<name>}`, see 
   token; ack, nack, extend and dead_letter act only under the current token, so a worker whose lease
   expired and was recovered changes nothing ("lease lost").
 - delayed: due at a time (ms, Redis clock, rounded up at enqueue so an item is never due early);
-  every dequeue first moves the due ones to ready (so do `promote_due` and the leader's loop).
+  every dequeue first moves the due ones to ready (so do `promote_due` and the leader's loop). A
+  dequeue with a reserve window also leases delayed items due within it straight from the delayed
+  set (a worker's reservations, started at their due time), when ready items do not fill it.
 - dead: parked with a reason; listed, requeued or purged by an operator.
 
 Every time comes from Redis `TIME` inside the scripts, never from a client clock; durations in this
@@ -128,6 +130,8 @@ class Lease:
         priority: The item's priority.
         deliveries: Deliveries counted so far, this one included (see `Queue.nack`).
         deadline: When the lease expires (Redis clock, UTC) unless extended or finished.
+        due_in: None for a ready item; for a reserved delayed item (`dequeue(reserve=...)`), how
+            long after the dequeue read the Redis clock the item is due.
     """
 
     id: str
@@ -136,6 +140,7 @@ class Lease:
     priority: int
     deliveries: int
     deadline: datetime
+    due_in: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,7 +358,15 @@ class Queue:
 
     # -- taking work ----------------------------------------------------------------------------
 
-    async def dequeue(self, worker_id: str, visibility_timeout: timedelta, count: int = 1) -> list[Lease]:
+    async def dequeue(
+        self,
+        worker_id: str,
+        visibility_timeout: timedelta,
+        count: int = 1,
+        *,
+        reserve: timedelta = timedelta(0),
+        reserve_count: int = 0,
+    ) -> list[Lease]:
         """Lease up to `count` of the best ready items to `worker_id`, without waiting.
 
         Delayed items whose due time has passed (Redis clock) are promoted to ready first, in the
@@ -367,26 +380,41 @@ class Queue:
             worker_id: Recorded as the owner of each lease.
             visibility_timeout: Lease length; the item is recovered if not acked or extended by then.
             count: Most items to take (1..MAX_BATCH).
+            reserve: The reserve window: when fewer than `count` items are ready, delayed items
+                due within this long (Redis clock) are leased too, up to `reserve_count`, and leave
+                the delayed set; each lease's `due_in` says when its item is due. Zero: none.
+            reserve_count: Most delayed items to reserve (0..MAX_BATCH).
 
         Returns:
-            The leases, best first; empty when nothing is ready.
+            The leases: the ready ones best first, then the reserved ones in due order; empty when
+            nothing is ready nor due within the window.
 
         Raises:
             InvalidArgument: a bad worker id, timeout or count.
             Unavailable: Redis did not answer in time.
         """
         _check_id(worker_id, "worker_id")
-        leases, _ = await self._take(worker_id, visibility_timeout, count)
+        leases, _ = await self._take(worker_id, visibility_timeout, count, reserve, reserve_count)
         return leases
 
     async def _take(
-        self, worker_id: str, visibility_timeout: timedelta, count: int
+        self,
+        worker_id: str,
+        visibility_timeout: timedelta,
+        count: int,
+        reserve: timedelta = timedelta(0),
+        reserve_count: int = 0,
     ) -> tuple[list[Lease], float | None]:
-        """`dequeue`, and when nothing was ready, the seconds until the earliest delayed item is due
-        (Redis clock; None when nothing is delayed). Due delayed items are promoted in the same call."""
+        """`dequeue`, and when nothing was ready nor reserved, the seconds until the earliest delayed
+        item is due, or comes within the reserve window when reserving (Redis clock; None when
+        nothing is delayed). Due delayed items are promoted in the same call."""
         visibility_ms = _to_ms(visibility_timeout, "visibility_timeout", minimum=1)
         _check_count(count, "count")
-        call = asyncio.ensure_future(self._run(self._dequeue, (worker_id, visibility_ms, count, MAX_BATCH)))
+        reserve_ms = _to_ms(reserve, "reserve")
+        if isinstance(reserve_count, bool) or not isinstance(reserve_count, int) or not 0 <= reserve_count <= MAX_BATCH:
+            raise InvalidArgument("reserve_count", f"must be an integer from 0 to {MAX_BATCH}, got {reserve_count!r}")
+        args = (worker_id, visibility_ms, count, MAX_BATCH, reserve_ms, reserve_count)
+        call = asyncio.ensure_future(self._run(self._dequeue, args))
         try:
             # Shielded: a cancellation must not drop a reply whose items are already leased.
             reply = await asyncio.shield(call)
@@ -403,7 +431,8 @@ class Queue:
             reply = await call
             leases = _leases(reply) if len(reply) > 1 else []
             if leases:
-                await self.nack_many(leases, count_delivery=False)
+                # A reserved item goes back delayed until its due time: ready, anyone would start it early.
+                await self.finish_many(retries=[(lease, lease.due_in or timedelta(0)) for lease in leases])
         except Exception:
             # Not lost either way: the leases expire and recover_expired requeues the items.
             _log.warning("queue %s: could not hand back a cancelled dequeue", self.name, exc_info=True)
@@ -447,6 +476,9 @@ class Queue:
         visibility_timeout: timedelta,
         count: int = 1,
         wait: timedelta = _DEFAULT_WAIT,
+        *,
+        reserve: timedelta = timedelta(0),
+        reserve_count: int = 0,
     ) -> list[Lease]:
         """Like `dequeue`, but wait up to `wait` for work instead of returning empty at once.
 
@@ -455,7 +487,8 @@ class Queue:
         dequeue and the block, wakes it: the marker stays set until a waiter takes it. Delayed work
         needs no leader: the dequeue promotes due items itself and, when nothing is ready, says when
         the earliest delayed item is due, and the block ends then (an enqueue of an earlier delayed
-        item sets the marker, so the waiter learns the new time at once).
+        item sets the marker, so the waiter learns the new time at once). With a reserve window
+        (see `dequeue`) the wait ends when the earliest delayed item comes within the window.
 
         Returns:
             The leases, best first; empty if nothing became ready within `wait`.
@@ -469,7 +502,7 @@ class Queue:
         loop = asyncio.get_running_loop()
         end = loop.time() + wait.total_seconds()
         while True:
-            leases, next_due = await self._take(worker_id, visibility_timeout, count)
+            leases, next_due = await self._take(worker_id, visibility_timeout, count, reserve, reserve_count)
             if leases:
                 return leases
             remaining = end - loop.time()
@@ -528,7 +561,8 @@ class Queue:
         """Return a leased item to the queue with its priority.
 
         With no delay it rejoins ready at the back of its priority (a fresh FIFO position), and the
-        marker wakes a worker; with a delay it goes to the delayed set, due `delay` from now.
+        marker wakes a worker; with a delay it goes to the delayed set, due `delay` from now (the
+        marker wakes a worker when it becomes the earliest delayed item).
 
         Args:
             item_id: The item.
@@ -903,8 +937,9 @@ def _leases(reply: Sequence[Any]) -> list[Lease]:
             priority=int(reply[i + 3]),
             deliveries=int(reply[i + 4]),
             deadline=deadline,
+            due_in=None if int(reply[i + 5]) < 0 else timedelta(milliseconds=int(reply[i + 5])),
         )
-        for i in range(1, len(reply), 5)
+        for i in range(1, len(reply), 6)
     ]
 
 

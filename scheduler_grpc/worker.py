@@ -11,17 +11,24 @@ One pass of a run through a worker:
 4. Each claim runs in its own task under the job's timeout and its breaker(s); its lease is extended
    while it runs. The claims of a batch that share a timeout share one deadline timer (`_Deadline`),
    which cancels the handlers still running when it fires. Its slot is freed when the handler
-   returns: the run (its outcome set) goes to a bounded buffer (`_finished`), and stays in
-   `_running` (lease extended) until the outcome is recorded.
+   returns: the run (its outcome set) goes to a buffer (`_finished`, bounded for runs from the
+   queue; a held reservation's outcome never waits), and stays in `_running` (lease extended)
+   until the outcome is recorded.
 5. A completion stage, concurrent with fetching, takes outcomes in batches: one statement records
    them (only under the claim token, so an attempt whose lease was lost cannot overwrite its
    replacement), then one script call tells the queue (acks, retries with backoff, dead letters).
-   Events (STARTED at the claim, the outcome's at completion) go through an ordered outbox that
+   Events (STARTED at the claim or a held run's start, the outcome's at completion) go through an ordered outbox that
    one task publishes in batches.
 
-On SIGTERM: stop taking work, let running jobs finish within the grace period, then cancel the rest
-and hand their runs straight back to the queue (not after the visibility timeout), each recorded
-`interrupted` with the next attempt `queued`.
+Reservations (`SCHEDULER_WORKER_RESERVE_AHEAD`): when ready items do not fill a dequeue, it also
+leases delayed items due within the window. They are claimed at once (`started_at` = their due time),
+held outside the slots (`_hold`), and started when the database clock reaches their due time,
+measured from the claim's clock reading; then they take a slot like any run. A held run that cannot
+start (no slot within the grace, its breaker open, a stop) is handed back unspent (`_unreserve`).
+
+On SIGTERM: stop taking work (held reservations go straight back, unspent), let running jobs finish
+within the grace period, then cancel the rest and hand their runs straight back to the queue (not
+after the visibility timeout), each recorded `interrupted` with the next attempt `queued`.
 
 Faults. Every loop (fetch, complete, extend, heartbeat, cancel listener and poll) survives any store
 error (Redis or PostgreSQL unreachable, or answering an error such as READONLY, BUSY or OOM): it
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import functools
 import gc
@@ -88,11 +96,13 @@ FETCH_WAIT = timedelta(seconds=2)
 COMPLETION_BATCH = 500
 PUBLISH_BATCH = 1000  # events per publish call
 BATCH_WAIT = 0.005  # seconds a busy worker waits for a quarter of its slots before leasing fewer
+RESERVE_BATCH = 100  # most delayed items one dequeue reserves
 STORE_ERROR_LOG_EVERY = 30.0  # seconds between two log lines about the same failing loop
 STORE_BACKOFF_MAX = 5.0  # seconds: the longest pause of a loop retrying a failing store
 COMPLETION_RETRY_FOR = timedelta(minutes=2)  # then the leases are let go: the runs run again elsewhere
 CANCEL_POLL_INTERVAL = timedelta(seconds=1)
 T = TypeVar("T")
+_MS = timedelta(milliseconds=1)
 _BREAKER_SEVERITY = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 _LATENESS_TRIGGERS = frozenset({Trigger.SCHEDULE, Trigger.MANUAL})
 # Attempts these make are never a flow run's downstream runs (a flow run's root has no upstreams):
@@ -154,18 +164,25 @@ class _Deadline:
 
 
 class _Running:
-    """A claimed attempt, from its claim until its outcome is recorded (or it is handed back)."""
+    """A claimed attempt, from its claim until its outcome is recorded (or it is handed back).
 
-    __slots__ = ("claim", "deadline", "lease", "outcome", "seconds", "task", "timed_out")
+    A reserved one is first held (`held`): claimed, waiting for its due time (`due`, monotonic),
+    without a slot or a deadline; `started_at` is then its real start (database clock).
+    """
 
-    def __init__(self, lease: Lease, claim: Claim, deadline: _Deadline) -> None:
+    __slots__ = ("claim", "deadline", "due", "held", "lease", "outcome", "seconds", "started_at", "task", "timed_out")
+
+    def __init__(self, lease: Lease, claim: Claim, deadline: _Deadline | None) -> None:
         self.lease = lease
         self.claim = claim
-        self.deadline = deadline
+        self.deadline = deadline  # None while held: a held run's timeout starts with it
         self.task: asyncio.Task[None] | None = None
         self.outcome: Outcome | None = None  # set when the handler is done; then it waits in `_finished`
         self.timed_out = False  # its deadline cancelled its handler
         self.seconds = 0.0  # how long its handler ran (observed with its batch's outcomes)
+        self.held = False
+        self.due = 0.0
+        self.started_at: datetime | None = None
 
 
 class _Outbox:
@@ -330,10 +347,31 @@ class Worker:
         # and fetching stops.
         self._busy = 0
         # Dequeuing and claiming overlap: the fetch loop leases the next batch while the claim loop
-        # claims the previous one. Leased, not yet claimed items hold their slots (`_reserved`).
-        self._reserved = 0
-        self._claiming: asyncio.Queue[list[Lease]] = asyncio.Queue(maxsize=1)
-        self._finished: asyncio.Queue[_Running] = asyncio.Queue(maxsize=self.concurrency * 4)
+        # claims the previous one. Leased, not yet claimed ready items hold their slots (`_unclaimed`).
+        self._unclaimed = 0
+        # Each batch with the monotonic time its dequeue replied (a reserved item's due time counts
+        # from it) and how many of its items are reserved.
+        self._claiming: asyncio.Queue[tuple[list[Lease], float, int]] = asyncio.Queue(maxsize=1)
+        # Reservations (`SCHEDULER_WORKER_RESERVE_AHEAD`): delayed items leased ahead of their due
+        # time, claimed at once and started at their due time; they take no slot until then.
+        # `_reserving` counts those leased, not yet claimed; `_held` those claimed, not yet started;
+        # together at most `_reserve_max`. `_starting` counts held runs due and waiting for a slot:
+        # the fetch loop leaves them those slots.
+        self._reserve_ahead = settings.worker_reserve_ahead
+        self._reserve_max = settings.worker_reserve_max
+        self._reserve_grace = settings.worker_reserve_grace.total_seconds()
+        self._reserving = 0
+        self._held = 0
+        self._starting = 0
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._held_started: list[_Running] = []  # started in this turn of the loop (`_started_held`)
+        # Bounded at `_finished_max` for runs from the queue (`_finish` waits for room). A held run's
+        # outcome never waits: held runs are bounded by SCHEDULER_WORKER_RESERVE_MAX already, and a
+        # crowd of them due at one instant on a worker of few slots must not be throttled to a
+        # recording per handful of them (a slot is free once its outcome is in this buffer).
+        self._finished: asyncio.Queue[_Running] = asyncio.Queue()
+        self._finished_max = self.concurrency * 4
+        self._finished_room = asyncio.Event()
         self._outbox = _Outbox(limit=PUBLISH_BATCH * 4)
         self._duration_by_handler: dict[str, Any] = {}  # handler -> its EXECUTION_DURATION child
         self._started_at = datetime.now(UTC)
@@ -369,6 +407,7 @@ class Worker:
             await asyncio.wait([fetcher])
             await self._claiming.join()  # what was leased is claimed (or handed back) first
             claimer.cancel()
+            await self._release_held()  # reserved runs not started yet go back at once, unspent
             await self._drain(self._settings.shutdown_grace)
             await self._finished.join()
             await self._outbox.flushed()  # bounded: the publisher gives up by _retry_until_stopped
@@ -416,7 +455,7 @@ class Worker:
         trouble = _StoreTrouble("taking work", self.id)
         min_batch = max(1, self.concurrency // 4)
         while True:
-            free = self.concurrency - self._busy - self._reserved
+            free = self._free_slots()
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
@@ -426,12 +465,20 @@ class Worker:
                 # busy worker leases (and claims, records) in batches rather than one item at a time.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(BATCH_WAIT):
-                        while self.concurrency - self._busy - self._reserved < min_batch:
+                        while self._free_slots() < min_batch:
                             self._slot_free.clear()
                             await self._slot_free.wait()
-                free = self.concurrency - self._busy - self._reserved
+                free = self._free_slots()
+                if free <= 0:  # held runs came due meanwhile and took the slots
+                    continue
+            reserve_count = 0
+            if self._reserve_ahead:
+                reserve_count = max(0, min(RESERVE_BATCH, self._reserve_max - self._reserving - self._held))
             try:
-                leases = await self.queue.dequeue_blocking(self.id, self._visibility, free, FETCH_WAIT)
+                leases = await self.queue.dequeue_blocking(
+                    self.id, self._visibility, free, FETCH_WAIT,
+                    reserve=self._reserve_ahead if reserve_count else timedelta(0), reserve_count=reserve_count,
+                )  # fmt: skip
                 trouble.recovered()
             except asyncio.CancelledError:
                 raise
@@ -442,21 +489,45 @@ class Worker:
                 continue
             if not leases:
                 continue
-            self._reserved += len(leases)
+            fetched = time.monotonic()
+            # Reserved items come last (a ready one never follows one): count from the end.
+            reserved = 0
+            if reserve_count:
+                while reserved < len(leases) and leases[-1 - reserved].due_in is not None:
+                    reserved += 1
+            self._unclaimed += len(leases) - reserved
+            self._reserving += reserved
             try:
-                await self._claiming.put(leases)
+                await self._claiming.put((leases, fetched, reserved))
             except BaseException:  # stopping while the claim stage is busy: hand the batch back now
-                self._reserved -= len(leases)
+                self._unclaimed -= len(leases) - reserved
+                self._reserving -= reserved
                 with contextlib.suppress(Exception):
-                    await self.queue.nack_many(leases, count_delivery=False)
+                    await self._give_back_leases(leases, fetched)
                 raise
+
+    def _free_slots(self) -> int:
+        """Slots the fetch loop may lease ready items for: not running a handler, not promised to a
+        leased item, nor to a held run whose due time has come."""
+        return self.concurrency - self._busy - self._unclaimed - self._starting
+
+    async def _give_back_leases(self, leases: Sequence[Lease], fetched: float) -> None:
+        """Return unclaimed leases to the queue, their deliveries given back: a ready item to ready, a
+        reserved one delayed until its due time (ready, any worker would start it early)."""
+        elapsed = timedelta(seconds=time.monotonic() - fetched)
+        # A millisecond more: the queue's clock reads whole milliseconds.
+        retries = [
+            (lease, max(lease.due_in - elapsed + _MS, timedelta(0)) if lease.due_in is not None else timedelta(0))
+            for lease in leases
+        ]
+        await self.queue.finish_many(retries=retries)
 
     async def _claim_loop(self) -> None:
         trouble = _StoreTrouble("claiming work", self.id)
         while True:
-            leases = await self._claiming.get()
+            leases, fetched, reserved = await self._claiming.get()
             try:
-                await self._take(leases)
+                await self._take(leases, fetched, reserved)
                 trouble.recovered()
             except asyncio.CancelledError:
                 raise
@@ -465,11 +536,13 @@ class Worker:
                     raise
                 await asyncio.sleep(trouble.failed(exc))
             finally:
-                self._reserved -= len(leases)
+                self._unclaimed -= len(leases) - reserved
+                self._reserving -= reserved
                 self._claiming.task_done()
+                self._grant_slots()  # slots promised to this batch and not taken
                 self._slot_free.set()
 
-    async def _take(self, leases: list[Lease]) -> None:
+    async def _take(self, leases: list[Lease], fetched: float, reserved: int = 0) -> None:
         deferred: dict[timedelta, list[Lease]] = {}
         wanted: list[Lease] = []
         for lease in leases:
@@ -479,21 +552,34 @@ class Worker:
             else:
                 wanted.append(lease)
         for wait, group in deferred.items():
-            await self.queue.nack_many(group, wait, count_delivery=False)
+            if any(lease.due_in is not None for lease in group):
+                # Never before a reserved item's due time, whatever the breaker's wait.
+                elapsed = timedelta(seconds=time.monotonic() - fetched)
+                await self.queue.finish_many(retries=[
+                    (lease, max(wait, (lease.due_in or timedelta(0)) - elapsed + _MS)) for lease in group
+                ])  # fmt: skip
+            else:
+                await self.queue.nack_many(group, wait, count_delivery=False)
             self.stats.breaker_deferred += len(group)
         if not wanted:
             return
+        items = [(lease.id, lease.token) for lease in wanted]
         try:
-            claims = await self._executions.claim([(lease.id, lease.token) for lease in wanted], self.id)
+            if reserved:
+                flags = [lease.due_in is not None for lease in wanted]
+                claims = await self._executions.claim(items, self.id, reserved=flags)
+            else:  # a batch without reservations pays nothing for them
+                claims = await self._executions.claim(items, self.id)
         except BaseException:
-            await self.queue.nack_many(wanted, count_delivery=False)
+            await self._give_back_leases(wanted, fetched)
             raise
+        replied = time.monotonic()
         flow_runs = [claim.run_id for claim in claims if claim.trigger not in _ROOT_TRIGGERS]
         if flow_runs:  # a flow run's downstream runs: their handlers get the upstream results
             try:
                 upstream = await self._executions.upstream_results(flow_runs)
             except BaseException:
-                await self.queue.nack_many(wanted, count_delivery=False)
+                await self._give_back_leases(wanted, fetched)
                 raise
             claims = [
                 replace(claim, upstream_results=upstream[claim.run_id]) if claim.run_id in upstream else claim
@@ -503,43 +589,231 @@ class Worker:
         nothing_to_do = [lease for lease in wanted if lease.id not in by_run]
         if nothing_to_do:  # finished meanwhile, or its job was deleted
             await self.queue.ack_many(nothing_to_do)
+        ready = claims
+        if reserved:
+            ready = [c for lease in wanted if lease.due_in is None and (c := by_run.get(lease.id)) is not None]
         now = datetime.now(UTC).isoformat()
         # Added before any of these handlers can run: a run's STARTED precedes its end in the stream.
-        self._outbox.add([self._event(EventType.STARTED, claim, now=now) for claim in claims])
+        # A held run's STARTED comes when it starts.
+        self._outbox.add([self._event(EventType.STARTED, claim, now=now) for claim in ready])
         deadlines: dict[timedelta, _Deadline] = {}
         for lease in wanted:
             claim = by_run.get(lease.id)
             if claim is None:
                 continue
+            if lease.due_in is not None:
+                held = _Running(lease, claim, None)
+                held.held = True
+                assert claim.clock is not None  # every claim reads the clock
+                held.due = replied + max((claim.started_at - claim.clock).total_seconds(), 0.0)
+                self._running[lease.id] = held
+                self._held += 1
+                held.task = asyncio.create_task(self._hold(held, replied))
+                held.task.add_done_callback(functools.partial(self._hold_ended, held))
+                continue
             deadline = deadlines.get(claim.timeout)
             if deadline is None:
-                runs = sum(1 for c in claims if c.timeout == claim.timeout)
+                runs = sum(1 for c in ready if c.timeout == claim.timeout)
                 deadline = deadlines[claim.timeout] = _Deadline(claim.timeout.total_seconds(), runs)
             running = _Running(lease, claim, deadline)
             self._running[lease.id] = running
             self._busy += 1
             running.task = asyncio.create_task(self._execute(running))
         self.stats.claimed += len(claims)
-        self._observe_starts(claims)
+        self._observe_starts(ready)
 
-    def _observe_starts(self, claims: Sequence[Claim]) -> None:
+    # -- reservations ------------------------------------------------------------------------------
+
+    async def _hold(self, running: _Running, replied: float) -> None:
+        """A reserved run, claimed ahead: wait for its due time on the database clock, take a slot,
+        run it. Handed back (`_unreserve`) if its breaker is open then, or if no slot frees up
+        within the reserve grace; cancelled without running on a cancel request.
+
+        The claim says when the run is due (`started_at`, the later of its `due_at` and the claim's
+        clock) and what the database clock read (`clock`); the wait is their difference less the
+        time since the reply: late by the reply's transfer, never early, whatever the host clocks.
+        """
+        claim, lease, due = running.claim, running.lease, running.due
+        assert claim.clock is not None
+        try:
+            try:
+                await _sleep_until(due)
+                wait = self.breakers.blocked_for(lease.data.decode())
+                if wait > timedelta(0):
+                    self.stats.breaker_deferred += 1
+                    await self._unreserve([running], wait)
+                    return
+                if not await self._take_slot(due + self._reserve_grace):
+                    log.warning("no slot for a reserved run within the grace; handed back",
+                                extra={"run_id": lease.id, "worker_id": self.id})  # fmt: skip
+                    await self._unreserve([running])
+                    return
+            except asyncio.CancelledError:
+                if lease.id not in self._cancel_requested:
+                    raise  # a stop or a lost lease: `_release_held` or `_give_up` deals with the run
+                # We cancelled this task ourselves for a cancel request: absorb exactly that one.
+                self._cancel_requested.discard(lease.id)
+                task = asyncio.current_task()
+                if task is not None and task.uncancel() > 0:
+                    raise
+                await self._unreserve([running])  # its attempt is recorded cancelled: it never ran
+                return
+        finally:
+            if running.held:
+                running.held = False
+                self._held -= 1
+        # Started: a slot is ours (`_take_slot` counted it busy). Its STARTED event is added before
+        # its handler can end (the outcome's event waits for the completion stage).
+        running.started_at = max(claim.started_at, claim.clock + timedelta(seconds=time.monotonic() - replied))
+        running.deadline = _Deadline(claim.timeout.total_seconds(), 1)
+        self._started_held(running)
+        await self._execute(running)
+
+    def _hold_ended(self, running: _Running, task: asyncio.Task[None]) -> None:
+        """A held task cancelled before its first step never ran its own clean-up: do it here."""
+        if not running.held:
+            return
+        running.held = False
+        self._held -= 1
+        if task.cancelled() and running.lease.id in self._cancel_requested and self._group is not None:
+            # Cancelled on request: record it cancelled (never run). A stop or a lost lease hands
+            # the run back or abandons it by itself (`_release_held`, `_give_up`).
+            self._cancel_requested.discard(running.lease.id)
+            self._group.create_task(self._unreserve([running]), name="cancel-held")
+
+    async def _take_slot(self, until: float) -> bool:
+        """Wait for a slot until the monotonic `until`; True when taken (counted busy).
+
+        Held runs due at the same instant queue here first come, first served: a freed slot is
+        handed to the first of them (`_free_slot`), one wake-up per slot rather than all of them
+        racing for each; they come before the fetch loop (`_starting`).
+        """
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._slot_waiters.append(waiter)
+        self._grant_slots()
+        if waiter.done():  # a slot was free (and nobody waited before us)
+            return True
+        self._starting += 1
+        got = False
+        try:
+            left = until - time.monotonic()
+            if left > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await waiter
+                        got = True
+        finally:
+            self._starting -= 1
+            if not got:
+                if waiter.done() and not waiter.cancelled():
+                    self._free_slot()  # handed a slot just as we gave up: pass it on
+                else:
+                    waiter.cancel()
+        return got
+
+    def _grant_slots(self) -> None:
+        """Hand free slots to the held runs waiting for one, in their order."""
+        while self._slot_waiters and self._busy + self._unclaimed < self.concurrency:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                self._busy += 1
+                waiter.set_result(None)
+
+    def _free_slot(self) -> None:
+        """A handler returned: its slot goes to a waiting held run, else to the fetch loop."""
+        self._busy -= 1
+        self._grant_slots()
+        self._slot_free.set()
+
+    async def _unreserve(self, runs: Sequence[_Running], delay: timedelta = timedelta(0)) -> None:
+        """Hand back held runs that never started: each attempt back to `queued`, unspent (or
+        `cancelled` where a cancel was requested), each item back to the queue without counting the
+        delivery, delayed until its due time if that is still ahead (and at least `delay`)."""
+        if not runs:
+            return
+        try:
+            ended = await self._executions.unclaim([(r.claim.execution_id, r.lease.token) for r in runs])
+            now = time.monotonic()
+            retries: list[tuple[Lease, timedelta]] = []
+            acks: list[Lease] = []
+            cancelled: list[_Running] = []
+            for running in runs:
+                status = ended.get(running.claim.execution_id)
+                if status is ExecutionStatus.QUEUED:
+                    ahead = timedelta(seconds=max(running.due - now, 0.0))
+                    retries.append((running.lease, max(delay, ahead + _MS if ahead else ahead)))
+                elif status is ExecutionStatus.CANCELLED:
+                    acks.append(running.lease)
+                    cancelled.append(running)
+                # None: no longer ours (lease lost, taken over): nothing to give back.
+            await self.queue.finish_many(acks, retries)
+            stamp = datetime.now(UTC).isoformat()
+            self._outbox.add(
+                [self._event(EventType.CANCELLED, r.claim, error="cancelled", now=stamp) for r in cancelled]
+            )
+            for running in cancelled:
+                metrics.EXECUTIONS.labels(ExecutionStatus.CANCELLED.value, running.claim.handler).inc()
+        except Exception as exc:
+            if not stores.is_fault(exc):
+                raise
+            # Not lost: the leases expire, the leader recovers the items, a claim restarts the runs.
+            metrics.store_error(exc)
+            log.warning("could not hand back reserved runs: %r", exc, extra={"worker_id": self.id})
+        finally:
+            for running in runs:
+                self._running.pop(running.lease.id, None)
+
+    async def _release_held(self) -> None:
+        """Stopping: hand back every held run that has not started (their tasks stopped first)."""
+        held = [r for r in self._running.values() if r.held and r.task is not None]
+        for running in held:
+            assert running.task is not None
+            running.task.cancel()
+        if not held:
+            return
+        await asyncio.wait([r.task for r in held if r.task is not None])
+        stopped = [r for r in held if r.task is not None and r.task.cancelled()]
+        await self._unreserve(stopped)
+        log.info("handed back reserved runs", extra={"worker_id": self.id, "runs": len(stopped)})
+
+    def _observe_starts(self, claims: Sequence[Claim], starts: Sequence[datetime] = ()) -> None:
+        """Lateness and queue wait of attempts that started (at `starts`, default their claims')."""
         metrics.WORKER_SLOTS.labels("busy").set(self._busy)
         lateness: list[float] = []
         waits: list[float] = []
-        for claim in claims:
+        for claim, started in zip(claims, starts or [c.started_at for c in claims], strict=True):
             # Scheduling lateness is a slot's or a trigger's: a backfill or a dead-letter requeue runs
             # a slot of the past on purpose, and its age would swamp the histogram.
             if claim.attempt == 1 and claim.trigger in _LATENESS_TRIGGERS:
-                lateness.append(max((claim.started_at - claim.scheduled_for).total_seconds(), 0.0))
+                lateness.append(max((started - claim.scheduled_for).total_seconds(), 0.0))
             if claim.due_at is not None:
-                waits.append(max((claim.started_at - claim.due_at).total_seconds(), 0.0))
+                waits.append(max((started - claim.due_at).total_seconds(), 0.0))
         metrics.observe_many(metrics.LATENESS, lateness)
         metrics.observe_many(metrics.QUEUE_WAIT, waits)
+
+    def _started_held(self, running: _Running) -> None:
+        """A held run started: its STARTED event and metrics, gathered for all the held runs that
+        start in this turn of the event loop (a crowd of them is due at one instant) and given out
+        once, after them, off their start path."""
+        if not self._held_started:
+            asyncio.get_running_loop().call_soon(self._observe_held_starts)
+        self._held_started.append(running)
+
+    def _observe_held_starts(self) -> None:
+        started, self._held_started = self._held_started, []
+        claims = [r.claim for r in started]
+        starts = [r.started_at or r.claim.started_at for r in started]
+        self._outbox.add([
+            self._event(EventType.STARTED, claim, now=start.isoformat())
+            for claim, start in zip(claims, starts, strict=True)
+        ])  # fmt: skip
+        self._observe_starts(claims, starts)
 
     # -- running -----------------------------------------------------------------------------------
 
     async def _execute(self, running: _Running) -> None:
         claim, lease = running.claim, running.lease
+        assert running.deadline is not None  # set from the claim, or when a held run starts
         try:
             try:
                 handler = self._registry.get(claim.handler)
@@ -568,11 +842,19 @@ class Worker:
                 else:
                     breaker.record(_failed(outcome))  # a cancelled attempt counts neither way
             running.outcome = outcome
-            await self._finished.put(running)
+            await self._finish(running)
         finally:
             running.deadline.finished()
-            self._busy -= 1
-            self._slot_free.set()
+            self._free_slot()
+
+    async def _finish(self, running: _Running) -> None:
+        """Hand a run with its outcome to the completion stage; one from the queue waits while the
+        buffer is full (its slot stays busy, so fetching stops), a held one never does."""
+        if running.started_at is None:
+            while self._finished.qsize() >= self._finished_max:
+                self._finished_room.clear()
+                await self._finished_room.wait()
+        self._finished.put_nowait(running)
 
     async def _defer(self, running: _Running, exc: BreakerOpen) -> None:
         claim, lease = running.claim, running.lease
@@ -591,6 +873,7 @@ class Worker:
 
     async def _attempt(self, running: _Running, handler: Any) -> Outcome:
         claim, lease, deadline = running.claim, running.lease, running.deadline
+        assert deadline is not None
         if deadline.expired:  # its batch's timeout passed before this handler could start
             return self._failure(claim, lease, ExecutionStatus.TIMED_OUT, _timed_out(claim))
         ctx = ExecutionContext(
@@ -657,6 +940,7 @@ class Worker:
             batch = [await self._finished.get()]
             while len(batch) < COMPLETION_BATCH and not self._finished.empty():
                 batch.append(self._finished.get_nowait())
+            self._finished_room.set()
             try:
                 await self._complete(batch)
             except asyncio.CancelledError:
@@ -694,7 +978,12 @@ class Worker:
 
     async def _complete(self, batch: list[_Running]) -> None:
         until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
-        outcomes = [f.outcome for f in batch if f.outcome is not None]
+        # A reserved run's real start goes with its outcome (set here, off its start path).
+        outcomes = [
+            f.outcome if f.started_at is None else _with_start(f.outcome, f.started_at)
+            for f in batch
+            if f.outcome is not None
+        ]
         tries = 0
 
         async def record() -> list[Completed]:
@@ -949,6 +1238,21 @@ class Worker:
         metrics.BREAKER_TRANSITIONS.labels(handler, new.value).inc()
         level = logging.WARNING if new is BreakerState.OPEN else logging.INFO
         log.log(level, "circuit breaker %s: %s -> %s", key, old, new, extra={"breaker": key, "worker_id": self.id})
+
+
+def _with_start(outcome: Outcome, started_at: datetime) -> Outcome:
+    # Built directly: `dataclasses.replace` costs several times more.
+    return Outcome(outcome.execution_id, outcome.claim_token, outcome.status, outcome.error, outcome.result,
+                   outcome.retry_after, started_at)  # fmt: skip
+
+
+async def _sleep_until(when: float) -> None:
+    """Sleep until the monotonic `when`, never less: a loop's timer may fire a little early (uvloop
+    counts from its cached clock), so it sleeps again for what is left."""
+    left = when - time.monotonic()
+    while left > 0:
+        await asyncio.sleep(max(left, 0.001))
+        left = when - time.monotonic()
 
 
 def _timed_out(claim: Claim) -> str:

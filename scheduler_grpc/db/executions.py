@@ -209,6 +209,10 @@ class Claim:
     retry: RetryPolicy
     queue: str
     due_at: datetime | None = None
+    # The database clock as the claim statement read it, after the claim's writes (only in a claim
+    # with reservations, else None): a reserved attempt (`claim(reserved=...)`) starts when
+    # `started_at - clock` has passed since the reply.
+    clock: datetime | None = None
     interrupted: int = 0  # earlier attempts of the run that were interrupted (they spend no retry budget)
     trigger: Trigger = Trigger.SCHEDULE  # what created this attempt (a backfill's slot lies in the past)
     # In a flow run: each upstream job's result by job name (the handler's `upstream_results`).
@@ -234,6 +238,9 @@ class Outcome:
     error: str | None = None
     result: Any = None
     retry_after: timedelta | None = None
+    # When the handler really started, if the claim could not know it (a reserved attempt, claimed
+    # ahead): the completion writes it as the attempt's `started_at`. None keeps the claim's.
+    started_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -530,8 +537,15 @@ class ExecutionRepository:
             found.setdefault(str(row["run_id"]), {})[row["name"]] = row["result"]
         return found
 
-    async def claim(self, items: Sequence[tuple[str, str]], worker_id: str) -> list[Claim]:
+    async def claim(
+        self, items: Sequence[tuple[str, str]], worker_id: str, *, reserved: Sequence[bool] = ()
+    ) -> list[Claim]:
         """Claim the current attempt of each run `(run_id, lease_token)` for `worker_id`.
+
+        `reserved` flags items a worker reserved ahead of their due time (one flag per item; empty:
+        none): their attempt's `started_at` is the expected start, the later of the database clock
+        and the attempt's `due_at`, and the worker starts it when `Claim.clock` reaches that (the
+        completion then writes the real start, `Outcome.started_at`). Others start `now()`.
 
         The lease token becomes the attempt's claim token; only it can complete the attempt. Per run,
         the latest attempt decides:
@@ -553,28 +567,33 @@ class ExecutionRepository:
             f"""
             WITH items AS (
                 -- Ids travel as text both ways: cheaper for the client than uuid objects.
-                SELECT * FROM unnest($1::text[]::uuid[], $2::text[]) AS i(run_id, token)
+                -- `reserve` is NULL (not reserved) for every item when $6 is empty.
+                SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $6::bool[]) AS i(run_id, token, reserve)
             ), latest AS (
                 SELECT x.id, x.run_id, x.job_id, x.scheduled_for, x.attempt, x.status, x.claim_token,
-                       x.priority, x.started_at, x.due_at, x.trigger, x.cancel_requested_at, i.token, {_snapshot("x")}
+                       x.priority, x.started_at, x.due_at, x.trigger, x.cancel_requested_at, i.token, i.reserve,
+                       {_snapshot("x")}
                 FROM items i CROSS JOIN LATERAL {_latest_attempt("i.run_id", lock=True)} x
             ), started AS (
                 UPDATE job_executions e SET status = 'running', claim_token = l.token, worker_id = $3,
-                       started_at = now()
+                       started_at = CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at) ELSE now() END
                 FROM latest l WHERE e.id = l.id AND l.status = 'queued'
                 RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at, e.trigger,
                           {_snapshot("e")}
             ), abandoned AS (
                 UPDATE job_executions e
                 SET status = CASE WHEN l.cancel_requested_at IS NULL THEN 'abandoned' ELSE 'cancelled' END,
-                    finished_at = now(), error = CASE WHEN l.cancel_requested_at IS NULL THEN $4 ELSE $5 END
+                    finished_at = now(), error = CASE WHEN l.cancel_requested_at IS NULL THEN $4 ELSE $5 END,
+                    started_at = least(l.started_at, now())  -- a reserved attempt taken over before its start
                 FROM latest l WHERE e.id = l.id AND l.status = 'running' AND l.claim_token <> l.token
                 RETURNING e.id
             ), restarted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
                                             claim_token, worker_id, started_at, {_SNAPSHOT_COLUMNS})
                 SELECT uuid_v7(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'running', 'retry',
-                       l.priority, l.token, $3, now(), {_snapshot("l")}
+                       l.priority, l.token, $3,
+                       CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at) ELSE now() END,
+                       {_snapshot("l")}
                 FROM latest l
                 WHERE l.status = 'abandoned'
                    OR (l.status = 'running' AND l.claim_token <> l.token AND l.cancel_requested_at IS NULL)
@@ -596,7 +615,10 @@ class ExecutionRepository:
                    CASE WHEN c.attempt = 1 THEN 0  -- a first attempt has no earlier ones: no probe
                         ELSE (SELECT count(*) FROM job_executions p
                               WHERE p.run_id = c.run_id AND p.status = 'interrupted') END AS interrupted,
-                   (SELECT count(*) FROM abandoned) AS abandoned
+                   (SELECT count(*) FROM abandoned) AS abandoned,
+                   -- Read last, after the writes: a reserved attempt's wait counted from it errs late
+                   -- (by the reply's transfer), never early. Only for a batch with reservations.
+                   CASE WHEN cardinality($6::bool[]) > 0 THEN clock_timestamp() END AS clock
             FROM claimed c JOIN jobs j ON j.id = c.job_id
             """,
             [run_id for run_id, _ in items],
@@ -604,6 +626,7 @@ class ExecutionRepository:
             worker_id,
             LOST_WORKER_ERROR,
             CANCELLED_ERROR,
+            list(reserved),
         )
         return [
             Claim(
@@ -620,6 +643,7 @@ class ExecutionRepository:
                 retry=RetryPolicy(row["max_retries"], row["initial_backoff"], row["max_backoff"], row["retry_jitter"]),
                 queue=row["queue"],
                 due_at=row["due_at"],
+                clock=row["clock"],
                 interrupted=row["interrupted"],
                 trigger=_TRIGGERS[row["trigger"]],
             )
@@ -645,11 +669,12 @@ class ExecutionRepository:
                 -- sequential scan of the whole history per batch would follow): each outcome
                 -- finds its row by primary key.
                 SELECT *, 'running'::text AS running
-                FROM unnest($1::text[]::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::interval[])
-                    AS r(id, token, status, error, result, retry_after)
+                FROM unnest($1::text[]::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::interval[],
+                            $8::timestamptz[])
+                    AS r(id, token, status, error, result, retry_after, started_at)
             ), done AS (
                 UPDATE job_executions e SET status = r.status, finished_at = now(), error = r.error,
-                       result = r.result::jsonb
+                       result = r.result::jsonb, started_at = coalesce(r.started_at, e.started_at)
                 FROM r WHERE e.id = r.id AND e.claim_token = r.token AND e.status = r.running
                 RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, r.retry_after,
                           e.cancel_requested_at
@@ -688,6 +713,7 @@ class ExecutionRepository:
             [orjson.dumps(outcome.result).decode() if outcome.result is not None else None for outcome in outcomes],
             [outcome.retry_after for outcome in outcomes],
             resent,
+            [outcome.started_at for outcome in outcomes],
         )
         retries = {row["run_id"]: row["retry_id"] for row in rows if row["id"] is None}
         return [
@@ -726,6 +752,37 @@ class ExecutionRepository:
         """
         return await self._end_and_continue(items, ExecutionStatus.INTERRUPTED, reason, delay)
 
+    async def unclaim(self, items: Sequence[tuple[str, str]]) -> dict[str, ExecutionStatus]:
+        """Undo the claims of reserved attempts `(execution_id, claim_token)` that never started.
+
+        Each still `running` under its token goes back to `queued` as if never claimed (no worker,
+        no token, no start): the same attempt, so no attempt and no retry budget is spent, and the
+        next claim of its queue item takes it. One whose cancel was requested is recorded
+        `cancelled` instead (it never ran, so it has no start either).
+
+        Returns:
+            By execution id, the status each attempt now has (`queued` or `cancelled`); attempts
+            no longer running under the token (lease lost, finished) are absent.
+        """
+        if not items:
+            return {}
+        rows = await self._pool.fetch(
+            """
+            UPDATE job_executions e
+            SET status = CASE WHEN e.cancel_requested_at IS NULL THEN 'queued' ELSE 'cancelled' END,
+                finished_at = CASE WHEN e.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+                error = CASE WHEN e.cancel_requested_at IS NULL THEN NULL ELSE $3 END,
+                claim_token = NULL, worker_id = NULL, started_at = NULL
+            FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
+            WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
+            RETURNING e.id::text, e.status
+            """,
+            _ids([execution_id for execution_id, _ in items]),
+            [token for _, token in items],
+            CANCELLED_ERROR,
+        )
+        return {row["id"]: _STATUSES[row["status"]] for row in rows}
+
     async def cancel_requested(self, execution_ids: Sequence[str]) -> list[str]:
         """Which of these attempts are still `running` with a cancel requested (the worker's poll)."""
         if not execution_ids:
@@ -760,7 +817,10 @@ class ExecutionRepository:
             WITH gone AS (
                 UPDATE job_executions e
                 SET status = CASE WHEN e.cancel_requested_at IS NULL THEN $3 ELSE 'cancelled' END,
-                    finished_at = now(), error = CASE WHEN e.cancel_requested_at IS NULL THEN $4 ELSE $5 END
+                    finished_at = now(), error = CASE WHEN e.cancel_requested_at IS NULL THEN $4 ELSE $5 END,
+                    -- A reserved attempt ended before its expected start (its lease lost while
+                    -- held) did not start later than now.
+                    started_at = least(e.started_at, now())
                 FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
                 WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
                 RETURNING e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, {_snapshot("e")}

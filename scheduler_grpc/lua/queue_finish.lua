@@ -7,6 +7,8 @@
 -- A worker's whole completion batch in one call: 'a' is queue_ack, 'r' is queue_nack with the
 -- delivery given back (only stalls count towards the stall limit), 'd' is queue_dead_letter of a
 -- processing item. Safe to resend: a repeat finds the tokens gone and answers 0.
+-- An 'r' item that becomes the earliest delayed item sets the marker (as an enqueue does), so an idle
+-- worker sleeping until a later item learns the new time (a reserved run handed back, due soon).
 local processing_key, ready_key, delayed_key, dead_key, priority_key, data_key, deliveries_key, lease_key,
   owner_key, dead_reason_key, seq_key, marker_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
@@ -18,6 +20,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local out = {}
 local made_ready = false
+local earliest_added
 for i = 1, #ARGV, 4 do
   local what, id = ARGV[i], ARGV[i + 1]
   if redis.call('HGET', lease_key, id) == ARGV[i + 2] then
@@ -35,6 +38,9 @@ for i = 1, #ARGV, 4 do
       local delay = tonumber(ARGV[i + 3])
       if delay > 0 then
         redis.call('ZADD', delayed_key, string.format('%.0f', now + delay), id)
+        if not earliest_added or now + delay < earliest_added then
+          earliest_added = now + delay
+        end
       else
         local priority = tonumber(redis.call('HGET', priority_key, id) or '0')
         redis.call('ZADD', ready_key, ready_score(priority), id)
@@ -48,6 +54,11 @@ for i = 1, #ARGV, 4 do
   else
     out[#out + 1] = 0
   end
+end
+if not made_ready and earliest_added then
+  -- ZRANGE after the adds: the earliest is one of ours exactly when nothing else was due sooner.
+  local earliest = redis.call('ZRANGE', delayed_key, 0, 0, 'WITHSCORES')
+  made_ready = tonumber(earliest[2]) >= earliest_added
 end
 if made_ready then
   redis.call('ZADD', marker_key, 0, 'ready')
