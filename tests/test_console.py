@@ -420,14 +420,21 @@ async def test_an_operator_cancels_a_waiting_run_from_its_page(console: Console)
     assert (await console.server.api.control.executions.get(execution.id)).status.value == "cancelled"
 
 
-async def test_a_queued_run_not_yet_due_says_when_it_is_due(console: Console, pool: asyncpg.Pool) -> None:
+async def test_a_run_not_yet_due_or_held_says_when_it_is_due(console: Console, pool: asyncpg.Pool) -> None:
     """Runs fired ahead of their slot (or backing off before a retry) wait queued: the list says so,
     rather than showing them like runs a worker should be taking now."""
     job_id = await _job(console)
     later = await console.server.api.control.trigger_execution(job_id)  # no worker: they stay queued
     now = await console.server.api.control.trigger_execution(job_id)
+    held = await console.server.api.control.trigger_execution(job_id)
     await pool.execute(
         "UPDATE job_executions SET due_at = now() + interval '1 hour' WHERE id = $1", uuid.UUID(later.id)
+    )
+    # A worker's reservation: claimed ahead, `running` with the start it expects.
+    await pool.execute(
+        """UPDATE job_executions SET status = 'running', claim_token = 't', worker_id = 'w',
+                  due_at = now() + interval '1 hour', started_at = now() + interval '1 hour' WHERE id = $1""",
+        uuid.UUID(held.id),
     )
     token = await console.session_for("vera", Role.VIEWER)
     async with console.client() as http:
@@ -437,3 +444,4 @@ async def test_a_queued_run_not_yet_due_says_when_it_is_due(console: Console, po
     rows = {row.split('"', 1)[0]: row for row in body.split('data-execution="')[1:]}
     assert 'class="not-due"' in rows[later.id], rows[later.id]
     assert 'class="not-due"' not in rows[now.id], rows[now.id]
+    assert '">starts ' in rows[held.id], rows[held.id]
