@@ -311,7 +311,7 @@ async def test_a_cancelled_reservation_never_runs(
         await control.cancel_execution(runs[0].run_id)
         [row] = await eventually(lambda: all_with(pool, runs, "cancelled"), within=5)
         assert await Queue(redis).states([runs[0].run_id]) == {runs[0].run_id: None}, "its item is gone"
-        await eventually(lambda: _true(not worker._running))
+        await eventually(lambda: _true(worker.idle))
         # Past its due time: it never ran.
         await eventually(lambda: _true(datetime.now(UTC) > runs[0].due_at + timedelta(milliseconds=200)), within=5)
     assert (row["attempt"], row["started_at"]) == (1, None)
