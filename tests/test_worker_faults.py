@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
@@ -91,14 +92,20 @@ def gated(redis: aioredis.Redis, pool: asyncpg.Pool) -> Gated:
 
 @asynccontextmanager
 async def running_worker(
-    redis_url: str, database_url: str, executions: ExecutionRepository, registry: HandlerRegistry, **env: str
+    redis_url: str,
+    database_url: str,
+    executions: ExecutionRepository,
+    registry: HandlerRegistry,
+    *,
+    concurrency: int = 4,
+    **env: str,
 ) -> AsyncIterator[tuple[Worker, asyncio.Task[None]]]:
     """An in-process worker on a production-like Redis client (auto-retry and all)."""
     settings = make_settings(
         redis_url, database_url, SCHEDULER_VISIBILITY_TIMEOUT="1s", SCHEDULER_SHUTDOWN_GRACE="1s", **env
     )
     client = redis_client(redis_url)
-    worker = Worker(client, executions, registry, settings, worker_id="in-process", concurrency=4)
+    worker = Worker(client, executions, registry, settings, worker_id="in-process", concurrency=concurrency)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
@@ -527,6 +534,61 @@ async def test_a_slot_is_freed_when_its_handler_returns_not_when_its_outcome_is_
 
         await eventually(all_succeeded)
         assert worker.stats.completed == 6
+        assert not task.done()
+
+
+async def _has(items: list[str], count: int) -> bool:
+    return len(items) >= count
+
+
+class MarkHandler(Handler):
+    """Returns at once, noting which attempts' handlers have returned."""
+
+    name: ClassVar[str] = "test.mark"
+    description: ClassVar[str] = "note the return"
+    extra_fields: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.returned: list[str] = []
+
+    async def run(self, ctx: ExecutionContext, payload: dict[str, Any]) -> JSONValue:
+        self.returned.append(ctx.execution_id)
+        return None
+
+
+async def test_a_cancel_while_the_outcome_waits_for_the_completion_stage_never_strands_the_run(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    # Issue 19, defect 4. Recording is held back; one slot, so the completion buffer holds 4
+    # outcomes: the first run's outcome is being recorded, the next four fill the buffer, and the
+    # sixth run's handler returns with no room for its outcome. A cancel then reaches that run.
+    # Before: its task was cancelled inside the hand-off, the outcome dropped, and the run stayed
+    # `running` forever, its lease renewed until the worker restarted.
+    mark = MarkHandler()
+    registry = registry_with(mark)
+    control = Control(redis, pool, registry)
+    job = await control.create_job(JobSpec(name="hand-off", handler="test.mark"))
+    executions = _HeldCompletions(pool)
+    async with running_worker(redis_url, database_url, executions, registry, concurrency=1) as (worker, task):
+        runs = []
+        for _ in range(6):  # one at a time: the last one is the one whose outcome finds no room
+            runs.append((await control.trigger_job(job.id))[0])
+            await eventually(functools.partial(_has, mark.returned, len(runs)))
+        last = runs[-1]
+        execution = await control.cancel_execution(last.run_id)
+        assert execution.status == "running"
+        # The cancel reached the worker (pub/sub at once, else the 1 s poll) while the outcome waited.
+        await eventually(lambda: _true(worker.active == 0), within=5)
+        executions.release.set()
+
+        async def none_running() -> list[str]:
+            found = [(await statuses(pool, run.run_id))[-1] for run in runs]
+            return found if "running" not in found else []
+
+        found = await eventually(none_running, within=10)
+        assert found[:5] == ["succeeded"] * 5
+        assert found[5] in {"succeeded", "cancelled"}  # its handler had returned: either is honest
+        await eventually(lambda: _true(worker.idle), within=5)
         assert not task.done()
 
 
