@@ -72,11 +72,12 @@ chaos: $(STAMP)
 # The documentation site (mkdocs.yml, docs/), in strict mode: a broken link, a page missing from
 # the nav or any other warning fails. The API, CLI, configuration and metrics references are
 # generated from the code at build time (scripts/docs_gen.py). Output: site/ (git-ignored).
+# NO_MKDOCS_2_WARNING: the theme's announcement of its successor, printed on every build.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 docs-serve: $(STAMP)
-	$(BIN)/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 migrate: $(STAMP)
 	$(BIN)/scheduler-grpc migrate
