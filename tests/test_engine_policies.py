@@ -235,35 +235,43 @@ async def test_a_forbid_job_never_runs_twice_at_once_after_both_schedulers_pause
         )
         return str(run_id or "")
 
-    run_id = await eventually(running, within=20)
-    for scheduler in schedulers:
-        scheduler.signal(signal.SIGSTOP)
-    paused_at = time.monotonic()
+    async def pause_both_while_a_run_ends() -> bool:
+        """SIGSTOP both schedulers while a run is running, for 4 s and until it has ended, so no run
+        is open when they resume; True if their first fire then recorded several slots at once
+        (the case under test; not so if a leader had planned one slot just before the pause)."""
+        run_id = await eventually(running, within=20)
+        for scheduler in schedulers:
+            scheduler.signal(signal.SIGSTOP)
+        paused_at = time.monotonic()
 
-    # Paused for 4 s at least, and until the running run has finished: when the schedulers wake
-    # up, no run is open and the slots of the pause are all due at once.
-    async def over() -> bool:
-        return time.monotonic() - paused_at >= 4 and await latest_status(pool, run_id) == "succeeded"
+        async def over() -> bool:
+            return time.monotonic() - paused_at >= 4 and await latest_status(pool, run_id) == "succeeded"
 
-    await eventually(over, within=15)
-    resumed = await pool.fetchval("SELECT now()")
-    for scheduler in schedulers:
-        scheduler.signal(signal.SIGCONT)
+        await eventually(over, within=15)
+        ended = await pool.fetchval("SELECT max(finished_at) FROM job_executions WHERE run_id = $1", run_id)
+        for scheduler in schedulers:
+            scheduler.signal(signal.SIGCONT)
 
-    async def fired_since_resumed() -> bool:
-        query = "SELECT count(*) FROM job_executions WHERE job_id = $1 AND created_at >= $2"
-        return bool(await pool.fetchval(query, job.id, resumed))
+        async def first_fire_after() -> int:
+            return int(
+                await pool.fetchval(
+                    """SELECT count(*) FROM job_executions WHERE job_id = $1 AND created_at = (
+                           SELECT min(created_at) FROM job_executions WHERE job_id = $1 AND created_at > $2)""",
+                    job.id,
+                    ended,
+                )
+            )
 
-    await eventually(fired_since_resumed, within=15)
+        return await eventually(first_fire_after, within=15) >= 3
+
+    for _ in range(3):
+        if await pause_both_while_a_run_ends():
+            break
+    else:
+        pytest.fail("no pause left several slots due at once")
     await control.pause_job(job.id)
     await eventually(lambda: _no_run_open(pool, job.id), within=20)
     assert all(scheduler.process.poll() is None for scheduler in schedulers)
-    # The pause's slots were recorded together (the case under test happened).
-    together = await pool.fetchval(
-        "SELECT max(n) FROM (SELECT count(*) AS n FROM job_executions WHERE job_id = $1 GROUP BY created_at) c",
-        job.id,
-    )
-    assert together >= 3, together
     attempts = await pool.fetch(
         "SELECT run_id, attempt, started_at, finished_at FROM job_executions "
         "WHERE job_id = $1 AND started_at IS NOT NULL ORDER BY started_at",
