@@ -133,6 +133,7 @@ class RunTracker(Generic[R]):
         self._slots = 0  # taken by LEASED and RUNNING runs (a solo run: all)
         self._buffered = 0  # FINISHED runs from the queue (not reserved)
         self._booked = (0, 0)  # (slots, reservations) promised to the fetch in flight
+        self._fetching = False  # a fetch is booked
         self._starting: dict[R, None] = {}  # STARTING runs, in the order they came due
         self._finished: deque[R] = deque()  # FINISHED runs, oldest first
         self._hooks: tuple[Callable[[], None], Callable[[R], None], Callable[[], None]] = (_nothing, _nothing, _nothing)
@@ -204,18 +205,19 @@ class RunTracker(Generic[R]):
 
     def book(self, slots: int, reservations: int = 0) -> None:
         """Promise slots and reservations to a fetch about to ask the queue (one fetch at a time)."""
-        if self._booked != (0, 0):
+        if self._fetching:
             raise IllegalTransition("a fetch is already booked")
         if not 0 <= slots <= self.free_slots() or not 0 <= reservations <= self.reservation_room():
             raise IllegalTransition(f"cannot book {slots} slots and {reservations} reservations")
         self._booked = (slots, reservations)
+        self._fetching = True
 
     def lease(self, run: R) -> bool:
         """A delivery from the booked fetch. False (the run is not tracked: give it back) when its
         booking has no room left for it (held runs took the slots meanwhile) or the worker still
         holds an earlier delivery of the same item."""
-        if run.state is not None:
-            raise IllegalTransition(f"{run!r} was leased already")
+        if run.state is not None or not self._fetching:
+            raise IllegalTransition(f"{run!r} was leased already, or outside a fetch")
         slots, reservations = self._booked
         if run.id in self._runs:
             return False
@@ -235,7 +237,7 @@ class RunTracker(Generic[R]):
 
     def end_booking(self) -> None:
         """The fetch is over: what it booked and did not lease is free again."""
-        booked, self._booked = self._booked, (0, 0)
+        booked, self._booked, self._fetching = self._booked, (0, 0), False
         if booked[0]:
             self._freed()
 
@@ -320,7 +322,7 @@ class RunTracker(Generic[R]):
 
     def _check(self, run: R, to: State) -> State:
         was = run.state
-        if was is None or to not in _NEXT[was] or self._runs.get(run.id) is not run:
+        if was is None or to not in _NEXT.get(was, ()) or self._runs.get(run.id) is not run:
             raise IllegalTransition(f"{run!r} cannot go to {to.value}")
         return was
 
