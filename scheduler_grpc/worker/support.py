@@ -97,7 +97,10 @@ class Shared:
 
     def fail(self, exc: BaseException) -> None:
         """A bug found outside a task (a done callback): end the role with it."""
-        self.spawn(_reraise(exc), name="bug")
+        try:
+            self.spawn(_reraise(exc), name="bug")
+        except RuntimeError:  # the task group is ending already (another bug): log this one
+            log.exception("bug while the worker was ending", exc_info=exc, extra={"worker_id": self.id})
 
     def event(
         self, kind: EventType, claim: Claim, *, execution_id: str = "", attempt: int = 0, error: str = "", now: str = ""
