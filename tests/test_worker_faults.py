@@ -455,6 +455,30 @@ async def test_a_bug_ends_the_worker(
         assert raised.group_contains(RuntimeError, match="a bug in the cancel poll")
 
 
+class _BuggyLookup(HandlerRegistry):
+    def get(self, name: str) -> Handler:
+        if name == "test.echo":
+            raise RuntimeError("a bug in the handler lookup")
+        return super().get(name)
+
+
+async def test_a_bug_in_a_runs_task_ends_the_worker(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    # Issue 19, defect 5: the task that runs a claimed attempt was created outside the role's task
+    # group and nothing read its exception: the bug vanished ("Task exception was never retrieved")
+    # and the run stayed `running` on a worker that went on. A bug there ends the role.
+    registry = _BuggyLookup(_SETTINGS, default_registry(_SETTINGS))
+    control = Control(redis, pool, default_registry(_SETTINGS))
+    job = await control.create_job(JobSpec(name="buggy-lookup", handler="test.echo"))
+    async with running_worker(redis_url, database_url, ExecutionRepository(pool), registry) as (_, task):
+        await control.trigger_job(job.id)
+        await eventually(lambda: _true(task.done()), within=5)
+        with pytest.raises(ExceptionGroup) as raised:
+            task.result()
+        assert raised.group_contains(RuntimeError, match="a bug in the handler lookup")
+
+
 async def test_a_claim_waiting_on_an_abandon_does_not_fail_on_the_attempt_it_added(
     control: Control, pool: asyncpg.Pool
 ) -> None:

@@ -26,7 +26,7 @@ _LATENESS_TRIGGERS = frozenset({Trigger.SCHEDULE, Trigger.MANUAL})
 
 
 class Executor:
-    """Runs claimed attempts, each in a task of the role's task group (a bug in one ends the role),
+    """Runs claimed attempts, each in a task of its own, supervised (a bug in one ends the role),
     and drives each run's lifecycle from its start to its outcome (`RunTracker.finished`) or its
     hand-back. Every end of a run's task, however it ends, goes through `_ended`."""
 
@@ -65,7 +65,8 @@ class Executor:
         self.observe_starts([run.claim for run in ready])
 
     def _spawn(self, run: Attempt, body: Coroutine[Any, Any, None]) -> None:
-        run.task = self._shared.spawn(body)
+        # Supervised by `_ended` rather than the task group: one done callback per run, not two.
+        run.task = asyncio.get_running_loop().create_task(body)
         run.task.add_done_callback(functools.partial(self._ended, run))
 
     def granted(self, run: Attempt) -> None:
@@ -168,8 +169,11 @@ class Executor:
 
     def _ended(self, run: Attempt, task: asyncio.Task[None]) -> None:
         """The task of `run` is over, however it ended (even cancelled before its first step, when
-        none of its own code ran): its deadline is told, and a stop we asked for moves the run on.
-        A task that raised is the task group's (a bug ends the role)."""
+        none of its own code ran): its deadline is told, a stop we asked for moves the run on, and
+        an exception (a bug) ends the role."""
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._shared.fail(error)
+            return
         try:
             if run.deadline is not None:
                 run.deadline.finished()
@@ -256,6 +260,14 @@ class Executor:
         log.warning("handed back unfinished runs", extra={"worker_id": shared.id, "runs": len(runs)})
 
     # -- stopping ------------------------------------------------------------------------------------
+
+    async def abort(self) -> None:
+        """The role is ending on a bug: stop every run's task (what they hold lapses)."""
+        tasks = [run.task for run in self._shared.tracker if run.task is not None and not run.task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
 
     async def stop(self, runs: Sequence[Attempt], why: Stop) -> list[Attempt]:
         """Cancel the tasks of `runs` for `why` and wait for them to end; returns those the stop

@@ -28,12 +28,16 @@ from __future__ import annotations
 
 import enum
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 
 class State(enum.Enum):
     """Where a run is in the worker; the last six are ends (the run leaves the tracker)."""
+
+    # Members are singletons: hashed by identity, not by Enum's Python-level hash of the name
+    # (several lookups per transition, several transitions per run).
+    __hash__ = object.__hash__
 
     LEASED = "leased"  # a ready item leased, its claim pending: holds a slot
     RESERVED = "reserved"  # a delayed item leased ahead of its due time, claim pending
@@ -55,6 +59,8 @@ class State(enum.Enum):
 class Stop(enum.Enum):
     """Why a run's task was asked to stop."""
 
+    __hash__ = object.__hash__  # (as `State`'s)
+
     CANCEL = "cancel"  # an operator's (or `replace`'s) cancel request
     LOST = "lost"  # its lease is gone: another worker may hold the item now
     SHUTDOWN = "shutdown"  # the worker is stopping
@@ -75,6 +81,11 @@ _NEXT: dict[State, frozenset[State]] = {
     _S.LOSING: frozenset({_S.ABANDONED, _S.LAPSED}),
 }
 _SLOT_STATES = frozenset({_S.LEASED, _S.RUNNING})
+# Each legal transition with what it does to the slots: -1 frees the run's, +1 takes one, 0 neither.
+_EDGES: dict[State | None, dict[State, int]] = {
+    was: {to: (to in _SLOT_STATES) - (was in _SLOT_STATES) for to in nexts} for was, nexts in _NEXT.items()
+}
+_NO_EDGES: dict[State, int] = {}
 _RESERVATION_STATES = frozenset({_S.RESERVED, _S.HELD, _S.STARTING})
 _TASK_STATES = frozenset({_S.HELD, _S.STARTING, _S.RUNNING})  # a task of its own runs it
 _CANCEL_TO = {_S.HELD: _S.RETURNING, _S.STARTING: _S.RETURNING, _S.RUNNING: _S.FINISHED}
@@ -128,7 +139,7 @@ class RunTracker(Generic[R]):
         self.concurrency = concurrency
         self._limits = (finished_max, reserve_max)
         self._runs: dict[str, R] = {}  # by run id
-        self._count: Counter[State] = Counter()  # live runs by state
+        self._count = dict.fromkeys(State, 0)  # live runs by state
         self.ended: Counter[State] = Counter()  # runs that left, by their end
         self._slots = 0  # taken by LEASED and RUNNING runs (a solo run: all)
         self._buffered = 0  # FINISHED runs from the queue (not reserved)
@@ -257,11 +268,11 @@ class RunTracker(Generic[R]):
 
     def finished(self, run: R) -> None:
         """Its handler is done: its outcome waits for the completion stage."""
-        self._check(run, State.FINISHED)
+        self._move(run, State.FINISHED, notify=False)
         if not run.reserved:
-            self._buffered += 1  # before the slot is freed: an outcome beyond the buffer keeps it
-        self._move(run, State.FINISHED)
+            self._buffered += 1  # before the slot counts as free: an outcome beyond the buffer keeps it
         self._finished.append(run)
+        self._freed()
         self._hooks[2]()
 
     def has_finished(self) -> bool:
@@ -289,6 +300,14 @@ class RunTracker(Generic[R]):
         if end not in ENDS:
             raise IllegalTransition(f"{end} is not an end")
         self._move(run, end)
+
+    def end_all(self, runs: Iterable[R], end: State) -> None:
+        """`end` for a batch, telling the stages once."""
+        if end not in ENDS:
+            raise IllegalTransition(f"{end} is not an end")
+        for run in runs:
+            self._move(run, end, notify=False)
+        self._freed()
 
     # -- stopping ----------------------------------------------------------------------------------
 
@@ -320,21 +339,13 @@ class RunTracker(Generic[R]):
 
     # -- the transitions -----------------------------------------------------------------------------
 
-    def _check(self, run: R, to: State) -> State:
+    def _move(self, run: R, to: State, *, notify: bool = True) -> None:
         was = run.state
-        if was is None or to not in _NEXT.get(was, ()) or self._runs.get(run.id) is not run:
+        slots = _EDGES.get(was, _NO_EDGES).get(to)
+        if slots is None or self._runs.get(run.id) is not run:
             raise IllegalTransition(f"{run!r} cannot go to {to.value}")
-        return was
-
-    def _move(self, run: R, to: State) -> None:
-        was = self._check(run, to)
-        self._count[was] -= 1
-        freed = False
-        if was in _SLOT_STATES and to not in _SLOT_STATES:
-            self._slots -= self.concurrency if run.solo else 1
-            freed = True
-        elif to in _SLOT_STATES and was not in _SLOT_STATES:
-            self._slots += 1  # a held run started (never a solo one)
+        count = self._count
+        count[was] -= 1  # type: ignore[index]  # not None: it has edges
         if was is State.STARTING:
             del self._starting[run]
         run.state = to
@@ -342,11 +353,13 @@ class RunTracker(Generic[R]):
             del self._runs[run.id]
             self.ended[to] += 1
         else:
-            self._count[to] += 1
-        if freed:
-            self._freed()
-        elif to in ENDS:
-            self._hooks[0]()  # the worker may be idle now
+            count[to] += 1
+        if slots > 0:
+            self._slots += 1  # a held run started (never a solo one)
+        elif slots < 0:
+            self._slots -= self.concurrency if run.solo else 1
+        if notify and (slots < 0 or to in ENDS):
+            self._freed()  # slots came free, or the worker may be idle now
 
     def _enter(self, run: R, state: State) -> None:
         run.state = state

@@ -114,6 +114,16 @@ class Worker:
         log.info("worker started", extra={"worker_id": self.id, "slots": self.concurrency, "queue": self.queue.name})
         cancels, leases = Cancels(shared), Leases(shared, self._executor)
         claimer = Claimer(shared, self._fetcher, self._executor)
+        try:
+            await self._run(stop, claimer, cancels, leases)
+        finally:
+            shared.group = None
+            await self._executor.abort()  # (nothing left after a graceful stop)
+        await self._unregister()
+        log.info("worker stopped", extra={"worker_id": self.id})
+
+    async def _run(self, stop: asyncio.Event, claimer: Claimer, cancels: Cancels, leases: Leases) -> None:
+        shared = self._shared
         async with asyncio.TaskGroup() as group:
             shared.group = group
             fetching = group.create_task(self._fetcher.loop(), name="fetch")
@@ -139,9 +149,6 @@ class Worker:
             await shared.outbox.flushed()  # bounded: the publisher gives up by `retry_until`
             for task in loops:
                 task.cancel()
-        shared.group = None
-        await self._unregister()
-        log.info("worker stopped", extra={"worker_id": self.id})
 
     # -- heartbeats, breakers ----------------------------------------------------------------------
 

@@ -366,8 +366,7 @@ class Completer:
             "finishing queue items", lambda: shared.queue.finish_many(tell.acks, tell.retries, tell.deaths), until
         )
         shared.outbox.add(tell.events)
-        for run in batch:
-            shared.tracker.end(run, State.RECORDED)
+        shared.tracker.end_all(batch, State.RECORDED)
 
 
 class _QueueReport:
