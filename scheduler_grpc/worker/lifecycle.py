@@ -83,9 +83,8 @@ _NEXT: dict[State, frozenset[State]] = {
 _SLOT_STATES = frozenset({_S.LEASED, _S.RUNNING})
 # Each legal transition with what it does to the slots: -1 frees the run's, +1 takes one, 0 neither.
 _EDGES: dict[State | None, dict[State, int]] = {
-    was: {to: (to in _SLOT_STATES) - (was in _SLOT_STATES) for to in nexts} for was, nexts in _NEXT.items()
+    was: {to: (to in _SLOT_STATES) - (was in _SLOT_STATES) for to in _NEXT.get(was, ())} for was in [None, *State]
 }
-_NO_EDGES: dict[State, int] = {}
 _RESERVATION_STATES = frozenset({_S.RESERVED, _S.HELD, _S.STARTING})
 _TASK_STATES = frozenset({_S.HELD, _S.STARTING, _S.RUNNING})  # a task of its own runs it
 _CANCEL_TO = {_S.HELD: _S.RETURNING, _S.STARTING: _S.RETURNING, _S.RUNNING: _S.FINISHED}
@@ -280,11 +279,12 @@ class RunTracker(Generic[R]):
 
     def take_finished(self, most: int) -> list[R]:
         """The oldest outcomes, up to `most`, for recording (RECORDING)."""
-        batch: list[R] = []
-        while self._finished and len(batch) < most:
-            run = self._finished.popleft()
-            self._move(run, State.RECORDING)
-            batch.append(run)
+        finished = self._finished
+        batch = [finished.popleft() for _ in range(min(most, len(finished)))]
+        for run in batch:  # FINISHED -> RECORDING: only FINISHED runs are in the buffer
+            run.state = State.RECORDING
+        self._count[State.FINISHED] -= len(batch)
+        self._count[State.RECORDING] += len(batch)
         before = self.used
         self._buffered -= sum(1 for run in batch if not run.reserved)
         if self.used < before:
@@ -340,9 +340,11 @@ class RunTracker(Generic[R]):
     # -- the transitions -----------------------------------------------------------------------------
 
     def _move(self, run: R, to: State, *, notify: bool = True) -> None:
+        # The state alone says whether the run is ours: only the tracker writes it, and a run that
+        # left (an end) or was never leased (None) has no transitions.
         was = run.state
-        slots = _EDGES.get(was, _NO_EDGES).get(to)
-        if slots is None or self._runs.get(run.id) is not run:
+        slots = _EDGES[was].get(to)
+        if slots is None:
             raise IllegalTransition(f"{run!r} cannot go to {to.value}")
         count = self._count
         count[was] -= 1  # type: ignore[index]  # not None: it has edges
