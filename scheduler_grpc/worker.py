@@ -70,7 +70,7 @@ from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Claim, Completed, ExecutionRepository, Outcome
 from scheduler_grpc.errors import SchedulerError
 from scheduler_grpc.events import EventType
-from scheduler_grpc.executions import ExecutionStatus, Trigger
+from scheduler_grpc.executions import DeadReason, ExecutionStatus, Trigger
 from scheduler_grpc.handlers import (
     ExecutionContext,
     HandlerError,
@@ -826,7 +826,13 @@ class Worker:
                 await self._defer(running, exc)
                 return
             except SchedulerError as exc:  # unknown handler (plugin removed): a permanent failure
-                outcome = Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc))
+                outcome = Outcome(
+                    claim.execution_id,
+                    lease.token,
+                    ExecutionStatus.DEAD,
+                    error=str(exc),
+                    dead_reason=DeadReason.PERMANENT,
+                )
             else:
                 try:
                     outcome = await self._attempt(running, handler)
@@ -908,7 +914,9 @@ class Worker:
                 raise
             status, error = ExecutionStatus.TIMED_OUT, _timed_out(claim)
         except PermanentHandlerError as exc:
-            return Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc))
+            return Outcome(
+                claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc), dead_reason=DeadReason.PERMANENT
+            )
         except HandlerError as exc:
             status, error = ExecutionStatus.FAILED, str(exc)
         except Exception as exc:  # a handler bug is this attempt's failure, not the worker's
@@ -930,7 +938,9 @@ class Worker:
             backoff = claim.retry.backoff(claim.budget_attempt)
             return Outcome(claim.execution_id, lease.token, status, error=error, retry_after=backoff)
         spent = f"{error} (retry budget of {claim.retry.max_retries} spent)"
-        return Outcome(claim.execution_id, lease.token, ExecutionStatus.DEAD, error=spent)
+        return Outcome(
+            claim.execution_id, lease.token, ExecutionStatus.DEAD, error=spent, dead_reason=DeadReason.RETRIES_EXHAUSTED
+        )
 
     # -- finishing ---------------------------------------------------------------------------------
 
@@ -1030,8 +1040,7 @@ class Worker:
                     )  # fmt: skip
             elif status is ExecutionStatus.DEAD:
                 deaths.append((lease, outcome.error or "dead"))
-                reason = "retries_exhausted" if outcome.error and "retry budget" in outcome.error else "permanent"
-                metrics.DEAD_LETTERED.labels(reason).inc()
+                metrics.DEAD_LETTERED.labels(outcome.dead_reason or DeadReason.PERMANENT).inc()
             else:
                 acks.append(lease)
         self.stats.completed += sum(counts.values())
@@ -1243,7 +1252,7 @@ class Worker:
 def _with_start(outcome: Outcome, started_at: datetime) -> Outcome:
     # Built directly: `dataclasses.replace` costs several times more.
     return Outcome(outcome.execution_id, outcome.claim_token, outcome.status, outcome.error, outcome.result,
-                   outcome.retry_after, started_at)  # fmt: skip
+                   outcome.retry_after, started_at, outcome.dead_reason)  # fmt: skip
 
 
 async def _sleep_until(when: float) -> None:

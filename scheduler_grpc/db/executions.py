@@ -27,7 +27,7 @@ import orjson
 from scheduler_grpc import pagetokens
 from scheduler_grpc.db.leadership import Connection, assert_current_term
 from scheduler_grpc.errors import Fenced, InvalidArgument, NotFound
-from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
+from scheduler_grpc.executions import DeadReason, Execution, ExecutionStatus, Trigger
 from scheduler_grpc.jobs import RetryPolicy
 
 _COLUMNS = """e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.status, e.trigger, e.due_at, e.priority,
@@ -229,7 +229,8 @@ class Outcome:
     """How an attempt ended, as the worker reports it.
 
     `retry_after` set: the run gets a new `queued` attempt due that long after this one is recorded
-    (the worker decided the budget allows it).
+    (the worker decided the budget allows it). `dead_reason`: why a `dead` outcome is dead (None
+    for any other status; a `dead` outcome without one counts as permanent).
     """
 
     execution_id: str
@@ -241,6 +242,7 @@ class Outcome:
     # When the handler really started, if the claim could not know it (a reserved attempt, claimed
     # ahead): the completion writes it as the attempt's `started_at`. None keeps the claim's.
     started_at: datetime | None = None
+    dead_reason: DeadReason | None = None
 
 
 @dataclass(frozen=True)
