@@ -142,6 +142,14 @@ STREAM_SUBSCRIBERS = Gauge("scheduler_stream_subscribers", "Open WatchExecutions
 STREAM_TOO_SLOW = Counter(
     "scheduler_stream_too_slow_total", "WatchExecutions streams ended for falling behind.", registry=REGISTRY
 )
+EVENTS_SKIPPED = Counter(
+    "scheduler_events_skipped_total",
+    "Event stream entries a reader skipped: an unknown type (a newer writer) or malformed.",
+    ["reason"],
+    registry=REGISTRY,
+)
+for _reason in ("unknown_type", "malformed"):
+    EVENTS_SKIPPED.labels(_reason)  # exported at 0 from the start
 LOGIN_FAILURES = Counter("scheduler_login_failures_total", "Failed logins.", registry=REGISTRY)
 BACKEND_UP = Gauge(
     "scheduler_backend_up", "1 while a backing server answers health checks.", ["backend"], registry=REGISTRY
