@@ -20,7 +20,7 @@ from scheduler_grpc.db.executions import ExecutionRepository, Queued, TriggerOut
 from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.jobs import JobRepository
 from scheduler_grpc.db.pool import Pool
-from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_new_runs
+from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_committed
 from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.executions import Execution, Trigger
 from scheduler_grpc.flows import FlowRun
@@ -368,4 +368,5 @@ class Control:
         return await self.flows.get(flow_run_id)
 
     async def _dispatch(self, runs: Sequence[Queued]) -> None:
-        await dispatch_new_runs(self._redis, self.queues, runs)
+        # Committed already: the caller gets its runs even if Redis fails now (reconcile enqueues them).
+        await dispatch_committed(self._redis, self.queues, runs)

@@ -6,19 +6,26 @@ Enqueueing is idempotent per run id, so doing it twice (a retry, a reconcile rac
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import events
+from scheduler_grpc import events, metrics, stores
 from scheduler_grpc.db.executions import ExecutionRepository, Queued
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution
 from scheduler_grpc.handlers import breaker_key
 from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.queue import NewItem, Queue
+
+log = logging.getLogger(__name__)
+
+# Bound on announcing and enqueueing runs already committed (each Redis call has its own bound too).
+DISPATCH_TIMEOUT = timedelta(seconds=15)
 
 
 class Queues:
@@ -79,6 +86,30 @@ async def dispatch_new_runs(redis: Redis, queues: Queues, runs: Sequence[Queued]
         return 0
     await events.publish(redis, created_events(runs))
     return await enqueue_runs(queues, runs, now)
+
+
+async def dispatch_committed(redis: Redis, queues: Queues, runs: Sequence[Queued]) -> bool:
+    """`dispatch_new_runs` for runs PostgreSQL has committed, for a caller that must get them: a
+    failure is logged and counted (`scheduler_enqueue_deferred_total`), never raised, because the
+    runs exist and the leader's reconcile enqueues them. Failing the call instead would invite a
+    retry, and a retry without a request id runs the job twice.
+
+    Returns:
+        Whether the runs were announced and enqueued now.
+    """
+    try:
+        async with asyncio.timeout(DISPATCH_TIMEOUT.total_seconds()):
+            await dispatch_new_runs(redis, queues, runs)
+    except Exception as exc:
+        metrics.ENQUEUE_DEFERRED.inc(len(runs))
+        metrics.store_error(exc)
+        extra = {"runs": len(runs), "run_ids": [run.run_id for run in runs[:10]]}
+        if stores.is_fault(exc):
+            log.warning("enqueue after commit failed; reconcile enqueues the runs: %r", exc, extra=extra)
+        else:  # not an outage: a bug, but the runs are committed all the same
+            log.exception("enqueue after commit failed; reconcile enqueues the runs", extra=extra)
+        return False
+    return True
 
 
 async def cancel_runs(

@@ -103,6 +103,11 @@ LEASE_RECOVERIES = Counter(
 RECONCILE_REENQUEUED = Counter(
     "scheduler_reconcile_reenqueued_total", "Runs re-enqueued because Redis had lost them.", registry=REGISTRY
 )
+ENQUEUE_DEFERRED = Counter(
+    "scheduler_enqueue_deferred_total",
+    "Runs the API committed but could not enqueue (Redis failed); the leader's reconcile enqueues them.",
+    registry=REGISTRY,
+)
 LEADER = Gauge("scheduler_leader", "1 while this process leads the schedulers.", registry=REGISTRY)
 LEADER_TERM = Gauge("scheduler_leader_term", "The term (fencing token) this process leads under.", registry=REGISTRY)
 LEADERSHIP_CHANGES = Counter(

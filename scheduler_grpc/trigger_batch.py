@@ -49,7 +49,7 @@ MAX_BATCH: Final = 500  # requests per statement (bounds its parameters and the 
 # TriggerJob/s than with two), and an idle server still answers a lone call at once.
 MAX_IN_FLIGHT: Final = 1
 MAX_COLLISIONS: Final = 5  # fresh slots tried for one request before giving up (ABORTED)
-BATCH_TIMEOUT: Final = timedelta(seconds=30)  # one batch: statement, enqueue and publish
+BATCH_TIMEOUT: Final = timedelta(seconds=30)  # one batch's statement (the dispatch after it has its own bound)
 
 Dispatch = Callable[[Sequence[Queued]], Awaitable[object]]
 
@@ -75,7 +75,8 @@ class TriggerBatcher:
 
     Args:
         executions: Where runs are created (`ExecutionRepository.trigger_now`).
-        dispatch: Announces and enqueues a batch's new runs (one publish, one script call per queue).
+        dispatch: Announces and enqueues a batch's new runs (one publish, one script call per queue);
+            bounded, and it should not raise: the runs are committed (`dispatch.dispatch_committed`).
         max_batch: Most requests per batch.
         max_in_flight: Most batches running at once.
     """
@@ -103,12 +104,14 @@ class TriggerBatcher:
         """Create a manual run of `job_id` now (or find the one `request_id` created before).
 
         Returns:
-            CREATED (with the run to enqueue, already enqueued), REPEATED, NO_JOB or MISSED.
+            CREATED (with the run, enqueued; or left to the leader's reconcile if Redis failed the
+            enqueue), REPEATED, NO_JOB or MISSED.
 
         Raises:
             InvalidArgument: `job_id` is not a UUID (naming `id`).
             Aborted: the request collided with other runs' slots `MAX_COLLISIONS` times.
-            Exception: what the statement or the dispatch raised for this caller's batch.
+            Exception: what the statement raised for this caller's batch (a failed enqueue after
+                the commit is not raised: the run exists, and the leader's reconcile enqueues it).
         """
         try:
             job_id = str(uuid.UUID(job_id))
@@ -174,18 +177,17 @@ class TriggerBatcher:
     async def _execute(self, groups: list[_Group]) -> None:
         async with asyncio.timeout(BATCH_TIMEOUT.total_seconds()):
             results = await self._executions.trigger_now([group.request for group in groups])
-            created = [result.run for result in results if result.run is not None]
-            dispatched: Exception | None = None
-            if created:
-                try:
-                    await self._dispatch(created)
-                except Exception as exc:  # committed: the leader's reconcile enqueues them later
-                    dispatched = exc
+        created = [result.run for result in results if result.run is not None]
+        if created:
+            try:
+                await self._dispatch(created)
+            except Exception:
+                # Committed: each caller gets its run all the same (failing it would invite a retry
+                # that runs the job twice); the leader's reconcile enqueues the runs.
+                log.exception("dispatching triggered runs failed after their commit", extra={"runs": len(created)})
         for group, result in zip(groups, results, strict=True):
             if result.outcome is TriggerOutcome.COLLIDED:
                 self._retry(group)
-            elif result.outcome is TriggerOutcome.CREATED and dispatched is not None:
-                _fail([group], dispatched)
             else:
                 for waiter in group.waiters:
                     if not waiter.future.done():
