@@ -35,6 +35,8 @@ MAX_BACKFILL_SLOTS = 1000
 # between, the merge is redone on the new version ("last writer wins", not ABORTED).
 UPDATE_ATTEMPTS = 3
 DEFAULT_MISFIRE_GRACE = timedelta(seconds=60)  # SCHEDULER_MISFIRE_GRACE's default
+# Queue objects kept for the queue names requests mention (a few KB each; any valid name is asked).
+QUEUE_CACHE_SIZE = 512
 
 
 def _is_uuid(value: str) -> bool:
@@ -111,7 +113,7 @@ class Control:
         self.jobs = JobRepository(pool)
         self.executions = ExecutionRepository(pool)
         self.flows = FlowRepository(pool)
-        self.queues = Queues(redis)
+        self.queues = Queues(redis, capacity=QUEUE_CACHE_SIZE)
         self._triggers = TriggerBatcher(self.executions, self._dispatch)
 
     async def create_job(self, spec: JobSpec, *, request_id: str | None = None) -> Job:

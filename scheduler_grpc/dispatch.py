@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -29,19 +29,33 @@ DISPATCH_TIMEOUT = timedelta(seconds=15)
 
 
 class Queues:
-    """One `Queue` object per queue name, created on first use."""
+    """One `Queue` object per queue name, created on first use.
 
-    def __init__(self, redis: Redis) -> None:
+    Args:
+        redis: The client every queue uses (their scripts are registered once per client).
+        capacity: Most queues kept; past it the least recently used is dropped (and made again if
+            asked for: a `Queue` holds no state of its own). None keeps every queue: for the
+            leader, whose names come from the jobs. A server, whose names come from requests (any
+            valid name a viewer asks about), must bound them.
+    """
+
+    def __init__(self, redis: Redis, *, capacity: int | None = None) -> None:
         self._redis = redis
-        self._queues: dict[str, Queue] = {}
+        self._capacity = capacity
+        self._queues: OrderedDict[str, Queue] = OrderedDict()
 
     def get(self, name: str) -> Queue:
         queue = self._queues.get(name)
         if queue is None:
             queue = self._queues[name] = Queue(self._redis, name)
+            if self._capacity is not None and len(self._queues) > self._capacity:
+                self._queues.popitem(last=False)
+        elif self._capacity is not None:
+            self._queues.move_to_end(name)
         return queue
 
     def known(self, also: Iterable[str] = ()) -> list[Queue]:
+        """The queues kept (every one asked for, without a capacity), after adding `also`'s."""
         for name in also:
             self.get(name)
         return list(self._queues.values())

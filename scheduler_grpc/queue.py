@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -191,6 +192,34 @@ def _lua_source(name: str) -> str:
     return _script_source(f"queue_{name}")
 
 
+@functools.cache
+def _key_names(names: str) -> tuple[str, ...]:
+    return tuple(names.split())
+
+
+@functools.cache
+def _op_source(name: str, once: bool) -> str:
+    return resend.guarded(_lua_source(name)) if once else _lua_source(name)
+
+
+# One registered script per Redis client and operation, shared by every `Queue` on that client: a
+# script object holds its source (several KB), and a server may make a `Queue` for every queue name
+# a request mentions. Weak keys: a closed, dropped client takes its scripts with it.
+_SCRIPTS: weakref.WeakKeyDictionary[Redis, dict[tuple[str, bool], AsyncScript]] = weakref.WeakKeyDictionary()
+
+
+def _shared_script(client: Redis, name: str, once: bool) -> AsyncScript:
+    scripts = _SCRIPTS.get(client)
+    if scripts is None:
+        scripts = _SCRIPTS[client] = {}
+    script = scripts.get((name, once))
+    if script is None:
+        # register_script calls EVALSHA and loads the source only on NOSCRIPT (first use, or after
+        # SCRIPT FLUSH / a restart), so the script text crosses the wire once per server.
+        script = scripts[(name, once)] = client.register_script(_op_source(name, once))
+    return script
+
+
 class _Op:
     """One Lua script with the keys it is always called with.
 
@@ -206,10 +235,7 @@ class _Op:
         self.name = name
         self.key_names = list(key_names)
         self.once = once
-        source = resend.guarded(_lua_source(name)) if once else _lua_source(name)
-        # register_script calls EVALSHA and loads the source only on NOSCRIPT (first use, or after
-        # SCRIPT FLUSH / a restart), so the script text crosses the wire once per server.
-        self.script: AsyncScript = client.register_script(source)
+        self.script: AsyncScript = _shared_script(client, name, once)
         self.keys = list(keys)
 
 
@@ -263,9 +289,12 @@ class Queue:
         self.name = name
         self.keys = k = QueueKeys(name)
 
+        key_of = functools.cache(lambda key: str(getattr(k, key)))  # one string per key, shared by the ops
+
         def op(script: str, key_names: str, *, once: bool = False) -> _Op:
             # Key names in the order of the script's KEYS (its header lists the same; a test checks).
-            return _Op(redis, script, key_names.split(), [getattr(k, key) for key in key_names.split()], once=once)
+            names = _key_names(key_names)
+            return _Op(redis, script, names, [key_of(key) for key in names], once=once)
 
         self._enqueue = op("enqueue", "ready delayed priority data seq marker")
         # once=True: not safe to run twice (see `resend`); the others are.
