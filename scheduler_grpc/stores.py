@@ -95,6 +95,12 @@ def is_fault(exc: BaseException) -> bool:
     return False
 
 
+def is_request_error(exc: BaseException) -> bool:
+    """Whether a store refused `exc`'s request as wrong: PostgreSQL's data, integrity or syntax
+    errors (perhaps one request's data in a batch, not an outage)."""
+    return postgres.is_request_error(exc)
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Whether `exc` means Redis or PostgreSQL could not be reached or did not answer in time (a
     gRPC call ends UNAVAILABLE; other store errors are INTERNAL)."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from scheduler_grpc import stores
 from scheduler_grpc.db.executions import (
     ExecutionRepository,
     Queued,
@@ -38,7 +39,6 @@ from scheduler_grpc.db.executions import (
     TriggerRequest,
     TriggerResult,
 )
-from scheduler_grpc.db.faults import is_request_error
 from scheduler_grpc.errors import Aborted, InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ class TriggerBatcher:
             _fail(groups, Aborted("the server is stopping; retry"))
             raise
         except Exception as exc:
-            if len(groups) > 1 and is_request_error(exc):
+            if len(groups) > 1 and stores.is_request_error(exc):
                 # Perhaps one request's data, not the store: again one by one, so only it fails.
                 for group in groups:
                     await self._run([group])
