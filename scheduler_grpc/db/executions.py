@@ -328,8 +328,14 @@ class ExecutionRepository:
         next_run_time moved meanwhile is left alone, and so are its slots), and the inserts
         (`ON CONFLICT DO NOTHING` on (job, slot, attempt): a slot can never fire twice; a `missed`
         range's row holds its first slot, and the compare-and-set moves next_run_time past its
-        last, so no later row can be made for a slot inside it). A job with
-        `concurrency_policy = forbid` and a run still open records the slot as `skipped`.
+        last, so no later row can be made for a slot inside it).
+
+        Concurrency policies, over the `queued` slots of a job recorded together (several after a
+        pause or with `run_all`) as well as against the runs open before the statement:
+        `forbid` runs the first of them, and none if a run of the job is still open; `replace`
+        runs the newest (the caller cancels the runs open before: `open_run_ids`). The others are
+        recorded `skipped`: never enqueued, they were not runs to cancel, and `skipped` is what
+        "not run: the concurrency policy" already reads as.
 
         Returns:
             The runs inserted as `queued`, to be enqueued in Redis (the outbox order: PostgreSQL
@@ -352,15 +358,27 @@ class ExecutionRepository:
                 RETURNING j.id, j.priority, j.concurrency_policy, {_snapshot("j")}
             ), planned AS (
                 -- Each run's id (and run_id) is made here: a CTE read twice is evaluated once.
+                -- The EXISTS sees only rows from before this statement, so the slots of a job
+                -- recorded together are weighed against each other here (the window `w`).
                 SELECT uuid_v7() AS id, p.*, a.priority, {_snapshot("a")},
-                       CASE WHEN p.status = 'queued' AND a.concurrency_policy = 'forbid' AND EXISTS (
-                                SELECT 1 FROM job_executions o
-                                WHERE o.job_id = p.job_id AND o.finished_at IS NULL)
-                            THEN 'skipped' ELSE p.status END AS final_status
+                       CASE WHEN p.status <> 'queued' OR a.concurrency_policy = 'allow' THEN p.status
+                            -- forbid: the statement's first slot runs, if no run was open before it
+                            WHEN a.concurrency_policy = 'forbid' AND (
+                                p.scheduled_for > min(p.scheduled_for) FILTER (WHERE p.status = 'queued') OVER w
+                                OR EXISTS (SELECT 1 FROM job_executions o
+                                           WHERE o.job_id = p.job_id AND o.finished_at IS NULL))
+                            THEN 'skipped'
+                            -- replace: the statement's newest slot runs (the runs open before it are
+                            -- cancelled after the statement, `LeaderLoops._replace_earlier_runs`)
+                            WHEN a.concurrency_policy = 'replace'
+                                 AND p.scheduled_for < max(p.scheduled_for) FILTER (WHERE p.status = 'queued') OVER w
+                            THEN 'skipped'
+                            ELSE p.status END AS final_status
                 FROM unnest($6::uuid[], $7::timestamptz[], $8::text[], $9::timestamptz[], $10::timestamptz[],
-                            $11::integer[])
-                     AS p(job_id, scheduled_for, status, due_at, missed_through, missed_count)
+                            $11::integer[]) WITH ORDINALITY
+                     AS p(job_id, scheduled_for, status, due_at, missed_through, missed_count, n)
                 JOIN advanced a ON a.id = p.job_id
+                WINDOW w AS (PARTITION BY p.job_id)
             ), inserted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
                                             priority, term, finished_at, missed_through, missed_count,
@@ -377,6 +395,7 @@ class ExecutionRepository:
             FROM (SELECT 1) AS one
             LEFT JOIN inserted i ON true
             LEFT JOIN planned p ON p.id = i.id
+            ORDER BY p.n  -- the planned order (the window sorted by job), which is the enqueue order
             """,
             self._scope,
             term,
