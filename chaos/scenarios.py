@@ -1,4 +1,5 @@
-"""The scenarios of `make chaos`: every fault of issue 8, each bounded in count and time.
+"""The scenarios of `make chaos`: every fault of issue 8 and what users' jobs and clients produce
+(issue 19), each bounded in count and time.
 
 Each body injects its faults against a running topology (2 schedulers, 2 workers, 20 per-second
 cron jobs unless it says otherwise), heals them, and records the instants recovery is measured
@@ -24,7 +25,7 @@ from scheduler_client import SchedulerClient
 from scheduler_client.errors import SchedulerClientError
 
 from chaos.harness import Scenario, Stage, eventually, now
-from chaos.watchers import Watcher, Watchers, gaps, login
+from chaos.watchers import Watchers, gaps, judge, login
 from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL
 from scheduler_grpc.errors import FailedPrecondition
 from scheduler_grpc.events import ExecutionEvent, stream_id
@@ -862,29 +863,17 @@ async def unknown_event(stage: Stage) -> None:
             if cursor not in injected:
                 ordinary.append((cursor, ExecutionEvent.from_fields(cursor, fields).job_id))
 
-        def due(watcher: Watcher) -> list[str]:
-            return [cursor for cursor, job in ordinary
-                    if watcher.due(cursor) and (not watcher.job_ids or job in watcher.job_ids)]  # fmt: skip
-
         async def delivered() -> bool:
-            return all(not gaps(due(w), w.received).missing for w in watchers.watchers)
+            return all(not gaps(w.due_of(ordinary), w.received).missing for w in watchers.watchers)
 
         with contextlib.suppress(TimeoutError):
             await eventually(delivered, within=20, interval=0.25, what="every ordinary event delivered")
         first_garbage = min(injected, key=stream_id)
         for watcher in watchers.watchers:
-            found = gaps(due(watcher), watcher.received)
-            after = watcher.received_after(first_garbage)
-            stage.note(f"{watcher.name}: {len(watcher.received)} events, {after} after the garbage, "
-                       f"{len(found.missing)} of {found.due} due missing")  # fmt: skip
-            if found.missing and after == 0:
-                stopped = f"{watcher.name}: nothing after the garbage ({watcher.error or 'no error'})"
-                stage.violation("watcher stopped receiving", stopped)
-            elif found.missing:
-                missed = f"{watcher.name}: {len(found.missing)} of {found.due}, first {found.missing[0]}"
-                stage.violation("watcher missed events", missed)
-            if found.twice:
-                stage.violation("watcher received an event twice", f"{watcher.name}: {found.twice[:3]}")
+            note, violations = judge(watcher, ordinary, first_garbage)
+            stage.note(note)
+            for invariant, detail in violations:
+                stage.violation(invariant, detail)
 
 
 SCENARIOS: tuple[Scenario, ...] = (

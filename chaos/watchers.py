@@ -58,6 +58,10 @@ class Watcher:
         start = self.cursor if self.cursor is not None else self.since
         return start is not None and stream_id(cursor) > stream_id(start)
 
+    def due_of(self, ordinary: Sequence[tuple[str, str]]) -> list[str]:
+        """The cursors due to it among `ordinary` events ((cursor, job id), oldest first)."""
+        return [cursor for cursor, job in ordinary if self.due(cursor) and (not self.job_ids or job in self.job_ids)]
+
     def received_after(self, cursor: str) -> int:
         after = stream_id(cursor)
         return sum(stream_id(each) > after for each in self.received)
@@ -83,6 +87,31 @@ def gaps(due: Iterable[str], received: Sequence[str]) -> Gaps:
             twice.append(cursor)
         seen.add(cursor)
     return Gaps(len(wanted), [cursor for cursor in wanted if cursor not in seen], twice)
+
+
+def judge(watcher: Watcher, ordinary: Sequence[tuple[str, str]], fault: str) -> tuple[str, list[tuple[str, str]]]:
+    """A note on what `watcher` received, and the violations: it stopped receiving after `fault`
+    (a cursor), it missed ordinary events due to it, it received one twice.
+
+    Args:
+        watcher: The watcher, at the end.
+        ordinary: (cursor, job id) of every event the service wrote, oldest first.
+        fault: The cursor of the first entry the scenario injected.
+    """
+    found = gaps(watcher.due_of(ordinary), watcher.received)
+    after = watcher.received_after(fault)
+    note = (f"{watcher.name}: {len(watcher.received)} events, {after} after the fault, "
+            f"{len(found.missing)} of {found.due} due missing")  # fmt: skip
+    violations: list[tuple[str, str]] = []
+    if found.missing and after == 0:
+        violations.append(("watcher stopped receiving",
+                           f"{watcher.name}: nothing after the fault ({watcher.error or 'no error'})"))  # fmt: skip
+    elif found.missing:
+        missed = f"{watcher.name}: {len(found.missing)} of {found.due}, first {found.missing[0]}"
+        violations.append(("watcher missed events", missed))
+    if found.twice:
+        violations.append(("watcher received an event twice", f"{watcher.name}: {found.twice[:3]}"))
+    return note, violations
 
 
 async def login(address: str) -> str:
