@@ -276,7 +276,7 @@ class Scenario:
     schedulers: int = 2
     workers: int = 2
     servers: int = 0
-    settle: float = 30.0
+    settle: float = 60.0
     budget: float = 150.0
     description: str = ""
     target_p99: float | None = None

@@ -424,7 +424,7 @@ async def cancel_while_reconnecting(stage: Stage) -> None:
         return bool(status == "cancelled")
 
     try:
-        await eventually(cancelled, within=8, what="the running run cancelled")
+        await eventually(cancelled, within=20, what="the running run cancelled")
         stage.note(f"cancelled {(now() - at).total_seconds():.2f}s after the request")
     except TimeoutError as exc:
         stage.violation("cancellation lost", str(exc))
@@ -793,6 +793,12 @@ async def cancel_storm(stage: Stage) -> None:
 
     if not await _all_final(stage, runs, within=40, what="storm runs"):
         return
+    # Which runs were cancelled is read back, not assumed: a request given up on by its timeout
+    # may have committed all the same.
+    requested = {row["run_id"] for row in await stage.pool.fetch(
+        """SELECT DISTINCT run_id::text FROM job_executions WHERE run_id = ANY($1::uuid[])
+           AND (cancel_requested_at IS NOT NULL OR status = 'cancelled')""", runs)}  # fmt: skip
+    cancelled |= requested
     latest = await _latest(stage, runs)
     wrong = [f"{run[-12:]} {r['status']}" for run, r in latest.items()
              if r["status"] not in (("cancelled", "succeeded") if run in cancelled else ("succeeded",))]  # fmt: skip
@@ -840,7 +846,7 @@ async def unknown_event(stage: Stage) -> None:
         async def flowing() -> bool:
             return all(w.received for w in watchers.watchers)
 
-        await eventually(flowing, within=20, what="every watcher receiving")
+        await eventually(flowing, within=30, what="every watcher receiving")
         before = watchers.watchers[0].received[-1]
         for round_ in range(GARBAGE_ROUNDS):
             entries = _garbage(round_)
@@ -867,7 +873,7 @@ async def unknown_event(stage: Stage) -> None:
             return all(not gaps(w.due_of(ordinary), w.received).missing for w in watchers.watchers)
 
         with contextlib.suppress(TimeoutError):
-            await eventually(delivered, within=20, interval=0.25, what="every ordinary event delivered")
+            await eventually(delivered, within=30, interval=0.25, what="every ordinary event delivered")
         first_garbage = min(injected, key=stream_id)
         for watcher in watchers.watchers:
             note, violations = judge(watcher, ordinary, first_garbage)
