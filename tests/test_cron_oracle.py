@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_grpc.errors import InvalidArgument
-from scheduler_grpc.schedule import fire_times, parse_cron
+from scheduler_grpc.schedule import CronSchedule, fire_times, fixed_period, last_fire_before, next_instant, parse_cron
 
 ORACLE = json.loads((Path(__file__).parent / "data" / "cron_oracle.json").read_text())
 
@@ -277,6 +277,21 @@ def test_senseless_expressions_are_refused_naming_the_field(expression: str, mes
     with pytest.raises(InvalidArgument, match=message) as caught:
         parse_cron(expression)
     assert caught.value.field == "cron"
+
+
+def test_a_stored_expression_no_longer_accepted_does_not_fire_and_stops_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Validated by an earlier version (croniter read `W31` as `31W`): the roles that walk it go on.
+    schedule = CronSchedule("0 0 W31 * *", "UTC")
+    after = datetime(2026, 1, 1, tzinfo=UTC)
+    assert list(fire_times(schedule, after)) == []
+    assert next_instant(schedule, after) is None
+    assert fixed_period(schedule) is None
+    assert last_fire_before(schedule, after, after + timedelta(days=90)) == after
+    assert "no longer accepted" in caplog.text
+    with pytest.raises(InvalidArgument, match="day-of-month field: 'W31'"):
+        parse_cron(schedule.expression)
 
 
 # --- Meanings the oracles do not both give, chosen as Vixie cron's. ---
