@@ -161,7 +161,7 @@ class _Spec:
 def _value(text: str, index: int) -> int:
     name, low, high = _BOUNDS[index]
     names = _NAMES.get(index, {})
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         number = int(text)
     elif text.capitalize() in names:
         number = names[text.capitalize()]
