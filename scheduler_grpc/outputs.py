@@ -157,6 +157,27 @@ def measure(value: Any, *, max_depth: int | None = None, max_size: int | None = 
     return Measure(size, deepest)
 
 
+def depth(value: Any, *, stop_above: int | None = None) -> int:
+    """How many objects and arrays are nested in `value` (0 for a scalar), by an iterative walk;
+    once past `stop_above`, that depth plus one (a cheap "too deep")."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        level += 1
+        deepest = max(deepest, level)
+        if stop_above is not None and deepest > stop_above:
+            return deepest
+        stack.extend((child, level) for child in children)
+    return deepest
+
+
 def stored_size(value: Any) -> int:
     """`octet_length(value::jsonb::text)` as PostgreSQL computes it.
 
