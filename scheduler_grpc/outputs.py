@@ -98,7 +98,7 @@ def _scalar_size(value: Any) -> int:
         return _string_size(value)
     if isinstance(value, int):
         if not _INT_MIN <= value <= _INT_MAX:
-            raise Unstorable(f"an integer ({str(value)[:20]}…) is outside 64 bits")
+            raise Unstorable("an integer is outside 64 bits (orjson encodes -2**63 to 2**64-1)")
         return len(str(int(value)))
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -126,7 +126,7 @@ def measure(value: Any, *, max_depth: int | None = None, max_size: int | None = 
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
-        item, depth = stack.pop()
+        item, level = stack.pop()
         if isinstance(item, dict):  # what orjson encodes (and subclasses): not any Mapping
             items: Any = item.items()
             keyed = True
@@ -138,10 +138,10 @@ def measure(value: Any, *, max_depth: int | None = None, max_size: int | None = 
             if max_size is not None and size > max_size:
                 raise _Oversized(f"more than {max_size:,} bytes as stored")
             continue
-        depth += 1
-        if max_depth is not None and depth > max_depth:
+        level += 1
+        if max_depth is not None and level > max_depth:
             raise Unstorable(f"nested deeper than {max_depth} objects or arrays")
-        deepest = max(deepest, depth)
+        deepest = max(deepest, level)
         count = len(item)
         size += 2 + 2 * max(count - 1, 0)  # brackets and ", " between entries
         if keyed:
@@ -149,9 +149,9 @@ def measure(value: Any, *, max_depth: int | None = None, max_size: int | None = 
                 if not isinstance(key, str):
                     raise Unstorable(f"an object key is a {type(key).__name__}, not a string")
                 size += _string_size(key) + 2  # the key and ": "
-                stack.append((child, depth))
+                stack.append((child, level))
         else:
-            stack.extend((child, depth) for child in items)
+            stack.extend((child, level) for child in items)
         if max_size is not None and size > max_size:
             raise _Oversized(f"more than {max_size:,} bytes as stored")
     return Measure(size, deepest)

@@ -45,6 +45,17 @@ async def test_the_size_measured_is_postgresqls_octet_length_of_jsonb_text(
     pool: asyncpg.Pool, values: list[Any]
 ) -> None:
     assert [outputs.stored_size(value) for value in values] == await _stored_sizes(pool, values)
+    assert [outputs.measure(value).depth for value in values] == [_depth(value) for value in values]
+    assert [outputs.depth(value) for value in values] == [_depth(value) for value in values]
+
+
+def _depth(value: Any) -> int:
+    """The plain recursive definition, for small values."""
+    if isinstance(value, dict):
+        return 1 + max((_depth(item) for item in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(item) for item in value), default=0)
+    return 0
 
 
 async def test_numbers_measure_as_postgresql_numeric_prints_them(pool: asyncpg.Pool) -> None:
