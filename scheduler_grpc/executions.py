@@ -24,7 +24,7 @@ class ExecutionStatus(enum.StrEnum):
     DEAD = "dead"  # the run's last attempt: retry budget or stall limit spent; parked in the DLQ
     ABANDONED = "abandoned"  # its worker was lost (lease expired); the run goes on in a new attempt
     INTERRUPTED = "interrupted"  # its worker stopped it (graceful shutdown); a new attempt, no budget spent
-    SKIPPED = "skipped"  # not run: the concurrency policy forbade overlapping the previous run
+    SKIPPED = "skipped"  # not run: the concurrency policy (forbid: a run was open; replace: a newer slot ran)
     # Not run: the misfire policy dropped slots missed while no leader ran. One row is a whole run
     # of such slots: scheduled_for .. missed_through, missed_count of them (None: not counted).
     MISSED = "missed"

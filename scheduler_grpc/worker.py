@@ -62,7 +62,7 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import events, metrics, stores
+from scheduler_grpc import events, metrics, outputs, stores
 from scheduler_grpc import registry as workers
 from scheduler_grpc.breakers import BreakerOpen, BreakerPolicy, Breakers, BreakerState
 from scheduler_grpc.config import Settings
@@ -906,7 +906,7 @@ class Worker:
         deadline.running[lease.id] = running
         began = time.perf_counter()
         try:
-            result = await handler.run(ctx, claim.payload)
+            result = outputs.bound_result(await handler.run(ctx, claim.payload))
         except asyncio.CancelledError:
             # The deadline's cancellation is this attempt's timeout: absorb exactly that one; any
             # other cancellation (a cancel request, a stop, a lost lease) goes on.
@@ -917,7 +917,7 @@ class Worker:
             return Outcome(
                 claim.execution_id, lease.token, ExecutionStatus.DEAD, error=str(exc), dead_reason=DeadReason.PERMANENT
             )
-        except HandlerError as exc:
+        except (HandlerError, outputs.Unstorable) as exc:  # (a result over a bound: this attempt's failure)
             status, error = ExecutionStatus.FAILED, str(exc)
         except Exception as exc:  # a handler bug is this attempt's failure, not the worker's
             log.exception("handler raised", extra={"execution_id": claim.execution_id, "handler": claim.handler})

@@ -30,6 +30,30 @@ ROOT = Path(__file__).resolve().parent.parent
 _TIMEOUT = timedelta(seconds=10)
 
 
+# Test tiers (registered in pyproject.toml; `pytest -m pure` runs one, plain `pytest` runs all).
+# A file's own tier wins; otherwise a test is `engine` when it needs the session's servers (any
+# fixture built on `servers`), or when its file starts servers or role processes of its own.
+_FILE_TIERS = {"test_console_browser.py": "browser", "test_chaos.py": "chaos", "test_client_node.py": "node"}
+_ENGINE_FILES = {"test_topology.py"}  # `scheduler-grpc up` with its own embedded servers
+TIERS = ("pure", "engine", "browser", "chaos", "node")
+
+
+def tier(item: pytest.Item) -> str:
+    """The one tier of a test: browser, chaos, node, engine (Redis/PostgreSQL), else pure."""
+    name = item.path.name
+    if name in _FILE_TIERS:
+        return _FILE_TIERS[name]
+    if "servers" in getattr(item, "fixturenames", ()) or name in _ENGINE_FILES:
+        return "engine"
+    return "pure"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, so `-m` selects by it."""
+    for item in items:
+        item.add_marker(tier(item))
+
+
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], object]]:
     """Every async test runs on uvloop, as the service does."""
     return {"uvloop": uvloop.new_event_loop}

@@ -84,16 +84,16 @@ def test_a_saved_report_prints_again(harness: ModuleType, tmp_path: Path, capsys
     assert "2 CPUs (X)" in out
 
 
-def test_the_readme_table_is_replaced_between_the_marker_and_the_machine_line(
+def test_the_docs_table_is_replaced_between_the_marker_and_the_machine_line(
     harness: ModuleType, tmp_path: Path
 ) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(f"## Performance\n\n{harness.README_MARKER}old table\n\nold machine\n\nWhat each row runs\n")
+    page = tmp_path / "performance.md"
+    page.write_text(f"## Performance\n\n{harness.DOCS_MARKER}old table\n\nold machine\n\nWhat each row runs\n")
     report = {"rows": harness.build_rows(SAMPLE), "wall_s": 600, "started": "2026-12-01T04:00:00+00:00",
               "machine": {"cpus": 2, "cpu_model": "X", "python": "3.11", "load_average_at_start": [1.0]}}  # fmt: skip
-    harness.update_readme(report, readme)
-    harness.update_readme(report, readme)  # again: the same text, nothing doubled
-    text = readme.read_text()
+    harness.update_docs(report, page)
+    harness.update_docs(report, page)  # again: the same text, nothing doubled
+    text = page.read_text()
     assert "old" not in text
     assert text.count("| figure | value |") == 1
     assert "2 CPUs (X), Python 3.11, load average 1.00 at the start; `make bench` took 10.0 min (2026-12-01)." in text
@@ -105,3 +105,7 @@ def test_a_failed_phase_shows_in_the_rows_it_left_empty_only(harness: ModuleType
     rows = by_figure(harness.build_rows(results))
     assert rows["10,000 jobs due in one second: all started"]["result"] == "error: burst: RuntimeError: stuck"
     assert rows["scan tick, 1,000 definitions (100 due)"]["result"] == ""  # measured, no target
+
+
+def test_the_performance_page_carries_the_marker(harness: ModuleType) -> None:
+    assert harness.DOCS_PAGE.read_text().count(harness.DOCS_MARKER) == 1

@@ -24,7 +24,8 @@ from typing import Any
 import asyncpg
 import orjson
 
-from scheduler_grpc import pagetokens
+from scheduler_grpc import outputs, pagetokens
+from scheduler_grpc.db import faults
 from scheduler_grpc.db.leadership import Connection, assert_current_term
 from scheduler_grpc.errors import Fenced, InvalidArgument, NotFound
 from scheduler_grpc.executions import DeadReason, Execution, ExecutionStatus, Trigger
@@ -43,6 +44,7 @@ _FENCED_IDLE_LIMIT = "SET LOCAL idle_in_transaction_session_timeout = '1s'"
 LOST_WORKER_ERROR = "worker lost: its lease expired before the attempt finished"
 INTERRUPTED_ERROR = "interrupted: its worker stopped; the run goes on in a new attempt"
 CANCELLED_ERROR = "cancelled"
+REFUSED_ERROR = "the store refused its result"
 
 # The job definition a run carries from the moment it is fired (migration 0002): the claim reads
 # these from the execution row, so editing a job never changes a run already fired.
@@ -244,6 +246,11 @@ class Outcome:
     started_at: datetime | None = None
     dead_reason: DeadReason | None = None
 
+    def __post_init__(self) -> None:
+        # Bounded where it is made, so the row and the events built from it carry the same text.
+        if self.error is not None:
+            object.__setattr__(self, "error", outputs.bound_error(self.error))
+
 
 @dataclass(frozen=True)
 class Completed:
@@ -275,6 +282,24 @@ class ExecutionPage:
 
 _TRIGGERS: dict[str, Trigger] = {trigger.value: trigger for trigger in Trigger}  # faster than Trigger(value)
 _STATUSES: dict[str, ExecutionStatus] = {status.value: status for status in ExecutionStatus}
+
+
+def _encoded(outcome: Outcome) -> tuple[Outcome, str | None]:
+    """An outcome with its result as JSON text; one whose result orjson cannot encode is refused."""
+    if outcome.result is None:
+        return outcome, None
+    try:
+        return outcome, orjson.dumps(outcome.result).decode()
+    except orjson.JSONEncodeError as exc:
+        return _refused(outcome, str(exc)), None
+
+
+def _refused(outcome: Outcome, reason: str) -> Outcome:
+    """The outcome recorded in place of one whose values the store refused: `dead` (the values
+    would be refused again on any retry), without its result."""
+    return Outcome(outcome.execution_id, outcome.claim_token, ExecutionStatus.DEAD,
+                   error=f"{REFUSED_ERROR}: {reason}", started_at=outcome.started_at,
+                   dead_reason=DeadReason.PERMANENT)  # fmt: skip
 
 
 def _ids(values: Sequence[str]) -> list[uuid.UUID]:
@@ -330,8 +355,14 @@ class ExecutionRepository:
         next_run_time moved meanwhile is left alone, and so are its slots), and the inserts
         (`ON CONFLICT DO NOTHING` on (job, slot, attempt): a slot can never fire twice; a `missed`
         range's row holds its first slot, and the compare-and-set moves next_run_time past its
-        last, so no later row can be made for a slot inside it). A job with
-        `concurrency_policy = forbid` and a run still open records the slot as `skipped`.
+        last, so no later row can be made for a slot inside it).
+
+        Concurrency policies, over the `queued` slots of a job recorded together (several after a
+        pause or with `run_all`) as well as against the runs open before the statement:
+        `forbid` runs the first of them, and none if a run of the job is still open; `replace`
+        runs the newest (the caller cancels the runs open before: `open_run_ids`). The others are
+        recorded `skipped`: never enqueued, they were not runs to cancel, and `skipped` is what
+        "not run: the concurrency policy" already reads as.
 
         Returns:
             The runs inserted as `queued`, to be enqueued in Redis (the outbox order: PostgreSQL
@@ -354,15 +385,27 @@ class ExecutionRepository:
                 RETURNING j.id, j.priority, j.concurrency_policy, {_snapshot("j")}
             ), planned AS (
                 -- Each run's id (and run_id) is made here: a CTE read twice is evaluated once.
+                -- The EXISTS sees only rows from before this statement, so the slots of a job
+                -- recorded together are weighed against each other here (the window `w`).
                 SELECT uuid_v7() AS id, p.*, a.priority, {_snapshot("a")},
-                       CASE WHEN p.status = 'queued' AND a.concurrency_policy = 'forbid' AND EXISTS (
-                                SELECT 1 FROM job_executions o
-                                WHERE o.job_id = p.job_id AND o.finished_at IS NULL)
-                            THEN 'skipped' ELSE p.status END AS final_status
+                       CASE WHEN p.status <> 'queued' OR a.concurrency_policy = 'allow' THEN p.status
+                            -- forbid: the statement's first slot runs, if no run was open before it
+                            WHEN a.concurrency_policy = 'forbid' AND (
+                                p.scheduled_for > min(p.scheduled_for) FILTER (WHERE p.status = 'queued') OVER w
+                                OR EXISTS (SELECT 1 FROM job_executions o
+                                           WHERE o.job_id = p.job_id AND o.finished_at IS NULL))
+                            THEN 'skipped'
+                            -- replace: the statement's newest slot runs (the runs open before it are
+                            -- cancelled after the statement, `LeaderLoops._replace_earlier_runs`)
+                            WHEN a.concurrency_policy = 'replace'
+                                 AND p.scheduled_for < max(p.scheduled_for) FILTER (WHERE p.status = 'queued') OVER w
+                            THEN 'skipped'
+                            ELSE p.status END AS final_status
                 FROM unnest($6::uuid[], $7::timestamptz[], $8::text[], $9::timestamptz[], $10::timestamptz[],
-                            $11::integer[])
-                     AS p(job_id, scheduled_for, status, due_at, missed_through, missed_count)
+                            $11::integer[]) WITH ORDINALITY
+                     AS p(job_id, scheduled_for, status, due_at, missed_through, missed_count, n)
                 JOIN advanced a ON a.id = p.job_id
+                WINDOW w AS (PARTITION BY p.job_id)
             ), inserted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
                                             priority, term, finished_at, missed_through, missed_count,
@@ -379,6 +422,7 @@ class ExecutionRepository:
             FROM (SELECT 1) AS one
             LEFT JOIN inserted i ON true
             LEFT JOIN planned p ON p.id = i.id
+            ORDER BY p.n  -- the planned order (the window sorted by job), which is the enqueue order
             """,
             self._scope,
             term,
@@ -660,9 +704,42 @@ class ExecutionRepository:
         Safe to repeat: an outcome already recorded under the same token is reported again, as long
         as `resent` is true (the default). A caller sending outcomes for the first time may pass
         False to skip looking for earlier recordings (one index probe per outcome).
+
+        A value the store refuses (a result orjson cannot encode, or one PostgreSQL refuses: a CHECK,
+        a NUL character) fails only the outcome that carried it: that attempt is recorded `dead`
+        with `REFUSED_ERROR` (its result dropped) and reported with that status, and the batch's
+        other outcomes are recorded as they are (after such a refusal, one statement each).
         """
         if not outcomes:
             return []
+        encoded = [_encoded(outcome) for outcome in outcomes]
+        try:
+            async with self._savepoint():
+                return await self._complete(encoded, resent)
+        except asyncpg.PostgresError as exc:
+            if not faults.is_request_error(exc):
+                raise
+            if len(encoded) > 1:
+                # Perhaps one outcome's data, not the statement: again one by one, so only it fails.
+                return [done for outcome, _ in encoded for done in await self.complete([outcome], resent=resent)]
+            outcome, _ = encoded[0]
+            if outcome.result is None:
+                raise  # refused without a result (or without it already): not the data, a bug
+            async with self._savepoint():
+                return await self._complete([(_refused(outcome, str(exc)), None)], resent)
+
+    @asynccontextmanager
+    async def _savepoint(self) -> AsyncIterator[None]:
+        """A statement that may be refused, under a savepoint when this repository works inside a
+        transaction (so the transaction survives the refusal); as is over a pool."""
+        if isinstance(self._pool, asyncpg.Pool):
+            yield
+        else:
+            async with self._pool.transaction():
+                yield
+
+    async def _complete(self, encoded: Sequence[tuple[Outcome, str | None]], resent: bool) -> list[Completed]:
+        outcomes = [outcome for outcome, _ in encoded]
         rows = await self._pool.fetch(
             f"""
             WITH r AS MATERIALIZED (
@@ -711,8 +788,8 @@ class ExecutionRepository:
             [outcome.execution_id for outcome in outcomes],
             [outcome.claim_token for outcome in outcomes],
             [outcome.status.value for outcome in outcomes],
-            [outcome.error[:8000] if outcome.error else None for outcome in outcomes],
-            [orjson.dumps(outcome.result).decode() if outcome.result is not None else None for outcome in outcomes],
+            [outcome.error for outcome in outcomes],
+            [result for _, result in encoded],
             [outcome.retry_after for outcome in outcomes],
             resent,
             [outcome.started_at for outcome in outcomes],
@@ -840,7 +917,7 @@ class ExecutionRepository:
             _ids([execution_id for execution_id, _ in items]),
             [token for _, token in items],
             status.value,
-            error[:8000],
+            outputs.bound_error(error),
             CANCELLED_ERROR,
             delay,
         )
@@ -911,7 +988,7 @@ class ExecutionRepository:
             RETURNING {_COLUMNS}
             """,
             _ids(run_ids),
-            reason,
+            outputs.bound_error(reason),
         )
         return [execution_from_row(row) for row in rows]
 
