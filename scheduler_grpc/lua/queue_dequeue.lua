@@ -120,10 +120,14 @@ if not solo_id and reserving and #popped < 2 * count and #earliest > 0
     and tonumber(earliest[2]) <= now + window then
   local found = redis.call('ZRANGE', delayed_key, '-inf', string.format('%.0f', now + window), 'BYSCORE',
     'LIMIT', 0, reserve_most + skip_span, 'WITHSCORES')
-  for i = 1, #found, 2 do
-    if #reserved < 2 * reserve_most and not is_solo(found[i]) then
-      reserved[#reserved + 1] = found[i]
-      reserved[#reserved + 1] = found[i + 1]
+  if solo_count == 0 then
+    reserved = found
+  else
+    for i = 1, #found, 2 do
+      if #reserved < 2 * reserve_most and not is_solo(found[i]) then
+        reserved[#reserved + 1] = found[i]
+        reserved[#reserved + 1] = found[i + 1]
+      end
     end
   end
 end
