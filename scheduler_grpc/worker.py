@@ -324,7 +324,7 @@ class Worker:
         self.concurrency = concurrency or settings.worker_concurrency
         self._visibility = settings.visibility_timeout
         self._executions = executions
-        self.queue = Queue(redis, settings.queue, call_timeout=settings.connect_timeout)
+        self.queue = Queue(redis, settings.queue, call_timeout=settings.connect_timeout, max_stalls=settings.max_stalls)
         self.breakers = Breakers(
             BreakerPolicy(
                 window=settings.breaker_window,
@@ -475,9 +475,12 @@ class Worker:
             if self._reserve_ahead:
                 reserve_count = max(0, min(RESERVE_BATCH, self._reserve_max - self._reserving - self._held))
             try:
+                # Idle (holding no run at all): only then may the queue hand over a solo item.
+                idle = not self._running and not self._unclaimed and not self._reserving
                 leases = await self.queue.dequeue_blocking(
                     self.id, self._visibility, free, FETCH_WAIT,
                     reserve=self._reserve_ahead if reserve_count else timedelta(0), reserve_count=reserve_count,
+                    idle=idle,
                 )  # fmt: skip
                 trouble.recovered()
             except asyncio.CancelledError:
@@ -505,10 +508,14 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await self._give_back_leases(leases, fetched)
                 raise
+            if leases[0].solo:  # it runs alone: fetch nothing until it is claimed and has ended
+                await self._claiming.join()
 
     def _free_slots(self) -> int:
         """Slots the fetch loop may lease ready items for: not running a handler, not promised to a
-        leased item, nor to a held run whose due time has come."""
+        leased item, nor to a held run whose due time has come; none while a solo run is held."""
+        if any(running.lease.solo for running in self._running.values()):
+            return 0
         return self.concurrency - self._busy - self._unclaimed - self._starting
 
     async def _give_back_leases(self, leases: Sequence[Lease], fetched: float) -> None:
@@ -965,6 +972,7 @@ class Worker:
                 for finished in batch:
                     self._running.pop(finished.lease.id, None)
                     self._finished.task_done()
+                self._slot_free.set()  # a solo run recorded frees every slot
                 metrics.WORKER_SLOTS.labels("busy").set(self._busy)
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[T]], until: float) -> T:
