@@ -219,6 +219,21 @@ class Stage:
 
         await eventually(ready, within=within, what=f"{role.name} ready")
 
+    async def endpoints(self, server: RoleProcess, within: float = 60) -> tuple[str, str]:
+        """A server role's gRPC address (`host:port`) and web console URL (ending in `/`), from
+        what its current process logged when it started listening."""
+
+        async def logged() -> tuple[str, str] | None:
+            address = url = None
+            for line in server.log_text().rsplit("=== start #", 1)[-1].splitlines():
+                if '"gRPC server listening"' in line:
+                    address = json.loads(line)["address"]
+                elif '"web console listening"' in line:
+                    url = json.loads(line)["url"]
+            return (address, url) if address and url else None
+
+        return await eventually(logged, within=within, what=f"{server.name} listening")
+
     async def restart(self, role: RoleProcess, within: float = 60) -> None:
         role.start()
         self.restarted += 1
@@ -245,6 +260,7 @@ class Scenario:
         handler: Their handler, and `payload` its payload.
         schedulers: Scheduler processes.
         workers: Worker processes.
+        servers: gRPC server processes (each with its web console).
         settle: Longest wait, after healing, for every slot to be recorded and every run final.
         budget: Longest the body may run.
         description: One line for the log.
@@ -259,7 +275,8 @@ class Scenario:
     payload: dict[str, Any] = field(default_factory=dict)
     schedulers: int = 2
     workers: int = 2
-    settle: float = 30.0
+    servers: int = 0
+    settle: float = 60.0
     budget: float = 150.0
     description: str = ""
     target_p99: float | None = None
@@ -314,6 +331,8 @@ async def run_scenario(scenario: Scenario, servers: Servers, work_dir: Path) -> 
             await cluster.add("scheduler")
         for _ in range(scenario.workers):
             await cluster.add("worker")
+        for _ in range(scenario.servers):
+            await cluster.add("server")
         for role in cluster.roles:
             await stage.role_ready(role)
         await eventually(lambda: _ready(stage, scenario.workers), within=60, what="workers beating and a leader")

@@ -257,7 +257,9 @@ SETTINGS: tuple[Setting, ...] = (
         "SCHEDULER_MAX_STALLS",
         _parse_positive_int,
         "3",
-        "Expired leases an item may suffer before it is dead-lettered as stalled.",
+        "Expired leases an item may suffer before it is dead-lettered as stalled; the last of them is a solo "
+        "delivery, alone on an idle worker, so runs that only shared a dying worker are never parked for it "
+        "(1: the first stall parks the run).",
     ),
     Setting(
         "worker_concurrency",

@@ -20,7 +20,7 @@ from scheduler_grpc.db.executions import ExecutionRepository, Queued, TriggerOut
 from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.jobs import JobRepository
 from scheduler_grpc.db.pool import Pool
-from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_new_runs
+from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_committed
 from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.executions import Execution, Trigger
 from scheduler_grpc.flows import FlowRun
@@ -35,6 +35,8 @@ MAX_BACKFILL_SLOTS = 1000
 # between, the merge is redone on the new version ("last writer wins", not ABORTED).
 UPDATE_ATTEMPTS = 3
 DEFAULT_MISFIRE_GRACE = timedelta(seconds=60)  # SCHEDULER_MISFIRE_GRACE's default
+# Queue objects kept for the queue names requests mention (a few KB each; any valid name is asked).
+QUEUE_CACHE_SIZE = 512
 
 
 def _is_uuid(value: str) -> bool:
@@ -111,7 +113,7 @@ class Control:
         self.jobs = JobRepository(pool)
         self.executions = ExecutionRepository(pool)
         self.flows = FlowRepository(pool)
-        self.queues = Queues(redis)
+        self.queues = Queues(redis, capacity=QUEUE_CACHE_SIZE)
         self._triggers = TriggerBatcher(self.executions, self._dispatch)
 
     async def create_job(self, spec: JobSpec, *, request_id: str | None = None) -> Job:
@@ -368,4 +370,5 @@ class Control:
         return await self.flows.get(flow_run_id)
 
     async def _dispatch(self, runs: Sequence[Queued]) -> None:
-        await dispatch_new_runs(self._redis, self.queues, runs)
+        # Committed already: the caller gets its runs even if Redis fails now (reconcile enqueues them).
+        await dispatch_committed(self._redis, self.queues, runs)

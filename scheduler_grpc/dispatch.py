@@ -6,13 +6,15 @@ Enqueueing is idempotent per run id, so doing it twice (a retry, a reconcile rac
 
 from __future__ import annotations
 
-from collections import defaultdict
+import asyncio
+import logging
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import events
+from scheduler_grpc import events, metrics, stores
 from scheduler_grpc.db.executions import ExecutionRepository, Queued
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution
@@ -20,21 +22,40 @@ from scheduler_grpc.handlers import breaker_key
 from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.queue import NewItem, Queue
 
+log = logging.getLogger(__name__)
+
+# Bound on announcing and enqueueing runs already committed (each Redis call has its own bound too).
+DISPATCH_TIMEOUT = timedelta(seconds=15)
+
 
 class Queues:
-    """One `Queue` object per queue name, created on first use."""
+    """One `Queue` object per queue name, created on first use.
 
-    def __init__(self, redis: Redis) -> None:
+    Args:
+        redis: The client every queue uses (their scripts are registered once per client).
+        capacity: Most queues kept; past it the least recently used is dropped (and made again if
+            asked for: a `Queue` holds no state of its own). None keeps every queue: for the
+            leader, whose names come from the jobs. A server, whose names come from requests (any
+            valid name a viewer asks about), must bound them.
+    """
+
+    def __init__(self, redis: Redis, *, capacity: int | None = None) -> None:
         self._redis = redis
-        self._queues: dict[str, Queue] = {}
+        self._capacity = capacity
+        self._queues: OrderedDict[str, Queue] = OrderedDict()
 
     def get(self, name: str) -> Queue:
         queue = self._queues.get(name)
         if queue is None:
             queue = self._queues[name] = Queue(self._redis, name)
+            if self._capacity is not None and len(self._queues) > self._capacity:
+                self._queues.popitem(last=False)
+        elif self._capacity is not None:
+            self._queues.move_to_end(name)
         return queue
 
     def known(self, also: Iterable[str] = ()) -> list[Queue]:
+        """The queues kept (every one asked for, without a capacity), after adding `also`'s."""
         for name in also:
             self.get(name)
         return list(self._queues.values())
@@ -79,6 +100,30 @@ async def dispatch_new_runs(redis: Redis, queues: Queues, runs: Sequence[Queued]
         return 0
     await events.publish(redis, created_events(runs))
     return await enqueue_runs(queues, runs, now)
+
+
+async def dispatch_committed(redis: Redis, queues: Queues, runs: Sequence[Queued]) -> bool:
+    """`dispatch_new_runs` for runs PostgreSQL has committed, for a caller that must get them: a
+    failure is logged and counted (`scheduler_enqueue_deferred_total`), never raised, because the
+    runs exist and the leader's reconcile enqueues them. Failing the call instead would invite a
+    retry, and a retry without a request id runs the job twice.
+
+    Returns:
+        Whether the runs were announced and enqueued now.
+    """
+    try:
+        async with asyncio.timeout(DISPATCH_TIMEOUT.total_seconds()):
+            await dispatch_new_runs(redis, queues, runs)
+    except Exception as exc:
+        metrics.ENQUEUE_DEFERRED.inc(len(runs))
+        metrics.store_error(exc)
+        extra = {"runs": len(runs), "run_ids": [run.run_id for run in runs[:10]]}
+        if stores.is_fault(exc):
+            log.warning("enqueue after commit failed; reconcile enqueues the runs: %r", exc, extra=extra)
+        else:  # not an outage: a bug, but the runs are committed all the same
+            log.exception("enqueue after commit failed; reconcile enqueues the runs", extra=extra)
+        return False
+    return True
 
 
 async def cancel_runs(

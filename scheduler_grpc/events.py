@@ -7,6 +7,13 @@ writer dies in between (the change itself stays recorded in PostgreSQL); a publi
 resends after a lost reply does not append twice (see `resend`). gRPC servers read the stream (one
 reader per process) and fan it out to subscribers, who resume from the last stream id they saw.
 The stream is capped (approximately, `MAXLEN ~`) so it cannot grow without bound.
+
+Entries are typed and forward compatible. An event is one stream field `e`: a JSON array whose
+first nine positions are fixed (`encode_fields`). A newer writer may append positions, add stream
+fields or add event types; a reader ignores positions and fields it does not know, and skips (counts
+in `scheduler_events_skipped_total`, logs once) an entry it cannot decode at all: an unknown type,
+missing or mistyped positions, or anything else written into the stream. A reader always moves past
+an entry, understood or not: one bad entry never stops the events after it.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
-from scheduler_grpc import resend, scripts
+from scheduler_grpc import metrics, resend, scripts
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, SchedulerError, Unavailable
 from scheduler_grpc.keys import EventKeys
 from scheduler_grpc.scripts import text as _text
@@ -38,6 +45,7 @@ _KEYS = EventKeys()
 _STREAM_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
 _MIN_BACKOFF = 0.05
 _MAX_BACKOFF = 2.0
+_FIXED_POSITIONS = 9  # positions of `encode_fields`; a newer writer may append more
 _log = logging.getLogger(__name__)
 
 
@@ -55,6 +63,24 @@ class EventType(enum.StrEnum):
     SKIPPED = "skipped"
     MISSED = "missed"
     UPSTREAM_FAILED = "upstream_failed"  # a flow run recorded a job not run: its upstreams failed
+
+
+class UndecodableEvent(ValueError):
+    """A stream entry this reader does not understand (skipped, never retried).
+
+    Attributes:
+        cursor: The entry's stream id.
+        reason: `unknown_type` (an event type of a newer writer) or `malformed` (anything else).
+    """
+
+    def __init__(self, cursor: str, reason: str, problem: str) -> None:
+        super().__init__(f"stream entry {cursor} is not an event this reader understands: {problem}")
+        self.cursor = cursor
+        self.reason = reason
+
+
+def _malformed(cursor: str, problem: str) -> UndecodableEvent:
+    return UndecodableEvent(cursor, "malformed", problem)
 
 
 @dataclass(frozen=True)
@@ -81,21 +107,44 @@ class ExecutionEvent:
 
     @classmethod
     def from_fields(cls, cursor: str, fields: Mapping[Any, Any]) -> ExecutionEvent:
-        """Decode a stream entry written by `publish`."""
+        """Decode a stream entry written by `publish` (or by a newer writer: positions after the
+        ninth and stream fields other than `e` are ignored).
+
+        Raises:
+            UndecodableEvent: no `e` field, not a JSON array of at least nine positions, a position
+                of the wrong type, a time that is not ISO 8601, or an unknown type.
+        """
         encoded = fields.get(b"e") or fields.get("e")
-        if encoded is None:
-            raise ValueError(f"stream entry {cursor} is not an execution event")
-        kind, execution_id, run_id, job_id, attempt, handler, worker_id, error, time = orjson.loads(encoded)
+        if not isinstance(encoded, bytes | str):
+            raise _malformed(cursor, "no field `e`")
+        try:
+            values = orjson.loads(encoded)
+        except orjson.JSONDecodeError:
+            raise _malformed(cursor, "`e` is not JSON") from None
+        if not isinstance(values, list) or len(values) < _FIXED_POSITIONS:
+            raise _malformed(cursor, f"`e` is not an array of at least {_FIXED_POSITIONS} positions")
+        kind, execution_id, run_id, job_id, attempt, handler, worker_id, error, time = values[:_FIXED_POSITIONS]
+        texts = (kind, execution_id, run_id, job_id, handler, worker_id, error, time)
+        if not all(isinstance(text, str) for text in texts) or type(attempt) is not int:
+            raise _malformed(cursor, "a position of the wrong type")
+        try:
+            event_type = EventType(kind)
+        except ValueError:
+            raise UndecodableEvent(cursor, "unknown_type", f"unknown event type {kind[:40]!r}") from None
+        try:
+            at = datetime.fromisoformat(time)
+        except ValueError:
+            raise _malformed(cursor, "the time is not ISO 8601") from None
         return cls(
-            type=EventType(kind),
+            type=event_type,
             execution_id=execution_id,
             run_id=run_id,
             job_id=job_id,
-            attempt=int(attempt),
+            attempt=attempt,
             handler=handler,
             worker_id=worker_id,
             error=error,
-            time=datetime.fromisoformat(time),
+            time=at,
             cursor=cursor,
         )
 
@@ -146,12 +195,51 @@ async def publish_encoded(redis: Redis, encoded: Sequence[bytes], *, ids: bool =
 
 
 async def read_after(redis: Redis, cursor: str = "0-0", count: int = 1000) -> list[ExecutionEvent]:
-    """Events after `cursor` (a stream id), oldest first (tests, resumption)."""
+    """Events after `cursor` (a stream id), oldest first (tests, resumption): of the next `count`
+    entries, those this reader understands."""
     reply = await redis.xrange(_KEYS.stream, min=f"({cursor}" if cursor != "0-0" else "-", count=count)
-    return [
-        ExecutionEvent.from_fields(entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id), fields or {})
-        for entry_id, fields in reply or []
-    ]
+    return _decode_entries(reply).events
+
+
+class _Skips:
+    """Counts the entries readers skipped; logs the first one of each reason (later ones are only
+    counted: a flood of them must not flood the log)."""
+
+    def __init__(self) -> None:
+        self.logged: set[str] = set()
+
+    def skipped(self, error: UndecodableEvent) -> None:
+        metrics.EVENTS_SKIPPED.labels(error.reason).inc()
+        if error.reason not in self.logged:
+            self.logged.add(error.reason)
+            _log.warning("%s; skipped (further such entries are only counted)", error, extra={"cursor": error.cursor})
+
+
+_SKIPS = _Skips()
+
+
+@dataclass(frozen=True)
+class _Page:
+    """Decoded stream entries: the events understood, how many entries were read, the last one's id."""
+
+    events: list[ExecutionEvent]
+    entries: int
+    last: str
+
+
+def _decode_entries(reply: Any) -> _Page:
+    """Decode `[(id, {field: value}), ...]`, skipping (and counting) entries not understood."""
+    decoded: list[ExecutionEvent] = []
+    entries = 0
+    last = ""
+    for entry_id, fields in reply or []:
+        entries += 1
+        last = _text(entry_id)
+        try:
+            decoded.append(ExecutionEvent.from_fields(last, fields or {}))
+        except UndecodableEvent as error:
+            _SKIPS.skipped(error)
+    return _Page(decoded, entries, last)
 
 
 async def trim_before(redis: Redis, older_than: datetime) -> int:
@@ -294,15 +382,15 @@ class Subscription:
         after = cursor
         while True:
             page = await self._fanout._read_after(after)
-            for event in page:
+            for event in page.events:
                 event_id = stream_id(event.cursor)
                 if event_id > self._last:
                     self._last = event_id
                     if self.filter.matches(event):
                         yield event
-            if len(page) < CATCH_UP_PAGE:
+            if page.entries < CATCH_UP_PAGE:
                 return
-            after = page[-1].cursor
+            after = page.last  # past the page's last entry, understood or skipped
 
 
 class EventFanout:
@@ -398,11 +486,11 @@ class EventFanout:
         for subscription in list(self._subscribers):
             subscription._close()
 
-    async def _read_after(self, cursor: str) -> list[ExecutionEvent]:
+    async def _read_after(self, cursor: str) -> _Page:
         async with asyncio.timeout(self._timeout):
             # redis-py types stream replies loosely; the shape is [(id, {field: value}), ...].
             reply: Any = await self._redis.xrange(_KEYS.stream, min=f"({cursor}", count=CATCH_UP_PAGE)
-        return [ExecutionEvent.from_fields(_text(entry_id), fields or {}) for entry_id, fields in reply or []]
+        return _decode_entries(reply)
 
     async def _check_retained(self, cursor: str) -> None:
         """Raise CursorExpired if events after `cursor` may have been trimmed away, InvalidArgument
@@ -470,9 +558,14 @@ class EventFanout:
             reply: Any = await self._redis.xread({_KEYS.stream: self.position}, count=self._batch, block=self._block_ms)
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
-                event = ExecutionEvent.from_fields(_text(entry_id), fields or {})
-                event_id = stream_id(event.cursor)
-                self._position = event_id
+                cursor = _text(entry_id)
+                event_id = stream_id(cursor)
+                self._position = event_id  # first: the reader moves past every entry, understood or not
+                try:
+                    event = ExecutionEvent.from_fields(cursor, fields or {})
+                except UndecodableEvent as error:
+                    _SKIPS.skipped(error)
+                    continue
                 for subscription in list(self._subscribers):
                     if not subscription._offer(event, event_id):
                         self._subscribers.discard(subscription)

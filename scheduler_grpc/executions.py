@@ -36,6 +36,14 @@ class ExecutionStatus(enum.StrEnum):
         return self not in (ExecutionStatus.QUEUED, ExecutionStatus.RUNNING)
 
 
+class DeadReason(enum.StrEnum):
+    """Why an attempt ended its run `dead`, decided where the failure is judged (the worker), never
+    read back from the error text (the `reason` of `scheduler_dead_lettered_total`)."""
+
+    RETRIES_EXHAUSTED = "retries_exhausted"  # a retryable failure with no retry budget left
+    PERMANENT = "permanent"  # a failure retries cannot fix (PermanentHandlerError, unknown handler)
+
+
 class Trigger(enum.StrEnum):
     SCHEDULE = "schedule"
     MANUAL = "manual"

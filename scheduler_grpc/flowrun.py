@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import events
+from scheduler_grpc import events, outputs
 from scheduler_grpc.db.executions import Queued
 from scheduler_grpc.db.flows import FlowRepository, NodeDecision, OpenNode, Recorded
 from scheduler_grpc.dispatch import Queues, dispatch_new_runs
@@ -112,8 +112,11 @@ async def _decide_flow(
         named = {up.job_name: results.get(up.run_id) if up.run_id else None for up in upstreams}
         try:
             resolved = resolve_payload(payload, named)
+            outputs.bound_resolved_payload(resolved)  # as the run's payload column stores it
         except UnresolvedReference as exc:
             decisions.append(NodeDecision(node.job_id, "dead", error=f"payload: {exc}"))
+        except outputs.Unstorable as exc:  # "payload resolved to 80,012 bytes; at most 65,536"
+            decisions.append(NodeDecision(node.job_id, "dead", error=str(exc)))
         else:
             decisions.append(NodeDecision(node.job_id, "queued", payload=resolved))
     async with flows.fenced(term) as fenced:

@@ -27,6 +27,9 @@ class QueueKeys:
         seq: STRING counter giving FIFO order within a priority.
         lease_seq: STRING counter giving lease tokens.
         marker: ZSET with one member; set when work becomes ready, blocking-popped by idle workers.
+        solo: SET of waiting ids (ready or delayed) whose next delivery is solo: it has stalled
+            max_stalls - 1 times, so it runs only alone on an idle worker (see `Queue.dequeue`).
+        drainer: STRING, the worker asked to become idle for a solo item (expires).
         request(id): STRING, the remembered reply of one script call (see `resend`), short-lived.
     """
 
@@ -89,6 +92,14 @@ class QueueKeys:
     @property
     def marker(self) -> str:
         return self._key("marker")
+
+    @property
+    def solo(self) -> str:
+        return self._key("solo")
+
+    @property
+    def drainer(self) -> str:
+        return self._key("drainer")
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,11 @@ LEASE_RECOVERIES = Counter(
 RECONCILE_REENQUEUED = Counter(
     "scheduler_reconcile_reenqueued_total", "Runs re-enqueued because Redis had lost them.", registry=REGISTRY
 )
+ENQUEUE_DEFERRED = Counter(
+    "scheduler_enqueue_deferred_total",
+    "Runs the API committed but could not enqueue (Redis failed); the leader's reconcile enqueues them.",
+    registry=REGISTRY,
+)
 LEADER = Gauge("scheduler_leader", "1 while this process leads the schedulers.", registry=REGISTRY)
 LEADER_TERM = Gauge("scheduler_leader_term", "The term (fencing token) this process leads under.", registry=REGISTRY)
 LEADERSHIP_CHANGES = Counter(
@@ -142,6 +147,14 @@ STREAM_SUBSCRIBERS = Gauge("scheduler_stream_subscribers", "Open WatchExecutions
 STREAM_TOO_SLOW = Counter(
     "scheduler_stream_too_slow_total", "WatchExecutions streams ended for falling behind.", registry=REGISTRY
 )
+EVENTS_SKIPPED = Counter(
+    "scheduler_events_skipped_total",
+    "Event stream entries a reader skipped: an unknown type (a newer writer) or malformed.",
+    ["reason"],
+    registry=REGISTRY,
+)
+for _reason in ("unknown_type", "malformed"):
+    EVENTS_SKIPPED.labels(_reason)  # exported at 0 from the start
 LOGIN_FAILURES = Counter("scheduler_login_failures_total", "Failed logins.", registry=REGISTRY)
 BACKEND_UP = Gauge(
     "scheduler_backend_up", "1 while a backing server answers health checks.", ["backend"], registry=REGISTRY

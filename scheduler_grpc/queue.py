@@ -17,6 +17,14 @@ of four sorted sets of its queue (all keys share the hash tag `{q:<name>}`, see 
   set (a worker's reservations, started at their due time), when ready items do not fill it.
 - dead: parked with a reason; listed, requeued or purged by an operator.
 
+Stalls are charged to the run that caused them: an item dead-lettered as stalled has had
+`max_stalls` deliveries whose leases expired, the last of them a *solo* delivery, alone on an idle
+worker. An item that stalled `max_stalls - 1` times waits in the solo set (a set of ids, empty in
+normal operation, so the dequeue pays one SCARD for the rule): busy workers skip it, keeping its
+place, and one of them (the drainer) is told to become idle; an idle worker gets it alone. So the
+items that merely shared a worker with a poison one, which die with that worker, are never parked
+for it: their own solo delivery succeeds.
+
 Every time comes from Redis `TIME` inside the scripts, never from a client clock; durations in this
 API are `timedelta`, turned into integer milliseconds only at the Redis boundary.
 
@@ -36,6 +44,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -56,6 +65,7 @@ from scheduler_grpc.scripts import text as _text
 
 __all__ = [
     "DEFAULT_MAX_DELIVERIES",
+    "DEFAULT_MAX_STALLS",
     "MAX_BATCH",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
@@ -63,6 +73,7 @@ __all__ = [
     "DeadPage",
     "ItemState",
     "Lease",
+    "Leased",
     "NewItem",
     "Queue",
     "QueueStats",
@@ -73,12 +84,14 @@ _log = logging.getLogger(__name__)
 
 SEQ_SPAN: Final = 2**42
 """Sequence numbers per priority in a ready score; the Lua scripts hard-code the same value."""
-DEFAULT_MAX_DELIVERIES: Final = 3
-"""Default of `recover_expired(max_deliveries=)`, the default of `SCHEDULER_MAX_STALLS`."""
+DEFAULT_MAX_STALLS: Final = 3
+"""Default of `Queue(max_stalls=)`, the default of `SCHEDULER_MAX_STALLS`."""
+DEFAULT_MAX_DELIVERIES: Final = DEFAULT_MAX_STALLS
+"""The same number under its older name."""
 MAX_BATCH: Final = 1000
 """Most items one dequeue, recover, promote or dead-letter batch moves, so no script stalls Redis."""
 STALLED: Final = "stalled"
-"""Dead-letter reason of an item whose leases expired `max_deliveries` times."""
+"""Dead-letter reason of an item whose leases expired `max_deliveries` times, the last one alone."""
 
 _MS: Final = timedelta(milliseconds=1)
 # Each BZPOPMIN of dequeue_blocking waits at most this long, then the loop tries a dequeue anyway:
@@ -132,6 +145,8 @@ class Lease:
         deadline: When the lease expires (Redis clock, UTC) unless extended or finished.
         due_in: None for a ready item; for a reserved delayed item (`dequeue(reserve=...)`), how
             long after the dequeue read the Redis clock the item is due.
+        solo: This delivery must run alone on its worker: nothing else may be leased, claimed or
+            run beside it until it ends (the item stalled `max_stalls - 1` times already).
     """
 
     id: str
@@ -141,6 +156,22 @@ class Lease:
     deliveries: int
     deadline: datetime
     due_in: timedelta | None = None
+    solo: bool = False
+
+
+class Leased(list[Lease]):
+    """What a dequeue leased (a list of `Lease`), and whether the caller should become idle.
+
+    Attributes:
+        solo_waiting: The caller skipped a solo item and is its drainer (one worker at a time): it
+            should lease nothing more until it holds no run, then dequeue once with `idle=True`.
+    """
+
+    solo_waiting: bool
+
+    def __init__(self, leases: Iterable[Lease] = (), *, solo_waiting: bool = False) -> None:
+        super().__init__(leases)
+        self.solo_waiting = solo_waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +222,34 @@ def _lua_source(name: str) -> str:
     return _script_source(f"queue_{name}")
 
 
+@functools.cache
+def _key_names(names: str) -> tuple[str, ...]:
+    return tuple(names.split())
+
+
+@functools.cache
+def _op_source(name: str, once: bool) -> str:
+    return resend.guarded(_lua_source(name)) if once else _lua_source(name)
+
+
+# One registered script per Redis client and operation, shared by every `Queue` on that client: a
+# script object holds its source (several KB), and a server may make a `Queue` for every queue name
+# a request mentions. Weak keys: a closed, dropped client takes its scripts with it.
+_SCRIPTS: weakref.WeakKeyDictionary[Redis, dict[tuple[str, bool], AsyncScript]] = weakref.WeakKeyDictionary()
+
+
+def _shared_script(client: Redis, name: str, once: bool) -> AsyncScript:
+    scripts = _SCRIPTS.get(client)
+    if scripts is None:
+        scripts = _SCRIPTS[client] = {}
+    script = scripts.get((name, once))
+    if script is None:
+        # register_script calls EVALSHA and loads the source only on NOSCRIPT (first use, or after
+        # SCRIPT FLUSH / a restart), so the script text crosses the wire once per server.
+        script = scripts[(name, once)] = client.register_script(_op_source(name, once))
+    return script
+
+
 class _Op:
     """One Lua script with the keys it is always called with.
 
@@ -206,10 +265,7 @@ class _Op:
         self.name = name
         self.key_names = list(key_names)
         self.once = once
-        source = resend.guarded(_lua_source(name)) if once else _lua_source(name)
-        # register_script calls EVALSHA and loads the source only on NOSCRIPT (first use, or after
-        # SCRIPT FLUSH / a restart), so the script text crosses the wire once per server.
-        self.script: AsyncScript = client.register_script(source)
+        self.script: AsyncScript = _shared_script(client, name, once)
         self.keys = list(keys)
 
 
@@ -232,9 +288,12 @@ class Queue:
         name: Queue name: 1-64 letters, digits, '_', '.' or '-'.
         blocking_redis: Optional separate client for blocking waits.
         call_timeout: Bound on each non-blocking call (e.g. SCHEDULER_CONNECT_TIMEOUT).
+        max_stalls: SCHEDULER_MAX_STALLS: the default of `recover_expired(max_deliveries=)`, and
+            what makes a counted `nack` put an item in the solo set.
 
     Raises:
-        InvalidArgument: a bad name, timeout or single-connection client for blocking waits.
+        InvalidArgument: a bad name, timeout, max_stalls or single-connection client for blocking
+            waits.
     """
 
     def __init__(
@@ -244,9 +303,12 @@ class Queue:
         *,
         blocking_redis: Redis | None = None,
         call_timeout: timedelta = timedelta(seconds=5),
+        max_stalls: int = DEFAULT_MAX_STALLS,
     ) -> None:
         if not is_queue_name(name):
             raise InvalidArgument("name", QUEUE_NAME_RULE)
+        _check_max_stalls(max_stalls, "max_stalls")
+        self.max_stalls = max_stalls
         if call_timeout <= timedelta(0):
             raise InvalidArgument("call_timeout", "must be positive")
         blocking = blocking_redis or redis
@@ -263,31 +325,36 @@ class Queue:
         self.name = name
         self.keys = k = QueueKeys(name)
 
+        key_of = functools.cache(lambda key: str(getattr(k, key)))  # one string per key, shared by the ops
+
         def op(script: str, key_names: str, *, once: bool = False) -> _Op:
             # Key names in the order of the script's KEYS (its header lists the same; a test checks).
-            return _Op(redis, script, key_names.split(), [getattr(k, key) for key in key_names.split()], once=once)
+            names = _key_names(key_names)
+            return _Op(redis, script, names, [key_of(key) for key in names], once=once)
 
         self._enqueue = op("enqueue", "ready delayed priority data seq marker")
         # once=True: not safe to run twice (see `resend`); the others are.
         self._dequeue = op(
-            "dequeue", "ready processing priority data deliveries lease owner lease_seq marker delayed seq", once=True
+            "dequeue",
+            "ready processing priority data deliveries lease owner lease_seq marker delayed seq solo drainer",
+            once=True,
         )
         self._ack = op("ack", "processing priority data deliveries lease owner")
-        self._nack = op("nack", "processing ready delayed priority deliveries lease owner seq marker")
+        self._nack = op("nack", "processing ready delayed priority deliveries lease owner seq marker solo")
         self._extend = op("extend", "processing lease")
         self._recover = op(
-            "recover", "processing ready dead priority deliveries lease owner dead_reason seq marker", once=True
+            "recover", "processing ready dead priority deliveries lease owner dead_reason seq marker solo", once=True
         )
         self._promote = op("promote", "delayed ready priority seq marker")
-        self._dead_letter = op("dead_letter", "processing ready delayed dead lease owner dead_reason")
+        self._dead_letter = op("dead_letter", "processing ready delayed dead lease owner dead_reason solo")
         self._finish = op(
-            "finish", "processing ready delayed dead priority data deliveries lease owner dead_reason seq marker"
+            "finish", "processing ready delayed dead priority data deliveries lease owner dead_reason seq marker solo"
         )
         self._list_dead = op("list_dead", "dead priority data deliveries dead_reason")
         self._requeue_dead = op("requeue_dead", "dead ready priority deliveries dead_reason seq marker", once=True)
         self._purge_dead = op("purge_dead", "dead priority data deliveries lease owner dead_reason", once=True)
         self._restore_dead = op("restore_dead", "dead priority data dead_reason")
-        self._remove = op("remove", "ready delayed priority data deliveries")
+        self._remove = op("remove", "ready delayed priority data deliveries solo")
         self._states = op("states", "ready processing delayed dead")
         self._rearm = op("rearm", "ready marker")
 
@@ -366,7 +433,8 @@ class Queue:
         *,
         reserve: timedelta = timedelta(0),
         reserve_count: int = 0,
-    ) -> list[Lease]:
+        idle: bool = False,
+    ) -> Leased:
         """Lease up to `count` of the best ready items to `worker_id`, without waiting.
 
         Delayed items whose due time has passed (Redis clock) are promoted to ready first, in the
@@ -384,17 +452,22 @@ class Queue:
                 due within this long (Redis clock) are leased too, up to `reserve_count`, and leave
                 the delayed set; each lease's `due_in` says when its item is due. Zero: none.
             reserve_count: Most delayed items to reserve (0..MAX_BATCH).
+            idle: The caller holds no run at all (none leased, claimed, held or running). Only an
+                idle caller gets a solo item (one that stalled `max_stalls - 1` times): then the
+                reply is that one lease, `solo=True`, and the caller must run nothing beside it
+                until it ends. Other callers skip solo items (never reserve them either).
 
         Returns:
             The leases: the ready ones best first, then the reserved ones in due order; empty when
-            nothing is ready nor due within the window.
+            nothing is ready nor due within the window. `solo_waiting` is True when the caller
+            skipped a solo item and was chosen to drain it (see `Leased`).
 
         Raises:
             InvalidArgument: a bad worker id, timeout or count.
             Unavailable: Redis did not answer in time.
         """
         _check_id(worker_id, "worker_id")
-        leases, _ = await self._take(worker_id, visibility_timeout, count, reserve, reserve_count)
+        leases, _ = await self._take(worker_id, visibility_timeout, count, reserve, reserve_count, idle=idle)
         return leases
 
     async def _take(
@@ -404,16 +477,18 @@ class Queue:
         count: int,
         reserve: timedelta = timedelta(0),
         reserve_count: int = 0,
-    ) -> tuple[list[Lease], float | None]:
+        *,
+        idle: bool = False,
+    ) -> tuple[Leased, float | None]:
         """`dequeue`, and when nothing was ready nor reserved, the seconds until the earliest delayed
-        item is due, or comes within the reserve window when reserving (Redis clock; None when
-        nothing is delayed). Due delayed items are promoted in the same call."""
+        item the caller may take is due, or comes within the reserve window when reserving (Redis
+        clock; None when nothing is delayed). Due delayed items are promoted in the same call."""
         visibility_ms = _to_ms(visibility_timeout, "visibility_timeout", minimum=1)
         _check_count(count, "count")
         reserve_ms = _to_ms(reserve, "reserve")
         if isinstance(reserve_count, bool) or not isinstance(reserve_count, int) or not 0 <= reserve_count <= MAX_BATCH:
             raise InvalidArgument("reserve_count", f"must be an integer from 0 to {MAX_BATCH}, got {reserve_count!r}")
-        args = (worker_id, visibility_ms, count, MAX_BATCH, reserve_ms, reserve_count)
+        args = (worker_id, visibility_ms, count, MAX_BATCH, reserve_ms, reserve_count, 1 if idle else 0)
         call = asyncio.ensure_future(self._run(self._dequeue, args))
         try:
             # Shielded: a cancellation must not drop a reply whose items are already leased.
@@ -421,15 +496,18 @@ class Queue:
         except asyncio.CancelledError:
             await self._give_back(call)
             raise
-        if len(reply) == 1:
-            return [], int(reply[0]) / 1000
+        if not reply:
+            return Leased(), None
+        if len(reply) == 2:  # nothing leased: {wait_ms or -1, drain}
+            wait_ms = int(reply[0])
+            return Leased(solo_waiting=int(reply[1]) == 1), (wait_ms / 1000 if wait_ms >= 0 else None)
         return _leases(reply), None
 
     async def _give_back(self, call: asyncio.Future[Any]) -> None:
         """Finish a cancelled dequeue and return what it leased to ready, as if never delivered."""
         try:
             reply = await call
-            leases = _leases(reply) if len(reply) > 1 else []
+            leases = _leases(reply) if len(reply) > 2 else []
             if leases:
                 # A reserved item goes back delayed until its due time: ready, anyone would start it early.
                 await self.finish_many(retries=[(lease, lease.due_in or timedelta(0)) for lease in leases])
@@ -479,7 +557,8 @@ class Queue:
         *,
         reserve: timedelta = timedelta(0),
         reserve_count: int = 0,
-    ) -> list[Lease]:
+        idle: bool = False,
+    ) -> Leased:
         """Like `dequeue`, but wait up to `wait` for work instead of returning empty at once.
 
         Tries a dequeue; when nothing is ready, blocks on the marker (no polling) and tries again,
@@ -489,9 +568,11 @@ class Queue:
         the earliest delayed item is due, and the block ends then (an enqueue of an earlier delayed
         item sets the marker, so the waiter learns the new time at once). With a reserve window
         (see `dequeue`) the wait ends when the earliest delayed item comes within the window.
+        `idle` is `dequeue`'s; a reply that says `solo_waiting` ends the wait at once.
 
         Returns:
-            The leases, best first; empty if nothing became ready within `wait`.
+            The leases, best first; empty if nothing became ready within `wait` (or when the caller
+            was told `solo_waiting`).
 
         Raises:
             InvalidArgument: a bad argument.
@@ -502,12 +583,12 @@ class Queue:
         loop = asyncio.get_running_loop()
         end = loop.time() + wait.total_seconds()
         while True:
-            leases, next_due = await self._take(worker_id, visibility_timeout, count, reserve, reserve_count)
-            if leases:
+            leases, next_due = await self._take(worker_id, visibility_timeout, count, reserve, reserve_count, idle=idle)
+            if leases or leases.solo_waiting:
                 return leases
             remaining = end - loop.time()
             if remaining <= 0:
-                return []
+                return leases
             block = min(remaining, _MAX_BLOCK_S)
             if next_due is not None and next_due < block:
                 # Counted from the reply, which came after the script read the Redis clock: the
@@ -569,9 +650,10 @@ class Queue:
             token: Its current lease token.
             delay: Keep it delayed this long before it can run again.
             count_delivery: True (default) keeps this delivery in the item's count, which
-                `recover_expired` compares with max_deliveries. Pass False for work returned
-                unstarted (its breaker is open, the worker is shutting down): the delivery is given
-                back, so such returns never bring an item closer to being dead-lettered as stalled.
+                `recover_expired` compares with max_deliveries (and when the next delivery would be
+                the `max_stalls`-th, it will be solo). Pass False for work returned unstarted (its
+                breaker is open, the worker is shutting down): the delivery is given back, so such
+                returns never bring an item closer to being dead-lettered as stalled.
 
         Returns:
             True if returned; False if the lease was lost (nothing changed).
@@ -590,7 +672,7 @@ class Queue:
         args = _lease_args(leases)
         if not args:
             return []
-        reply = await self._run(self._nack, [delay_ms, 1 if count_delivery else 0, *args])
+        reply = await self._run(self._nack, [delay_ms, 1 if count_delivery else 0, self.max_stalls, *args])
         return [bool(flag) for flag in reply]
 
     async def finish_many(
@@ -658,27 +740,30 @@ class Queue:
 
     # -- maintenance (the leader's loops) -------------------------------------------------------
 
-    async def recover_expired(
-        self, limit: int = MAX_BATCH, *, max_deliveries: int = DEFAULT_MAX_DELIVERIES
-    ) -> Recovered:
+    async def recover_expired(self, limit: int = MAX_BATCH, *, max_deliveries: int | None = None) -> Recovered:
         """Requeue up to `limit` items whose lease deadline passed (Redis clock), atomically.
 
         Each loses its lease (a later ack/nack/extend under the old token fails) and goes back to
-        ready with its priority, unless its deliveries have reached `max_deliveries`: then it is
-        dead-lettered with reason "stalled", so a job that kills every worker taking it is parked
-        after a bounded number of stalls.
+        ready with its priority, unless its deliveries have reached `max_deliveries` and this was a
+        solo delivery (it ran alone on its worker, see `dequeue(idle=)`): then it is dead-lettered
+        with reason "stalled", so a job that kills every worker taking it is parked after a bounded
+        number of stalls, and the runs that merely shared a worker with it are not. An item
+        requeued with `max_deliveries - 1` deliveries (or more: a delivery that was not solo) waits
+        in the solo set, so its next delivery is solo. With `max_deliveries` 1 no earlier delivery
+        could be solo: every stall parks its item.
 
         Args:
             limit: Most items to move in this call (1..MAX_BATCH); call again while it returns a full
                 batch.
-            max_deliveries: SCHEDULER_MAX_STALLS.
+            max_deliveries: SCHEDULER_MAX_STALLS; None: this queue's `max_stalls`.
 
         Returns:
             The ids requeued and the ids dead-lettered, for the scheduler to record.
         """
         _check_count(limit, "limit")
-        if isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int) or max_deliveries < 1:
-            raise InvalidArgument("max_deliveries", "must be an integer of at least 1")
+        if max_deliveries is None:
+            max_deliveries = self.max_stalls
+        _check_max_stalls(max_deliveries, "max_deliveries")
         requeued, dead = await self._run(self._recover, (limit, max_deliveries, STALLED))
         return Recovered(requeued=_texts(requeued), dead=_texts(dead))
 
@@ -890,6 +975,11 @@ def _check_priority(value: object, field: str) -> None:
         raise InvalidArgument(field, f"must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {value!r}")
 
 
+def _check_max_stalls(value: object, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(field, "must be an integer of at least 1")
+
+
 def _check_count(value: object, field: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH:
         raise InvalidArgument(field, f"must be an integer from 1 to {MAX_BATCH}, got {value!r}")
@@ -925,22 +1015,27 @@ def _lease_args(leases: Iterable[Lease | tuple[str, str]]) -> list[str]:
     return args
 
 
-def _leases(reply: Sequence[Any]) -> list[Lease]:
-    if not reply:
-        return []
+def _leases(reply: Sequence[Any]) -> Leased:
+    """A dequeue's reply `{deadline_ms, flags, id, token, data, priority, deliveries, due_in_ms, ...}`
+    as leases (flags: 1 = the caller is a solo item's drainer, 2 = the one lease is solo)."""
     deadline = _from_ms(int(reply[0]))
-    return [
-        Lease(
-            id=_text(reply[i]),
-            token=_text(reply[i + 1]),
-            data=_bytes(reply[i + 2]),
-            priority=int(reply[i + 3]),
-            deliveries=int(reply[i + 4]),
-            deadline=deadline,
-            due_in=None if int(reply[i + 5]) < 0 else timedelta(milliseconds=int(reply[i + 5])),
-        )
-        for i in range(1, len(reply), 6)
-    ]
+    flags = int(reply[1])
+    return Leased(
+        (
+            Lease(
+                id=_text(reply[i]),
+                token=_text(reply[i + 1]),
+                data=_bytes(reply[i + 2]),
+                priority=int(reply[i + 3]),
+                deliveries=int(reply[i + 4]),
+                deadline=deadline,
+                due_in=None if int(reply[i + 5]) < 0 else timedelta(milliseconds=int(reply[i + 5])),
+                solo=bool(flags & 2),
+            )
+            for i in range(2, len(reply), 6)
+        ),
+        solo_waiting=bool(flags & 1),
+    )
 
 
 def _encode_page_token(queue: str, parked_ms: str, item_id: str) -> str:

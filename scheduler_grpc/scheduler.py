@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_PORT = 9091
 METRICS_INTERVAL = timedelta(seconds=2)
-STALLED_REASON = "stalled: its lease expired {limit} times (the job kills or hangs its worker)"
+STALLED_REASON = "stalled: its lease expired {limit} times, the last alone on its worker (the job kills or hangs it)"
 # A failing loop step is retried after 0.1 s, doubling up to 5 s; a step that does not finish
 # within _STEP_TIMEOUT_S (a store that accepts but never answers) counts as failed.
 _BACKOFF_FIRST_S = 0.1

@@ -13,10 +13,12 @@ from typing import Final
 
 from redis.exceptions import (
     ClusterDownError,
+    InvalidResponse,
     MasterDownError,
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
+    RedisError,
     ResponseError,
     TryAgainError,
 )
@@ -32,6 +34,9 @@ _REDIS_CANNOT_SERVE: Final = (
     OutOfMemoryError, ReadOnlyError, NoScriptError, TryAgainError, ClusterDownError, MasterDownError,
 )  # fmt: skip
 _REDIS_CANNOT_SERVE_PREFIXES: Final = ("BUSY", "LOADING", "MISCONF", "NOREPLICAS", "UNBLOCKED", "READONLY", "OOM")
+# redis-py's errors of the connection itself: lost, refused, reset, timed out (BusyLoadingError and
+# AuthenticationError are ConnectionErrors too), or a reply cut off mid-stream.
+_REDIS_CONNECTION: Final = (RedisConnectionError, RedisTimeoutError, InvalidResponse)
 _STORE_LIBRARIES: Final = (("redis", "redis"), ("asyncpg", "postgres"))
 
 
@@ -66,12 +71,34 @@ def store_of(exc: BaseException) -> str | None:
 
 def is_fault(exc: BaseException) -> bool:
     """Whether `exc` is a store failing (unreachable, timing out, or answering that it cannot serve
-    now), which a loop rides out, rather than a bug (a wrong request included), which ends the role."""
+    now), which a loop rides out, rather than a bug of ours, which ends the role after logging.
+
+    Faults: a lost, refused or reset connection and a timeout (redis-py's, asyncpg's, the socket's
+    or our own `asyncio.timeout`), `Unavailable`, Redis's "cannot serve now" answers, and what
+    `db.faults.is_fault` counts for PostgreSQL. Not faults: any other error of either client, such
+    as redis-py's DataError (a bad argument), a Redis answer that the request is wrong, PostgreSQL
+    refusing a request, asyncpg refusing a misuse ("another operation is in progress").
+    """
+    if isinstance(exc, (Unavailable, TimeoutError, ConnectionError, *_REDIS_CONNECTION)):
+        return True  # (TimeoutError and ConnectionError: the builtins, e.g. ConnectionResetError)
     if isinstance(exc, ResponseError):
         return isinstance(exc, _REDIS_CANNOT_SERVE) or str(exc).startswith(_REDIS_CANNOT_SERVE_PREFIXES)
-    if postgres.is_request_error(exc):
+    if isinstance(exc, RedisError):
         return False
-    return isinstance(exc, (Unavailable, OSError, TimeoutError)) or store_of(exc) is not None
+    if postgres.is_fault(exc):
+        return True
+    if isinstance(exc, OSError | RuntimeError):
+        # A socket error under a client (a failed lookup, no route to the host), or the event loop's
+        # transport refusing a call on a connection torn down mid-call ("the handler is closed"):
+        # only when raised inside a store's client, whose frames tell (`store_of`).
+        return (isinstance(exc, OSError) or "closed" in str(exc)) and store_of(exc) is not None
+    return False
+
+
+def is_request_error(exc: BaseException) -> bool:
+    """Whether a store refused `exc`'s request as wrong: PostgreSQL's data, integrity or syntax
+    errors (perhaps one request's data in a batch, not an outage)."""
+    return postgres.is_request_error(exc)
 
 
 def is_unavailable(exc: BaseException) -> bool:

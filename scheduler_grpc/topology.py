@@ -6,8 +6,9 @@ Ctrl-C/SIGTERM stops them (SIGTERM, then SIGKILL after the grace period) before 
 It prints the "up" banner once every role is ready: the gRPC server's health check answers SERVING,
 its web console accepts connections, and every role's /metrics answers (a role serves it only once
 it has reached Redis and PostgreSQL), so what the banner says to try works at once.
-If a role exits on its own, the supervisor stops the rest and exits with its code: a supervisor
-that hides crashes is worse than none (use docker-compose or systemd for restart policies).
+If a role exits on its own, the supervisor logs its exit code and starts it again after a backoff
+(0.5 s, doubling up to 30 s; back to 0.5 s once the role stayed up a minute), so one role's crash
+(a bug, or a job that kills its worker) never stops the others. Only Ctrl-C/SIGTERM stops `up`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ from scheduler_grpc.processes import die_with_parent
 log = logging.getLogger(__name__)
 
 GRACE_SECONDS = 20.0
+RESTART_FIRST_S = 0.5
+"""Wait before restarting a role that exited; doubled after each quick exit, up to RESTART_MAX_S."""
+RESTART_MAX_S = 30.0
+RESTART_RESET_S = 60.0
+"""A role that stayed up this long is healthy again: its next exit restarts it after RESTART_FIRST_S."""
 READY_TIMEOUT_SECONDS = 120.0
 _POLL_SECONDS = 0.2
 
@@ -68,7 +74,7 @@ def _children(args: argparse.Namespace) -> list[Child]:
 
 
 async def run_topology(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
-    """Run until `stop` is set or a role exits; return the exit code."""
+    """Run until `stop` is set, restarting any role that exits; return the exit code."""
     if settings.production and not (settings.redis_url and settings.database_url):
         raise ConfigError("SCHEDULER_ENV=production needs REDIS_URL and DATABASE_URL: embedded servers are for dev")
     with embedded_servers(
@@ -204,34 +210,77 @@ async def _wait_ready(settings: Settings, children: list[Child]) -> list[str]:
 async def _supervise(
     children: list[Child], env: dict[str, str], stop: asyncio.Event, announce: Callable[[], Coroutine[Any, Any, None]]
 ) -> int:
+    """Start every role, restart each one that exits (with backoff) until `stop` is set, then stop them."""
     processes: dict[str, asyncio.subprocess.Process] = {}
+
+    async def start(child: Child) -> None:
+        process = processes[child.name] = await asyncio.create_subprocess_exec(
+            *die_with_parent(signal.SIGTERM, child.argv),
+            env={**env, "SCHEDULER_INSTANCE": child.name, "SCHEDULER_METRICS_PORT": str(child.metrics_port)},
+            stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops roles in order
+        )
+        log.info("role started", extra={"role_name": child.name, "child_pid": process.pid})
+
     try:
         for child in children:
-            processes[child.name] = await asyncio.create_subprocess_exec(
-                *die_with_parent(signal.SIGTERM, child.argv),
-                env={**env, "SCHEDULER_INSTANCE": child.name, "SCHEDULER_METRICS_PORT": str(child.metrics_port)},
-                stdin=asyncio.subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops roles in order
-            )
-            log.info("role started", extra={"role_name": child.name, "child_pid": processes[child.name].pid})
-        waits = {asyncio.create_task(process.wait(), name=f"wait-{name}"): name for name, process in processes.items()}
-        stopper = asyncio.create_task(stop.wait(), name="wait-stop")
-        announcer = asyncio.create_task(announce(), name="announce")
-        try:
-            done, _ = await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
-        finally:
+            await start(child)
+        async with asyncio.TaskGroup() as group:
+            announcer = group.create_task(announce(), name="announce")
+            for child in children:
+                group.create_task(_keep(child, processes, start, stop), name=f"keep-{child.name}")
+            await stop.wait()
             announcer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await announcer
-        code = 0
-        for task in done:
-            if task is not stopper:
-                code = task.result() or 1
-                log.error("role exited; stopping the topology", extra={"role_name": waits[task], "exit_code": code})
-        stopper.cancel()
-        return code
+        return 0
     finally:
         await _stop_all(processes)
+
+
+async def _keep(
+    child: Child,
+    processes: dict[str, asyncio.subprocess.Process],
+    start: Callable[[Child], Coroutine[Any, Any, None]],
+    stop: asyncio.Event,
+) -> None:
+    """Start `child` again whenever it exits, after a backoff, until `stop` is set.
+
+    Never cancelled on a normal stop (it returns as soon as `stop` is set), so a restart is never
+    cut between the process's creation and its entry in `processes`, which `_stop_all` stops.
+    """
+    loop = asyncio.get_running_loop()
+    delay = RESTART_FIRST_S
+    while True:
+        started = loop.time()
+        process = processes[child.name]
+        if await _stopped_first(process.wait(), stop):
+            return
+        exited = process.returncode
+        if loop.time() - started >= RESTART_RESET_S:
+            delay = RESTART_FIRST_S
+        log.error(
+            "role exited; restarting it",
+            extra={"role_name": child.name, "exit_code": exited, "restart_in_s": delay},
+        )
+        if await _stopped_first(asyncio.sleep(delay), stop):
+            return
+        await start(child)
+        delay = min(delay * 2, RESTART_MAX_S)
+
+
+async def _stopped_first(awaitable: Coroutine[Any, Any, Any], stop: asyncio.Event) -> bool:
+    """Await `awaitable`, or give it up as soon as `stop` is set: True if `stop` came first."""
+    work = asyncio.ensure_future(awaitable)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([work, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, stopped):
+            task.cancel()
+        await asyncio.gather(work, stopped, return_exceptions=True)
+    if stop.is_set():
+        return True
+    work.result()  # its exception, if any (a bug): the task group ends `up`, which stops every role
+    return False
 
 
 async def _stop_all(processes: dict[str, asyncio.subprocess.Process]) -> None:

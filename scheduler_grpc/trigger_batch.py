@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from scheduler_grpc import stores
 from scheduler_grpc.db.executions import (
     ExecutionRepository,
     Queued,
@@ -38,7 +39,6 @@ from scheduler_grpc.db.executions import (
     TriggerRequest,
     TriggerResult,
 )
-from scheduler_grpc.db.faults import is_request_error
 from scheduler_grpc.errors import Aborted, InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ MAX_BATCH: Final = 500  # requests per statement (bounds its parameters and the 
 # TriggerJob/s than with two), and an idle server still answers a lone call at once.
 MAX_IN_FLIGHT: Final = 1
 MAX_COLLISIONS: Final = 5  # fresh slots tried for one request before giving up (ABORTED)
-BATCH_TIMEOUT: Final = timedelta(seconds=30)  # one batch: statement, enqueue and publish
+BATCH_TIMEOUT: Final = timedelta(seconds=30)  # one batch's statement (the dispatch after it has its own bound)
 
 Dispatch = Callable[[Sequence[Queued]], Awaitable[object]]
 
@@ -75,7 +75,8 @@ class TriggerBatcher:
 
     Args:
         executions: Where runs are created (`ExecutionRepository.trigger_now`).
-        dispatch: Announces and enqueues a batch's new runs (one publish, one script call per queue).
+        dispatch: Announces and enqueues a batch's new runs (one publish, one script call per queue);
+            bounded, and it should not raise: the runs are committed (`dispatch.dispatch_committed`).
         max_batch: Most requests per batch.
         max_in_flight: Most batches running at once.
     """
@@ -103,12 +104,14 @@ class TriggerBatcher:
         """Create a manual run of `job_id` now (or find the one `request_id` created before).
 
         Returns:
-            CREATED (with the run to enqueue, already enqueued), REPEATED, NO_JOB or MISSED.
+            CREATED (with the run, enqueued; or left to the leader's reconcile if Redis failed the
+            enqueue), REPEATED, NO_JOB or MISSED.
 
         Raises:
             InvalidArgument: `job_id` is not a UUID (naming `id`).
             Aborted: the request collided with other runs' slots `MAX_COLLISIONS` times.
-            Exception: what the statement or the dispatch raised for this caller's batch.
+            Exception: what the statement raised for this caller's batch (a failed enqueue after
+                the commit is not raised: the run exists, and the leader's reconcile enqueues it).
         """
         try:
             job_id = str(uuid.UUID(job_id))
@@ -164,7 +167,7 @@ class TriggerBatcher:
             _fail(groups, Aborted("the server is stopping; retry"))
             raise
         except Exception as exc:
-            if len(groups) > 1 and is_request_error(exc):
+            if len(groups) > 1 and stores.is_request_error(exc):
                 # Perhaps one request's data, not the store: again one by one, so only it fails.
                 for group in groups:
                     await self._run([group])
@@ -174,18 +177,17 @@ class TriggerBatcher:
     async def _execute(self, groups: list[_Group]) -> None:
         async with asyncio.timeout(BATCH_TIMEOUT.total_seconds()):
             results = await self._executions.trigger_now([group.request for group in groups])
-            created = [result.run for result in results if result.run is not None]
-            dispatched: Exception | None = None
-            if created:
-                try:
-                    await self._dispatch(created)
-                except Exception as exc:  # committed: the leader's reconcile enqueues them later
-                    dispatched = exc
+        created = [result.run for result in results if result.run is not None]
+        if created:
+            try:
+                await self._dispatch(created)
+            except Exception:
+                # Committed: each caller gets its run all the same (failing it would invite a retry
+                # that runs the job twice); the leader's reconcile enqueues the runs.
+                log.exception("dispatching triggered runs failed after their commit", extra={"runs": len(created)})
         for group, result in zip(groups, results, strict=True):
             if result.outcome is TriggerOutcome.COLLIDED:
                 self._retry(group)
-            elif result.outcome is TriggerOutcome.CREATED and dispatched is not None:
-                _fail([group], dispatched)
             else:
                 for waiter in group.waiters:
                     if not waiter.future.done():

@@ -64,6 +64,8 @@ def invalid_jobs() -> list[tuple[str, jobs_pb2.Job]]:
         ("job.priority", echo_job(priority=1001)),
         ("job.schedule.cron", cron_job(cron="61 * * * *")),
         ("job.schedule.cron", cron_job(cron="0 0 31 2 *")),
+        ("job.schedule.cron", cron_job(cron="0 0 * * 5L")),
+        ("job.schedule.cron", cron_job(cron="0 0 1W,15W * *")),
         ("job.schedule.time_zone", _cron_in("Mars/Olympus")),
         ("job.schedule", _both_cron_and_run_time()),
         ("job.schedule.dst_gap_policy", _cron_with(dst_gap_policy=7)),

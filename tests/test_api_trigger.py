@@ -10,15 +10,17 @@ from typing import Any
 import grpc
 import pytest
 from redis.asyncio import Redis
-from scheduler_client.v1 import jobs_pb2
+from scheduler_client.v1 import executions_pb2, jobs_pb2
 
+from scheduler_grpc import metrics
 from scheduler_grpc.control import Control
 from scheduler_grpc.errors import NotFound
 from scheduler_grpc.executions import Trigger
 from scheduler_grpc.jobs import JobSpec, ScheduleKind
+from scheduler_grpc.keys import QueueKeys
 from scheduler_grpc.queue import Queue
 from scheduler_grpc.trigger_batch import MAX_IN_FLIGHT
-from tests.engine_helpers import eventually
+from tests.engine_helpers import Roles, eventually
 from tests.test_api_support import Harness, api, echo_job  # noqa: F401 - `api` is a fixture
 
 CALLS = 200
@@ -169,3 +171,30 @@ async def test_concurrent_triggers_with_one_request_id_share_one_run(control: Co
     answers = await asyncio.gather(*(control.trigger_execution(job.id, request_id="same") for _ in range(10)))
     assert len({answer.id for answer in answers}) == 1
     assert len(await control.executions.history(job.id)) == 1
+
+
+async def test_a_trigger_whose_enqueue_fails_after_the_commit_returns_its_run(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+    roles: Roles,
+) -> None:
+    """Issue 19, defect 10: the run is committed, so the caller gets it (a failure would invite a
+    retry that runs the job twice); the leader's reconcile enqueues it once Redis takes it."""
+    job = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job()), metadata=api.admin)).job
+    # The enqueue script, and only it, now fails at its first command (WRONGTYPE), writing nothing.
+    known = QueueKeys("default").priority
+    await redis.set(known, "not a hash")
+    deferred = metrics.ENQUEUE_DEFERRED._value.get()
+    run = (await api.jobs.TriggerJob(jobs_pb2.TriggerJobRequest(id=job.id), metadata=api.operator)).execution
+    assert run.state == executions_pb2.EXECUTION_STATE_QUEUED
+    assert metrics.ENQUEUE_DEFERRED._value.get() == deferred + 1
+    await redis.delete(known)
+    assert await Queue(redis, "default").states([run.id]) == {run.id: None}  # Redis does not know it
+    roles.start("scheduler")
+    roles.start("worker")
+
+    async def succeeded() -> bool:
+        got = await api.executions.GetExecution(executions_pb2.GetExecutionRequest(id=run.id), metadata=api.viewer)
+        return got.execution.state == executions_pb2.EXECUTION_STATE_SUCCEEDED
+
+    await eventually(succeeded, within=30, interval=0.2)

@@ -26,6 +26,7 @@ from chaos.harness import Scenario, Servers, run_scenario
 from chaos.proxy import FaultProxy
 from chaos.scenarios import leader_kill9, worker_cut_off
 from chaos.servers import ChaosPostgres, ChaosRedis
+from chaos.watchers import Watcher, judge
 from scheduler_grpc.control import Control
 from scheduler_grpc.jobs import JobSpec, ScheduleKind
 
@@ -143,6 +144,31 @@ async def test_checker_reports_a_planted_duplicate_hole_stuck_run_and_stale_writ
     assert f"{job.id[:8]}@00:00:09.000" in invariants["duplicate slot (recorded missed in a range, and run)"]
     assert "running" in invariants["stuck (not final after settling)"]
     assert "term 1 < 2" in invariants["write accepted under a stale term"]
+
+
+def test_watch_judge_fails_a_watcher_that_stopped_missed_or_repeated_events() -> None:
+    # The service's events at 100-0 .. 100-9 (of two jobs); the first injected entry at 100-4.
+    ordinary = [(f"100-{seq}", "job-a" if seq % 2 else "job-b") for seq in range(10) if seq != 4]
+    fault = "100-4"
+    cases = {
+        "kept up": Watcher("all", cursor="100-0", received=[f"100-{seq}" for seq in range(1, 10) if seq != 4]),
+        "one job": Watcher("one", cursor="100-0", job_ids=("job-a",), received=["100-1", "100-3", "100-5", "100-7",
+                                                                                 "100-9"]),
+        "stopped": Watcher("stopped", cursor="100-0", received=["100-1", "100-2", "100-3"]),
+        "missed": Watcher("missed", cursor="100-0", received=["100-1", "100-2", "100-3", "100-5", "100-9"]),
+        "twice": Watcher("twice", since="100-6", received=["100-7", "100-8", "100-8", "100-9"]),
+        "never": Watcher("never", since="100-2"),
+    }  # fmt: skip
+    verdicts = {name: [invariant for invariant, _ in judge(w, ordinary, fault)[1]] for name, w in cases.items()}
+    assert verdicts == {
+        "kept up": [],
+        "one job": [],
+        "stopped": ["watcher stopped receiving"],
+        "missed": ["watcher missed events"],
+        "twice": ["watcher received an event twice"],
+        "never": ["watcher stopped receiving"],
+    }
+    assert "8 events, 5 after the fault, 0 of 8 due missing" in judge(cases["kept up"], ordinary, fault)[0]
 
 
 @pytest.fixture(scope="module")

@@ -486,3 +486,46 @@ async def test_a_failing_webhook_opens_its_breaker_without_starving_other_jobs(
         print(f"200 echo runs completed {echo_seconds:.2f}s after the breaker opened; webhook hits: {hits}")
     finally:
         await runner.cleanup()
+
+
+async def latest_statuses(pool: asyncpg.Pool, job_id: str) -> dict[str, str]:
+    """Each run of the job -> the status of its latest attempt."""
+    rows = await pool.fetch(
+        "SELECT DISTINCT ON (run_id) run_id, status FROM job_executions WHERE job_id = $1"
+        " ORDER BY run_id, attempt DESC",
+        job_id,
+    )
+    return {str(row["run_id"]): row["status"] for row in rows}
+
+
+async def test_runs_that_shared_a_worker_with_a_poison_run_are_not_dead_lettered_with_it(
+    roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    stalls = {"SCHEDULER_MAX_STALLS": "2"}
+    roles.start("scheduler", **stalls)
+    workers = [roles.start("worker", **stalls)]
+    sleep = await control.create_job(manual("innocent", "test.delay", {"seconds": 2}))
+    crash = await control.create_job(manual("poison", "test.crash"))
+    innocent = [(await control.trigger_job(sleep.id))[0].run_id for _ in range(3)]
+
+    async def all_running() -> bool:
+        return list((await latest_statuses(pool, sleep.id)).values()).count("running") == 3
+
+    await eventually(all_running, within=30)
+    [poison] = await control.trigger_job(crash.id)  # the same worker leases it beside them, and dies
+
+    async def settled() -> bool:
+        # One worker at a time, as a supervisor would restart it: the innocent runs' every delivery
+        # shares a worker with the poison run unless the queue keeps them apart.
+        if workers[-1].process.poll() is not None:
+            assert len(workers) < 6, "too many workers died"
+            workers.append(roles.start("worker", **stalls))
+        ends = await latest_statuses(pool, sleep.id)
+        poison_end = (await latest_statuses(pool, crash.id)).get(poison.run_id)
+        return poison_end == "dead" and all(ends.get(run) in ("succeeded", "dead") for run in innocent)
+
+    await eventually(settled, within=90, interval=0.2)
+    assert await latest_statuses(pool, sleep.id) == dict.fromkeys(innocent, "succeeded")
+    dead_page = await Queue(redis).list_dead()
+    assert [item.id for item in dead_page.items] == [poison.run_id]
+    assert sum(worker.process.poll() is not None for worker in workers) == 2, "the poison run killed two workers"

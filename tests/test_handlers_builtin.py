@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
 
 from scheduler_grpc.errors import InvalidArgument
@@ -28,6 +29,7 @@ from scheduler_grpc.handlers import (
     Maintenance,
     PermanentHandlerError,
 )
+from scheduler_grpc.handlers.testing import ResultHandler
 
 DEV = HandlerSettings()
 PRODUCTION = HandlerSettings(dev_mode=False)
@@ -195,3 +197,27 @@ def test_validation_errors_name_the_field(handler: Any, payload: dict[str, Any],
     with pytest.raises(InvalidArgument) as err:
         handler.validate(payload, DEV)
     assert err.value.field == field
+
+
+async def test_result_returns_the_shapes_outputs_are_bounded_against_in_dev_mode_only() -> None:
+    handler = ResultHandler()
+    with pytest.raises(InvalidArgument) as err:
+        handler.validate({"shape": "deep"}, PRODUCTION)
+    assert err.value.field == "handler"
+    with pytest.raises(InvalidArgument) as err:
+        handler.validate({"shape": "round"}, DEV)
+    assert err.value.field == "payload.shape"
+
+    async def shaped(shape: str, size: int = 0) -> Any:
+        return await handler.run(make_ctx(), handler.validate({"shape": shape, "size": size}, DEV))
+
+    deep = await shaped("deep", 3)
+    assert deep == {"d": {"d": {"d": {}}}}
+    assert await shaped("large", 5) == {"text": "xxxxx"}
+    assert "\x00" in (await shaped("nul"))["text"]
+    with pytest.raises(orjson.JSONEncodeError):
+        orjson.dumps(await shaped("surrogate"))
+    with pytest.raises(orjson.JSONEncodeError):
+        orjson.dumps(await shaped("set"))
+    with pytest.raises(PermanentHandlerError, match="SCHEDULER_ENV=dev"):
+        await handler.run(make_ctx(PRODUCTION), {"shape": "deep", "size": 1})

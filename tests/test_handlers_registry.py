@@ -35,6 +35,7 @@ BUILTIN_NAMES = [
     "test.echo",
     "test.fail",
     "test.log",
+    "test.result",
 ]
 
 

@@ -397,15 +397,17 @@ async def test_recover_dead_letters_after_max_deliveries(redis: aioredis.Redis, 
         [lease] = await queue.dequeue(f"victim-{delivery}", TINY)
         assert lease.deliveries == delivery
         assert await expire_leases(queue, {"poison"}, deadline, max_deliveries=3) == ({"poison"}, set())
-    [lease] = await queue.dequeue("victim-3", TINY)
-    assert lease.deliveries == 3
+    assert await queue.dequeue("busy", TINY) == []  # its third delivery is solo: idle callers only
+    [lease] = await queue.dequeue("victim-3", TINY, idle=True)
+    assert (lease.deliveries, lease.solo) == (3, True)
     assert await expire_leases(queue, {"poison"}, deadline, max_deliveries=3) == (set(), {"poison"})
     assert await queue.states(["poison"]) == {"poison": ItemState.DEAD}
     page = await queue.list_dead()
     [item] = page.items
     assert (item.id, item.reason, item.priority, item.deliveries, item.data) == ("poison", "stalled", 2, 3, b"boom")
-    assert await queue.dequeue("w", VT) == []
+    assert await queue.dequeue("w", VT, idle=True) == []
     assert not await queue.ack("poison", lease.token)
+    assert await redis.scard(queue.keys.solo) == 0
 
 
 async def test_given_back_deliveries_do_not_count_as_stalls(redis: aioredis.Redis, deadline: Deadline) -> None:
@@ -417,6 +419,152 @@ async def test_given_back_deliveries_do_not_count_as_stalls(redis: aioredis.Redi
     [lease] = await queue.dequeue("w", TINY)
     assert lease.deliveries == 1
     assert await expire_leases(queue, {"a"}, deadline, max_deliveries=2) == ({"a"}, set())
+
+
+# -- solo deliveries: a stall is charged to the item that ran alone ---------------------------------------
+
+
+async def stall(queue: Queue, ids: set[str], deadline: Deadline, *, times: int, max_deliveries: int = 3) -> None:
+    """Lease `ids` together to one worker `times` times and let every lease expire (the worker died)."""
+    for _ in range(times):
+        leases = await queue.dequeue("doomed", TINY, len(ids))
+        assert {lease.id for lease in leases} == ids
+        assert await expire_leases(queue, ids, deadline, max_deliveries=max_deliveries) == (ids, set())
+
+
+async def test_an_item_one_stall_from_the_limit_goes_only_alone_to_an_idle_caller(
+    redis: aioredis.Redis, deadline: Deadline
+) -> None:
+    queue = Queue(redis)
+    await queue.enqueue("poison", priority=5)
+    await stall(queue, {"poison"}, deadline, times=2)
+    assert await redis.smembers(queue.keys.solo) == {b"poison"}
+    await queue.enqueue_many([NewItem("a"), NewItem("b")])
+    busy = await queue.dequeue("busy-1", VT, 10)
+    # A busy caller gets the rest (the solo item keeps its place) and is asked to drain it.
+    assert ([lease.id for lease in busy], busy.solo_waiting) == (["a", "b"], True)
+    assert not any(lease.solo for lease in busy)
+    await queue.enqueue("c")
+    other = await queue.dequeue("busy-2", VT, 10)
+    assert ([lease.id for lease in other], other.solo_waiting) == (["c"], False)  # one drainer at a time
+    await queue.enqueue_many([NewItem("d", 9), NewItem("e")])
+    alone = await queue.dequeue("idle", VT, 10, idle=True)
+    # Alone, although better items are ready and the caller asked for ten.
+    assert [(lease.id, lease.solo, lease.deliveries) for lease in alone] == [("poison", True, 3)]
+    assert not alone.solo_waiting
+    assert await redis.scard(queue.keys.solo) == 0
+    assert await queue.states(["d", "e"]) == {"d": ItemState.READY, "e": ItemState.READY}
+    assert [lease.id for lease in await queue.dequeue("busy-2", VT, 10)] == ["d", "e"]
+
+
+async def test_a_busy_caller_that_skips_only_solo_items_is_told_to_drain(
+    redis: aioredis.Redis, deadline: Deadline
+) -> None:
+    queue = Queue(redis)
+    await queue.enqueue("poison")
+    await stall(queue, {"poison"}, deadline, times=2)
+    skipped = await queue.dequeue_blocking("busy", VT, 4, timedelta(seconds=30))  # returns at once
+    assert (list(skipped), skipped.solo_waiting) == ([], True)
+    assert await redis.get(queue.keys.drainer) == b"busy"
+    assert (await queue.dequeue("busy", VT)).solo_waiting  # still the drainer until it goes idle
+    # The drainer, idle now, takes it; its turn as drainer ends with that dequeue.
+    [lease] = await queue.dequeue("busy", VT, 4, idle=True)
+    assert (lease.id, lease.solo) == ("poison", True)
+    assert await redis.get(queue.keys.drainer) is None
+    # Nothing solo is left: an idle caller gets ordinary batches again.
+    await queue.enqueue_many([NewItem("a"), NewItem("b")])
+    batch = await queue.dequeue("w", VT, 4, idle=True)
+    assert [(x.id, x.solo) for x in batch] == [("a", False), ("b", False)]
+
+
+async def test_items_that_shared_a_dying_worker_are_not_dead_lettered_with_the_poison_one(
+    redis: aioredis.Redis, deadline: Deadline
+) -> None:
+    queue = Queue(redis)
+    await queue.enqueue_many([NewItem("poison"), NewItem("innocent-1"), NewItem("innocent-2")])
+    everyone = {"poison", "innocent-1", "innocent-2"}
+    await stall(queue, everyone, deadline, times=2)  # the poison item killed the worker twice
+    dead: set[str] = set()
+    done: set[str] = set()
+    while done | dead != everyone:
+        [lease] = await queue.dequeue("idle", TINY, 3, idle=True)
+        assert lease.solo
+        if lease.id == "poison":  # it kills its worker once more, alone on it this time
+            requeued, parked = await expire_leases(queue, {"poison"}, deadline, max_deliveries=3)
+            assert requeued == set()
+            dead |= parked
+        else:
+            assert await queue.ack(lease.id, lease.token)
+            done.add(lease.id)
+    assert (dead, done) == ({"poison"}, {"innocent-1", "innocent-2"})
+
+
+async def test_recover_dead_letters_only_a_solo_delivery(redis: aioredis.Redis, deadline: Deadline) -> None:
+    queue = Queue(redis)
+    await queue.enqueue("a")
+    await stall(queue, {"a"}, deadline, times=2, max_deliveries=10)
+    assert await redis.scard(queue.keys.solo) == 0
+    # Three deliveries (e.g. the limit was lowered meanwhile), past a limit of two, but none of them
+    # alone: requeued, and solo from now on.
+    await stall(queue, {"a"}, deadline, times=1, max_deliveries=2)
+    assert await queue.dequeue("w", VT) == []
+    [lease] = await queue.dequeue("w", TINY, idle=True)
+    assert (lease.deliveries, lease.solo) == (4, True)
+    assert await expire_leases(queue, {"a"}, deadline, max_deliveries=2) == (set(), {"a"})
+
+
+async def test_recover_with_a_limit_of_one_parks_at_the_first_stall(redis: aioredis.Redis, deadline: Deadline) -> None:
+    queue = Queue(redis, max_stalls=1)
+    await queue.enqueue("a")
+    [lease] = await queue.dequeue("w", TINY)
+    assert not lease.solo
+    assert await expire_leases(queue, {"a"}, deadline) == (set(), {"a"})
+
+
+async def test_a_solo_delivery_given_back_stays_solo_and_is_never_reserved(
+    redis: aioredis.Redis, deadline: Deadline
+) -> None:
+    queue = Queue(redis)
+    await queue.enqueue("poison")
+    await stall(queue, {"poison"}, deadline, times=2)
+    [lease] = await queue.dequeue("idle", VT, idle=True)
+    assert lease.solo
+    # A handler failure with a retry (or a cancelled dequeue's hand-back) keeps the next delivery solo.
+    assert await queue.finish_many(retries=[(lease, timedelta(milliseconds=300))]) == [True]
+    assert await redis.smembers(queue.keys.solo) == {b"poison"}
+    await queue.enqueue("later", delay=timedelta(milliseconds=200))
+    window = timedelta(seconds=5)
+    reserved = await queue.dequeue("busy", VT, 4, reserve=window, reserve_count=10)
+    assert [(x.id, x.due_in is not None) for x in reserved] == [("later", True)]
+    # Due: promoted to ready, still solo.
+    await promote_all(queue, redis, deadline)
+    assert await queue.states(["poison"]) == {"poison": ItemState.READY}
+    skipped = await queue.dequeue("busy", VT, 4, reserve=window, reserve_count=10)
+    assert (list(skipped), skipped.solo_waiting) == ([], True)
+    [again] = await queue.dequeue("idle", VT, 4, idle=True, reserve=window, reserve_count=10)
+    assert (again.id, again.solo, again.deliveries) == ("poison", True, 3)
+
+
+async def test_a_counted_nack_one_short_of_the_limit_makes_the_next_delivery_solo(redis: aioredis.Redis) -> None:
+    queue = Queue(redis, max_stalls=2)
+    await queue.enqueue("a")
+    [lease] = await queue.dequeue("w", VT)
+    assert await queue.nack("a", lease.token)  # counted: deliveries stays 1, the next is the 2nd
+    assert await queue.dequeue("w", VT) == []
+    [again] = await queue.dequeue("w", VT, idle=True)
+    assert (again.solo, again.deliveries) == (True, 2)
+    assert await queue.nack("a", again.token, count_delivery=False)
+    assert await redis.smembers(queue.keys.solo) == {b"a"}
+
+
+async def test_a_removed_or_parked_solo_item_leaves_the_solo_set(redis: aioredis.Redis, deadline: Deadline) -> None:
+    queue = Queue(redis)
+    await queue.enqueue_many([NewItem("a"), NewItem("b")])
+    await stall(queue, {"a", "b"}, deadline, times=2)
+    assert await redis.scard(queue.keys.solo) == 2
+    assert await queue.remove("a")
+    assert await queue.dead_letter("b", None, "by hand")
+    assert await redis.scard(queue.keys.solo) == 0
 
 
 async def test_recover_is_bounded_by_limit(redis: aioredis.Redis, deadline: Deadline) -> None:
@@ -675,10 +823,10 @@ async def test_idle_consumer_does_not_poll(redis: aioredis.Redis) -> None:
     delta.pop("info")
     print(f"commands while a consumer idled for 1 s: {delta}")
     # commandstats also counts the commands a script runs, so count what the client sent: a dequeue,
-    # one BZPOPMIN, a last dequeue. Each empty dequeue runs GET (its resend guard), ZRANGE (the
-    # earliest delayed item: none), ZPOPMIN and DEL inside its script.
+    # one BZPOPMIN, a last dequeue. Each empty dequeue runs GET (its resend guard), SCARD (the solo
+    # set: empty), ZRANGE (the earliest delayed item: none), ZPOPMIN and DEL inside its script.
     assert delta.get("evalsha", 0) + delta.get("bzpopmin", 0) <= 4
-    assert sum(delta.values()) <= 11
+    assert sum(delta.values()) <= 13
 
 
 async def test_cancelled_waiter_loses_nothing(redis: aioredis.Redis, deadline: Deadline) -> None:

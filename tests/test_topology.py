@@ -1,14 +1,17 @@
-"""`scheduler-grpc up`: the banner comes once every role is ready, so what it says to try works at once."""
+"""`scheduler-grpc up`: the banner comes once every role is ready, so what it says to try works at once;
+a role that dies is started again, and only a signal to `up` stops the roles."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -114,3 +117,83 @@ async def test_the_banner_comes_when_every_role_is_ready(
             await process.wait()
         if drainer is not None:
             await drainer
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting for its reaper is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_up_restarts_a_role_that_dies_and_stops_every_role_on_sigterm(
+    servers: ServerUrls, database_url: str, tmp_path: Path
+) -> None:
+    base = _metrics_base()
+    env = {
+        **os.environ,
+        "REDIS_URL": servers.redis_url,
+        "DATABASE_URL": database_url,
+        "SCHEDULER_GRPC_PORT": str(free_port()),
+        "SCHEDULER_HTTP_PORT": str(free_port()),
+        "SCHEDULER_DATA_DIR": str(tmp_path),
+        "SCHEDULER_LOG_FORMAT": "json",
+    }
+    argv = [sys.executable, "-m", "scheduler_grpc", "up", "--schedulers", "1", "--workers", "1"]
+    process = await asyncio.create_subprocess_exec(
+        *argv, "--metrics-base", str(base), env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL
+    )
+    records: list[dict[str, object]] = []
+    lines: list[bytes] = []
+
+    async def read() -> None:  # the roles log to the same pipe: keep it flowing
+        assert process.stderr is not None
+        while line := await process.stderr.readline():
+            lines.append(line)
+            if line.startswith(b"{"):
+                records.append(json.loads(line))
+
+    def started(role: str) -> list[int]:
+        return [
+            int(str(r["child_pid"]))
+            for r in records
+            if r.get("message") == "role started" and r.get("role_name") == role
+        ]
+
+    async def until(check: Callable[[], bool], within: float, what: str) -> None:
+        deadline = asyncio.get_running_loop().time() + within
+        while not check():
+            if asyncio.get_running_loop().time() > deadline or process.returncode is not None:
+                tail = b"".join(lines[-30:]).decode(errors="replace")
+                raise AssertionError(f"{what} (exit {process.returncode}):\n{tail}")
+            await asyncio.sleep(0.1)
+
+    reader = asyncio.create_task(read())
+    try:
+        await until(lambda: any(b"scheduler-grpc is up" in line for line in lines), 90, "no banner")
+        [first] = started("worker-1")
+        scheduler_pid = started("scheduler-1")[0]
+        os.kill(first, signal.SIGKILL)
+        await until(lambda: len(started("worker-1")) == 2, 30, "the killed worker was not started again")
+        [restart] = [r for r in records if r.get("message") == "role exited; restarting it"]
+        assert (restart["role_name"], restart["exit_code"]) == ("worker-1", -signal.SIGKILL)
+        second = started("worker-1")[1]
+        # The others went on; the new worker serves its /metrics (it reached Redis and PostgreSQL).
+        assert process.returncode is None
+        assert _alive(scheduler_pid)
+        assert started("scheduler-1") == [scheduler_pid]
+        await until(lambda: _metrics_answer(base + 10), 60, "the restarted worker never became ready")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            code = await asyncio.wait_for(process.wait(), 40)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise
+        await reader
+    assert code == 0
+    assert not _alive(second)
+    assert not _alive(scheduler_pid)

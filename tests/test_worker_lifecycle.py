@@ -79,16 +79,18 @@ class Lifecycle(RuleBasedStateMachine):
                 assert run.state is None  # given back by the caller, never tracked
         tracker.end_booking()
 
-    @precondition(lambda self: self.tracker.idle)
     @rule()
     def fetch_solo(self) -> None:
+        """A solo delivery: taken only by an idle worker (one holding nothing), then alone."""
+        idle = self.tracker.idle
         self.tracker.book(self.tracker.free_slots())
-        run = Run(f"s{next(self.ids)}", "t", solo=True)
-        assert self.tracker.lease(run)
+        run = Run(f"s{next(self.ids)}", "ts", solo=True)
+        assert self.tracker.lease(run) is idle
         self.tracker.end_booking()
-        self.live[run.id] = run
-        self.leased += 1
-        assert self.tracker.free_slots() == 0
+        if idle:
+            self.live[run.id] = run
+            self.leased += 1
+            assert self.tracker.free_slots() == 0
 
     @rule()
     def a_second_fetch_cannot_book_while_one_is_out(self) -> None:
@@ -247,24 +249,27 @@ class Lifecycle(RuleBasedStateMachine):
     @invariant()
     def slots_are_derived_from_the_states(self) -> None:
         tracker = self.tracker
-        weight = sum(CONCURRENCY if r.solo else 1 for r in self._in(State.LEASED, State.RUNNING))
+        taken = len(self._in(State.LEASED, State.RUNNING))
         waiting = sum(1 for r in self._in(State.FINISHED) if not r.reserved)
-        used = weight + max(0, waiting - FINISHED_MAX)
+        solo = any(run.solo for run in self.live.values())
+        used = CONCURRENCY if solo else taken + max(0, waiting - FINISHED_MAX)
         assert tracker.used == used
         assert 0 <= used <= CONCURRENCY
         starting = len(self._in(State.STARTING))
         assert tracker.free_slots() == max(0, CONCURRENCY - used - starting)
         if starting:
             assert used == CONCURRENCY, "a due held run waits while a slot is free"
-        if any(run.solo for run in self._in(State.LEASED, State.RUNNING)):
-            assert len(self._in(State.LEASED, State.RUNNING)) == 1
+        if solo:  # it runs alone, from its lease until it is recorded (or otherwise ends)
+            assert len(self.live) == 1
+            assert tracker.reservation_room() == 0
         assert tracker.running == len(self._in(State.RUNNING))
 
     @invariant()
     def reservations_are_bounded(self) -> None:
         held = len(self._in(State.RESERVED, State.HELD, State.STARTING))
         assert held <= RESERVE_MAX
-        assert self.tracker.reservation_room() == RESERVE_MAX - held
+        if not any(run.solo for run in self.live.values()):
+            assert self.tracker.reservation_room() == RESERVE_MAX - held
 
     @invariant()
     def the_tracker_holds_exactly_the_live_runs(self) -> None:

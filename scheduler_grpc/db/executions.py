@@ -24,10 +24,11 @@ from typing import Any
 import asyncpg
 import orjson
 
-from scheduler_grpc import pagetokens
+from scheduler_grpc import outputs, pagetokens
+from scheduler_grpc.db import faults
 from scheduler_grpc.db.leadership import Connection, assert_current_term
 from scheduler_grpc.errors import Fenced, InvalidArgument, NotFound
-from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
+from scheduler_grpc.executions import DeadReason, Execution, ExecutionStatus, Trigger
 from scheduler_grpc.jobs import RetryPolicy
 
 _COLUMNS = """e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.status, e.trigger, e.due_at, e.priority,
@@ -43,6 +44,7 @@ _FENCED_IDLE_LIMIT = "SET LOCAL idle_in_transaction_session_timeout = '1s'"
 LOST_WORKER_ERROR = "worker lost: its lease expired before the attempt finished"
 INTERRUPTED_ERROR = "interrupted: its worker stopped; the run goes on in a new attempt"
 CANCELLED_ERROR = "cancelled"
+REFUSED_ERROR = "the store refused its result"
 
 # The job definition a run carries from the moment it is fired (migration 0002): the claim reads
 # these from the execution row, so editing a job never changes a run already fired.
@@ -229,7 +231,8 @@ class Outcome:
     """How an attempt ended, as the worker reports it.
 
     `retry_after` set: the run gets a new `queued` attempt due that long after this one is recorded
-    (the worker decided the budget allows it).
+    (the worker decided the budget allows it). `dead_reason`: why a `dead` outcome is dead (None
+    for any other status; a `dead` outcome without one counts as permanent).
     """
 
     execution_id: str
@@ -241,6 +244,12 @@ class Outcome:
     # When the handler really started, if the claim could not know it (a reserved attempt, claimed
     # ahead): the completion writes it as the attempt's `started_at`. None keeps the claim's.
     started_at: datetime | None = None
+    dead_reason: DeadReason | None = None
+
+    def __post_init__(self) -> None:
+        # Bounded where it is made, so the row and the events built from it carry the same text.
+        if self.error is not None:
+            object.__setattr__(self, "error", outputs.bound_error(self.error))
 
 
 @dataclass(frozen=True)
@@ -273,6 +282,24 @@ class ExecutionPage:
 
 _TRIGGERS: dict[str, Trigger] = {trigger.value: trigger for trigger in Trigger}  # faster than Trigger(value)
 _STATUSES: dict[str, ExecutionStatus] = {status.value: status for status in ExecutionStatus}
+
+
+def _encoded(outcome: Outcome) -> tuple[Outcome, str | None]:
+    """An outcome with its result as JSON text; one whose result orjson cannot encode is refused."""
+    if outcome.result is None:
+        return outcome, None
+    try:
+        return outcome, orjson.dumps(outcome.result).decode()
+    except orjson.JSONEncodeError as exc:
+        return _refused(outcome, str(exc)), None
+
+
+def _refused(outcome: Outcome, reason: str) -> Outcome:
+    """The outcome recorded in place of one whose values the store refused: `dead` (the values
+    would be refused again on any retry), without its result."""
+    return Outcome(outcome.execution_id, outcome.claim_token, ExecutionStatus.DEAD,
+                   error=f"{REFUSED_ERROR}: {reason}", started_at=outcome.started_at,
+                   dead_reason=DeadReason.PERMANENT)  # fmt: skip
 
 
 def _ids(values: Sequence[str]) -> list[uuid.UUID]:
@@ -677,9 +704,42 @@ class ExecutionRepository:
         Safe to repeat: an outcome already recorded under the same token is reported again, as long
         as `resent` is true (the default). A caller sending outcomes for the first time may pass
         False to skip looking for earlier recordings (one index probe per outcome).
+
+        A value the store refuses (a result orjson cannot encode, or one PostgreSQL refuses: a CHECK,
+        a NUL character) fails only the outcome that carried it: that attempt is recorded `dead`
+        with `REFUSED_ERROR` (its result dropped) and reported with that status, and the batch's
+        other outcomes are recorded as they are (after such a refusal, one statement each).
         """
         if not outcomes:
             return []
+        encoded = [_encoded(outcome) for outcome in outcomes]
+        try:
+            async with self._savepoint():
+                return await self._complete(encoded, resent)
+        except asyncpg.PostgresError as exc:
+            if not faults.is_request_error(exc):
+                raise
+            if len(encoded) > 1:
+                # Perhaps one outcome's data, not the statement: again one by one, so only it fails.
+                return [done for outcome, _ in encoded for done in await self.complete([outcome], resent=resent)]
+            outcome, _ = encoded[0]
+            if outcome.result is None:
+                raise  # refused without a result (or without it already): not the data, a bug
+            async with self._savepoint():
+                return await self._complete([(_refused(outcome, str(exc)), None)], resent)
+
+    @asynccontextmanager
+    async def _savepoint(self) -> AsyncIterator[None]:
+        """A statement that may be refused, under a savepoint when this repository works inside a
+        transaction (so the transaction survives the refusal); as is over a pool."""
+        if isinstance(self._pool, asyncpg.Pool):
+            yield
+        else:
+            async with self._pool.transaction():
+                yield
+
+    async def _complete(self, encoded: Sequence[tuple[Outcome, str | None]], resent: bool) -> list[Completed]:
+        outcomes = [outcome for outcome, _ in encoded]
         rows = await self._pool.fetch(
             f"""
             WITH r AS MATERIALIZED (
@@ -728,8 +788,8 @@ class ExecutionRepository:
             [outcome.execution_id for outcome in outcomes],
             [outcome.claim_token for outcome in outcomes],
             [outcome.status.value for outcome in outcomes],
-            [outcome.error[:8000] if outcome.error else None for outcome in outcomes],
-            [orjson.dumps(outcome.result).decode() if outcome.result is not None else None for outcome in outcomes],
+            [outcome.error for outcome in outcomes],
+            [result for _, result in encoded],
             [outcome.retry_after for outcome in outcomes],
             resent,
             [outcome.started_at for outcome in outcomes],
@@ -857,7 +917,7 @@ class ExecutionRepository:
             _ids([execution_id for execution_id, _ in items]),
             [token for _, token in items],
             status.value,
-            error[:8000],
+            outputs.bound_error(error),
             CANCELLED_ERROR,
             delay,
         )
@@ -928,7 +988,7 @@ class ExecutionRepository:
             RETURNING {_COLUMNS}
             """,
             _ids(run_ids),
-            reason,
+            outputs.bound_error(reason),
         )
         return [execution_from_row(row) for row in rows]
 

@@ -9,18 +9,33 @@ from __future__ import annotations
 from typing import Final
 
 import asyncpg
+from asyncpg.exceptions import InvalidCachedStatementError, OutdatedSchemaCacheError
 
 # SQLSTATE classes of a wrong request: syntax error or undefined object (42), data exception (22),
-# integrity violation (23). Everything else from PostgreSQL (connection failures, shutdown, too many
-# connections, read-only transaction after failover, serialization failures, ...) is the store failing.
+# integrity violation (23).
 _REQUEST_ERROR_CLASSES: Final = frozenset({"42", "22", "23"})
-# SQLSTATE classes of a PostgreSQL that is unreachable, restarting or out of connections.
+# SQLSTATE classes of a PostgreSQL that is unreachable, restarting or out of connections: connection
+# exception (08), insufficient resources (53: too many connections, disk or memory full), operator
+# intervention (57: admin or crash shutdown, cannot connect now, a cancelled statement).
 _UNAVAILABLE_CLASSES: Final = frozenset({"08", "53", "57"})
+# ... and the other answers of a store failing for now, which a retry outlives: system error (58:
+# I/O), transaction rollback (40: serialization failure, deadlock).
+_FAULT_CLASSES: Final = _UNAVAILABLE_CLASSES | {"58", "40"}
+# A read-only transaction (a primary demoted after a failover), a lock not available (lock_timeout).
+_FAULT_STATES: Final = frozenset({"25006", "55P03"})
+# asyncpg's errors without a SQLSTATE for a connection that broke or closed under a call, or a pool
+# closing (a reconnect); its other InterfaceErrors are misuse ("another operation is in progress",
+# "released back to the pool", a bad argument).
+_CLOSED_TEXTS: Final = ("connection is closed", "connection was closed", "pool is closing", "operation is cancelling")
 
 
 def _sqlstate(exc: BaseException) -> str | None:
     state = getattr(exc, "sqlstate", None)
     return state if isinstance(state, str) else None
+
+
+def _connection_closed(exc: BaseException) -> bool:
+    return isinstance(exc, asyncpg.InterfaceError) and any(text in str(exc) for text in _CLOSED_TEXTS)
 
 
 def is_request_error(exc: BaseException) -> bool:
@@ -32,7 +47,19 @@ def is_request_error(exc: BaseException) -> bool:
 def is_unreachable(exc: BaseException) -> bool:
     """Whether `exc` means PostgreSQL could not be reached, is restarting or has no connection to give."""
     state = _sqlstate(exc)
-    if state is not None and state[:2] in _UNAVAILABLE_CLASSES:
+    if state is not None:
+        return state[:2] in _UNAVAILABLE_CLASSES
+    return _connection_closed(exc)
+
+
+def is_fault(exc: BaseException) -> bool:
+    """Whether `exc` is PostgreSQL (or the connection to it) failing for now, which a retry outlives:
+    `is_unreachable`, or a rollback, an I/O error, a read-only transaction, a lock timeout, or a
+    schema changed under cached statements (asyncpg drops them; the next call prepares afresh).
+    Not a fault: a wrong request, and asyncpg refusing a misuse (bugs of ours)."""
+    if isinstance(exc, InvalidCachedStatementError | OutdatedSchemaCacheError):
         return True
-    # asyncpg's own error for a connection that broke or closed under a call (no SQLSTATE).
-    return isinstance(exc, asyncpg.InterfaceError)
+    state = _sqlstate(exc)
+    if state is not None:
+        return state[:2] in _FAULT_CLASSES or state in _FAULT_STATES
+    return _connection_closed(exc)

@@ -17,12 +17,15 @@ from typing import Any
 
 import asyncpg
 
+from scheduler_grpc import outputs
+from scheduler_grpc.db import faults
 from scheduler_grpc.db.executions import ExecutionRepository, Queued, new_execution_id
 from scheduler_grpc.db.leadership import Connection, assert_current_term
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.flows import FlowRun, Node, TriggerRule
 
 _FENCED_IDLE_LIMIT = "SET LOCAL idle_in_transaction_session_timeout = '1s'"
+REFUSED_ERROR = "the store refused this node's run"
 _SNAPSHOT = ("handler", "payload", "queue", "timeout", "max_retries", "initial_backoff", "max_backoff", "retry_jitter")
 
 # Every node of the given flow runs with the latest attempt of its run (if any).
@@ -65,6 +68,11 @@ class NodeDecision:
     status: str
     payload: dict[str, Any] | None = None  # the resolved payload of a queued run (None: the job's)
     error: str | None = None
+
+    def __post_init__(self) -> None:
+        # Bounded where it is made: the row and its event carry the same text.
+        if self.error is not None:
+            object.__setattr__(self, "error", outputs.bound_error(self.error))
 
 
 def _uuid(value: str, field: str = "id") -> uuid.UUID:
@@ -160,7 +168,52 @@ class FlowRepository:
         )
         if state != "running" or not decisions:
             return [], []
-        rows = await self._pool.fetch(
+        rows = await self._record(flow_run_id, decisions, term)
+        queued = [
+            Queued(str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"],
+                   row["queue"], payload=row["payload"])
+            for row in rows if row["status"] == "queued"
+        ]  # fmt: skip
+        recorded = [
+            Recorded(str(row["run_id"]), str(row["job_id"]), row["status"], row["handler"], row["error"] or "")
+            for row in rows
+            if row["status"] != "queued"
+        ]
+        return queued, recorded
+
+    async def _record(
+        self, flow_run_id: str, decisions: Sequence[NodeDecision], term: int | None
+    ) -> list[asyncpg.Record]:
+        """Insert the decisions' rows; a decision whose values the store refuses (a CHECK, an
+        encoding) is recorded `dead` instead, with `REFUSED_ERROR`: the node fails, not the leader.
+        After a refusal, one statement per decision (each under a savepoint)."""
+        try:
+            async with self._savepoint():
+                return await self._insert(flow_run_id, decisions, term)
+        except asyncpg.PostgresError as exc:
+            if not faults.is_request_error(exc):
+                raise
+            if len(decisions) > 1:
+                return [row for one in decisions for row in await self._record(flow_run_id, [one], term)]
+            # Recorded without the values of its own (the job's payload; a bounded error): if the
+            # store refuses that too, it is not the data but a bug, and it raises.
+            refused = NodeDecision(decisions[0].job_id, "dead", error=f"{REFUSED_ERROR}: {exc}")
+            async with self._savepoint():
+                return await self._insert(flow_run_id, [refused], term)
+
+    @asynccontextmanager
+    async def _savepoint(self) -> AsyncIterator[None]:
+        """Under a savepoint when on a connection (so its transaction survives a refusal)."""
+        if isinstance(self._pool, asyncpg.Pool):
+            yield
+        else:
+            async with self._pool.transaction():
+                yield
+
+    async def _insert(
+        self, flow_run_id: str, decisions: Sequence[NodeDecision], term: int | None
+    ) -> list[asyncpg.Record]:
+        return await self._pool.fetch(
             f"""
             WITH d AS (
                 SELECT * FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::jsonb[], $6::text[])
@@ -187,17 +240,6 @@ class FlowRepository:
             [decision.error for decision in decisions],
             term,
         )
-        queued = [
-            Queued(str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"],
-                   row["queue"], payload=row["payload"])
-            for row in rows if row["status"] == "queued"
-        ]  # fmt: skip
-        recorded = [
-            Recorded(str(row["run_id"]), str(row["job_id"]), row["status"], row["handler"], row["error"] or "")
-            for row in rows
-            if row["status"] != "queued"
-        ]
-        return queued, recorded
 
     async def payloads(self, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The payload of each job as it is now, by job id (only read for nodes about to run)."""

@@ -22,6 +22,7 @@ from typing import TypeAlias
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from scheduler_grpc import stores
 from scheduler_grpc.errors import Fenced, Unavailable
 
 Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy
@@ -47,8 +48,6 @@ _CURRENT = "SELECT scope, term, holder, acquired_at FROM leader_state WHERE scop
 # FOR SHARE: a concurrent begin_term (which must lock the row to raise the term) waits until the
 # caller's transaction ends, so the check stays true until the caller commits.
 _CHECK_TERM = "SELECT term FROM leader_state WHERE scope = $1 FOR SHARE"
-
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,9 @@ class LeadershipRepository:
         try:
             async with asyncio.timeout(self._timeout), self._pool.acquire() as conn:
                 row = await conn.fetchrow(_BEGIN_TERM, scope, holder, timeout=self._timeout)
-        except _DB_ERRORS as exc:
+        except Exception as exc:
+            if not stores.is_fault(exc):  # a bug (a wrong statement, a misuse) is not an outage
+                raise
             raise Unavailable(f"cannot record a leader term for scope {scope!r}: {exc!r}") from exc
         return None if row is None else _record(row)
 
@@ -119,7 +120,9 @@ class LeadershipRepository:
         try:
             async with asyncio.timeout(self._timeout), self._pool.acquire() as conn:
                 row = await conn.fetchrow(_CURRENT, scope, timeout=self._timeout)
-        except _DB_ERRORS as exc:
+        except Exception as exc:
+            if not stores.is_fault(exc):  # a bug (a wrong statement, a misuse) is not an outage
+                raise
             raise Unavailable(f"cannot read the leader term of scope {scope!r}: {exc!r}") from exc
         return None if row is None else _record(row)
 

@@ -26,7 +26,14 @@ from scheduler_grpc.handlers.base import (
 )
 from scheduler_grpc.handlers.shell import ShellHandler
 from scheduler_grpc.handlers.system import CleanupHandler
-from scheduler_grpc.handlers.testing import CrashHandler, DelayHandler, EchoHandler, FailHandler, LogHandler
+from scheduler_grpc.handlers.testing import (
+    CrashHandler,
+    DelayHandler,
+    EchoHandler,
+    FailHandler,
+    LogHandler,
+    ResultHandler,
+)
 from scheduler_grpc.handlers.webhook import WebhookHandler, webhook_breaker_key
 
 BUILTIN_HANDLERS: tuple[type[Handler], ...] = (
@@ -38,6 +45,7 @@ BUILTIN_HANDLERS: tuple[type[Handler], ...] = (
     LogHandler,
     FailHandler,
     CrashHandler,
+    ResultHandler,
 )
 
 
@@ -104,6 +112,7 @@ __all__ = [
     "LogHandler",
     "Maintenance",
     "PermanentHandlerError",
+    "ResultHandler",
     "ShellHandler",
     "WebhookHandler",
     "breaker_key",

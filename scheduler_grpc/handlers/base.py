@@ -29,8 +29,7 @@ from datetime import datetime, timedelta
 from ipaddress import IPv4Network, IPv6Network
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
 
-import orjson
-
+from scheduler_grpc import outputs
 from scheduler_grpc.errors import InvalidArgument, SchedulerError
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
 JSONValue: TypeAlias = "bool | int | float | str | list[JSONValue] | dict[str, JSONValue] | None"
 
 ENTRY_POINT_GROUP = "scheduler_grpc.handlers"
-MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_PAYLOAD_BYTES = outputs.MAX_STORED_BYTES
 _NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 
 logger = logging.getLogger(__name__)
@@ -191,7 +190,8 @@ def payload_error(name: str, message: str) -> InvalidArgument:
 
 
 def check_payload_size(payload: Mapping[str, Any]) -> None:
-    """Require a JSON object of at most 64 KiB.
+    """Require a JSON object of at most 64 KiB as PostgreSQL stores it (`octet_length(payload::text)`,
+    the column's CHECK: jsonb's text form, with ": " and ", ", not compact JSON).
 
     Raises:
         InvalidArgument: field `payload`.
@@ -199,11 +199,13 @@ def check_payload_size(payload: Mapping[str, Any]) -> None:
     if not isinstance(payload, Mapping):
         raise InvalidArgument("payload", f"must be a JSON object, got {type(payload).__name__}")
     try:
-        size = len(orjson.dumps(payload))
-    except TypeError as exc:
+        size = outputs.stored_size(dict(payload))
+    except outputs.Unstorable as exc:
         raise InvalidArgument("payload", f"must be JSON (object keys strings, values JSON): {exc}") from None
     if size > MAX_PAYLOAD_BYTES:
-        raise InvalidArgument("payload", f"is {size} bytes as JSON; at most {MAX_PAYLOAD_BYTES} bytes are allowed")
+        raise InvalidArgument(
+            "payload", f"is {size:,} bytes as stored; at most {MAX_PAYLOAD_BYTES:,} bytes are allowed"
+        )
 
 
 def get_str(

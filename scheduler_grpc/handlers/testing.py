@@ -121,3 +121,50 @@ class CrashHandler(Handler):
         os.kill(os.getpid(), signal.SIGKILL)
         await asyncio.sleep(3600)  # not reached: SIGKILL is delivered at once
         raise PermanentHandlerError("test.crash: the worker survived SIGKILL")
+
+
+RESULT_DISABLED = "test.result returns results the service must refuse and runs only with SCHEDULER_ENV=dev"
+RESULT_SHAPES = ("deep", "large", "nul", "surrogate", "set")
+
+
+class ResultHandler(Handler):
+    """Returns a result of a given shape (dev mode only): for testing how outputs are bounded.
+
+    `shape`: `deep` (`size` objects nested in each other), `large` (a string of `size` characters),
+    `nul` (a string holding a NUL character, which PostgreSQL's jsonb refuses), `surrogate` (a lone
+    UTF-16 surrogate, which JSON cannot encode) or `set` (a Python set: not a JSON value at all).
+    """
+
+    name: ClassVar[str] = "test.result"
+    description: ClassVar[str] = "Return a result of a given shape: deep, large, nul, surrogate, set (dev mode only)"
+    fields: ClassVar[tuple[Field, ...]] = (
+        Field("shape", "string", f"one of {', '.join(RESULT_SHAPES)}", required=True),
+        Field("size", "integer", "nesting (deep) or characters (large), 0-1000000", default=0),
+    )
+
+    def disabled_reason(self, settings: HandlerSettings) -> str | None:
+        return None if settings.dev_mode else RESULT_DISABLED
+
+    def normalize(self, payload: Mapping[str, Any], settings: HandlerSettings) -> dict[str, Any]:
+        shape = require_str(payload, "shape")
+        if shape not in RESULT_SHAPES:
+            raise payload_error("shape", f"must be one of {', '.join(RESULT_SHAPES)}, got {shape!r}")
+        return {"shape": shape, "size": get_int(payload, "size", default=0, minimum=0, maximum=1_000_000)}
+
+    async def run(self, ctx: ExecutionContext, payload: dict[str, Any]) -> JSONValue:
+        if not ctx.settings.dev_mode:
+            raise PermanentHandlerError(RESULT_DISABLED)
+        shape, size = str(payload["shape"]), int(payload.get("size", 0))
+        if shape == "deep":
+            value: JSONValue = {}
+            for _ in range(size):
+                value = {"d": value}
+            return value
+        if shape == "large":
+            return {"text": "x" * size}
+        if shape == "nul":
+            return {"text": "before\x00after"}
+        if shape == "surrogate":
+            return {"text": "\ud800"}
+        unencodable: Any = {"set": {1, 2, 3}}  # on purpose: what a careless handler returns
+        return unencodable  # type: ignore[no-any-return]

@@ -1,5 +1,6 @@
 -- KEYS[1]=processing KEYS[2]=ready KEYS[3]=delayed KEYS[4]=dead KEYS[5]=priority KEYS[6]=data
 -- KEYS[7]=deliveries KEYS[8]=lease KEYS[9]=owner KEYS[10]=dead_reason KEYS[11]=seq KEYS[12]=marker
+-- KEYS[13]=solo
 -- ARGV: four per lease: ARGV[4i+1]=what ('a' ack, 'r' retry, 'd' dead-letter) ARGV[4i+2]=id
 -- ARGV[4i+3]=lease token ARGV[4i+4]=for 'r' the delay in ms (0: ready now), for 'd' the reason
 -- Returns: one integer per lease: 1 = done, 0 = lease lost (the token is not the item's current
@@ -7,11 +8,13 @@
 -- A worker's whole completion batch in one call: 'a' is queue_ack, 'r' is queue_nack with the
 -- delivery given back (only stalls count towards the stall limit), 'd' is queue_dead_letter of a
 -- processing item. Safe to resend: a repeat finds the tokens gone and answers 0.
+-- An 'r' of a solo delivery (token ending in 's', see queue_dequeue) keeps the next delivery solo.
 -- An 'r' item that becomes the earliest delayed item sets the marker (as an enqueue does), so an idle
 -- worker sleeping until a later item learns the new time (a reserved run handed back, due soon).
 local processing_key, ready_key, delayed_key, dead_key, priority_key, data_key, deliveries_key, lease_key,
-  owner_key, dead_reason_key, seq_key, marker_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+  owner_key, dead_reason_key, seq_key, marker_key, solo_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12],
+  KEYS[13]
 
 -- @include ready_score
 
@@ -34,6 +37,9 @@ for i = 1, #ARGV, 4 do
     elseif what == 'r' then
       if redis.call('HINCRBY', deliveries_key, id, -1) <= 0 then
         redis.call('HDEL', deliveries_key, id)
+      end
+      if string.sub(ARGV[i + 2], -1) == 's' then
+        redis.call('SADD', solo_key, id)
       end
       local delay = tonumber(ARGV[i + 3])
       if delay > 0 then

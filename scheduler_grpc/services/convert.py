@@ -20,6 +20,7 @@ from google.protobuf.json_format import ParseDict
 from google.protobuf.message import Message
 from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
 
+from scheduler_grpc import outputs
 from scheduler_grpc.auth import Role
 from scheduler_grpc.db.api_keys import ApiKeyRecord
 from scheduler_grpc.errors import InvalidArgument
@@ -522,8 +523,20 @@ def execution_to_proto(execution: Execution) -> executions_pb2.Execution:
         flow_run_id=execution.flow_run_id or "",
     )
     if execution.result is not None:
-        message.result.CopyFrom(json_value(execution.result))
+        message.result.CopyFrom(_receivable(execution.result))
     return message
+
+
+def _receivable(result: Any) -> struct_pb2.Value:
+    """A stored result as the API returns it; one nested deeper than outputs.MAX_DEPTH (stored
+    before results were bounded) as a string saying so: protobuf's Struct cannot carry ~33 levels,
+    and one such result would make every page holding it fail."""
+    if outputs.depth(result, stop_above=outputs.MAX_DEPTH) <= outputs.MAX_DEPTH:
+        return json_value(result)
+    levels = outputs.depth(result)
+    return struct_pb2.Value(
+        string_value=f"(result not shown: nested {levels} levels deep; the API returns at most {outputs.MAX_DEPTH})"
+    )
 
 
 def flow_run_to_proto(flow: FlowRun) -> executions_pb2.FlowRun:

@@ -9,8 +9,9 @@ import time
 from datetime import datetime
 from typing import Any
 
+from scheduler_grpc import outputs
 from scheduler_grpc.db.executions import Claim, Outcome
-from scheduler_grpc.executions import ExecutionStatus
+from scheduler_grpc.executions import DeadReason, ExecutionStatus
 from scheduler_grpc.handlers import ExecutionContext, HandlerError, PermanentHandlerError
 from scheduler_grpc.queue import Lease
 from scheduler_grpc.worker.lifecycle import Run
@@ -30,7 +31,7 @@ class Attempt(Run):
     claim: Claim  # set when claimed (state HELD or RUNNING on)
 
     def __init__(self, lease: Lease) -> None:
-        super().__init__(lease.id, lease.token, reserved=lease.due_in is not None, solo=getattr(lease, "solo", False))
+        super().__init__(lease.id, lease.token, reserved=lease.due_in is not None, solo=lease.solo)
         self.lease = lease
         self.deadline: Deadline | None = None  # set at the start (a held run's timeout starts with it)
         self.task: asyncio.Task[None] | None = None
@@ -40,8 +41,10 @@ class Attempt(Run):
         self.started_at: datetime | None = None
         self.waiter: asyncio.Future[None] | None = None  # a STARTING run's wait for a slot
 
-    def end_with(self, status: ExecutionStatus, error: str | None = None, result: Any = None) -> Outcome:
-        return Outcome(self.claim.execution_id, self.token, status, error=error, result=result)
+    def end_with(
+        self, status: ExecutionStatus, error: str | None = None, result: Any = None, dead: DeadReason | None = None
+    ) -> Outcome:
+        return Outcome(self.claim.execution_id, self.token, status, error=error, result=result, dead_reason=dead)
 
 
 class Deadline:
@@ -99,7 +102,7 @@ async def run_handler(attempt: Attempt, handler: Any, ctx: ExecutionContext) -> 
     deadline.running[attempt.id] = attempt
     began = time.perf_counter()
     try:
-        result = await handler.run(ctx, claim.payload)
+        result = outputs.bound_result(await handler.run(ctx, claim.payload))
     except asyncio.CancelledError:
         # The deadline's cancellation is this attempt's timeout: absorb exactly that one; any
         # other cancellation (a cancel request, a stop, a lost lease) goes on.
@@ -113,8 +116,8 @@ async def run_handler(attempt: Attempt, handler: Any, ctx: ExecutionContext) -> 
             # own), which must not pass for a stop of ours.
             status, error = ExecutionStatus.FAILED, "CancelledError raised by the handler"
     except PermanentHandlerError as exc:
-        return attempt.end_with(ExecutionStatus.DEAD, error=str(exc))
-    except HandlerError as exc:
+        return attempt.end_with(ExecutionStatus.DEAD, error=str(exc), dead=DeadReason.PERMANENT)
+    except (HandlerError, outputs.Unstorable) as exc:  # (a result over a bound: this attempt's failure)
         status, error = ExecutionStatus.FAILED, str(exc)
     except Exception as exc:  # a handler bug is this attempt's failure, not the worker's
         log.exception("handler raised", extra={"execution_id": claim.execution_id, "handler": claim.handler})
@@ -136,7 +139,7 @@ def failure(attempt: Attempt, status: ExecutionStatus, error: str) -> Outcome:
         backoff = claim.retry.backoff(claim.budget_attempt)
         return Outcome(claim.execution_id, attempt.token, status, error=error, retry_after=backoff)
     spent = f"{error} (retry budget of {claim.retry.max_retries} spent)"
-    return Outcome(claim.execution_id, attempt.token, ExecutionStatus.DEAD, error=spent)
+    return attempt.end_with(ExecutionStatus.DEAD, error=spent, dead=DeadReason.RETRIES_EXHAUSTED)
 
 
 def timed_out(claim: Claim) -> str:
@@ -150,4 +153,4 @@ def failed(outcome: Outcome) -> bool:
 def with_start(outcome: Outcome, started_at: datetime) -> Outcome:
     # Built directly: `dataclasses.replace` costs several times more.
     return Outcome(outcome.execution_id, outcome.claim_token, outcome.status, outcome.error, outcome.result,
-                   outcome.retry_after, started_at)  # fmt: skip
+                   outcome.retry_after, started_at, outcome.dead_reason)  # fmt: skip

@@ -16,7 +16,7 @@ from scheduler_grpc.breakers import BreakerOpen
 from scheduler_grpc.db.executions import Claim
 from scheduler_grpc.errors import SchedulerError
 from scheduler_grpc.events import EventType
-from scheduler_grpc.executions import ExecutionStatus, Trigger
+from scheduler_grpc.executions import DeadReason, ExecutionStatus, Trigger
 from scheduler_grpc.handlers import ExecutionContext, HandlerRegistry, HandlerSettings
 from scheduler_grpc.worker.attempt import Attempt, Deadline, failed, run_handler
 from scheduler_grpc.worker.lifecycle import State, Stop
@@ -137,7 +137,7 @@ class Executor:
             await self._defer(run, exc)
             return
         except SchedulerError as exc:  # unknown handler (plugin removed): a permanent failure
-            outcome = run.end_with(ExecutionStatus.DEAD, error=str(exc))
+            outcome = run.end_with(ExecutionStatus.DEAD, error=str(exc), dead=DeadReason.PERMANENT)
         else:
             outcome = await run_handler(run, handler, self._context(run))
             breaker.record(failed(outcome))  # a cancelled attempt counts neither way

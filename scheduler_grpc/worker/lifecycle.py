@@ -17,8 +17,9 @@ reason: a cancel request gives a RUNNING run its cancelled outcome (FINISHED) an
 back (RETURNING); a lost lease makes it LOSING (its attempt is abandoned: ABANDONED); a shutdown
 hands it back (RETURNING). RETURNING ends HANDED_BACK, UNRESERVED (a held run, unspent) or LAPSED.
 
-Slots (`concurrency` of them) are derived from the states: a LEASED or RUNNING run takes one (a
-solo run all of them), and FINISHED runs from the queue beyond `finished_max` take one each, so
+Slots (`concurrency` of them) are derived from the states: a LEASED or RUNNING run takes one, a
+solo run all of them from its lease until it leaves (whatever its state: the worker runs nothing
+beside it until it is recorded), and FINISHED runs from the queue beyond `finished_max` one each, so
 a completion stage that falls behind stops fetching rather than growing a buffer. The fetch stage
 books slots and reservations before it asks the queue (`book`), so a lease never finds its slot
 taken; held runs that came due wait for slots first come, first served and come before fetching.
@@ -107,7 +108,7 @@ class Run:
         self.id = run_id
         self.token = token  # the delivery's lease token
         self.reserved = reserved  # leased ahead of its due time (a reservation)
-        self.solo = solo  # must run alone: takes every slot while it holds one
+        self.solo = solo  # must run alone: takes every slot from its lease until it leaves
         self.state: State | None = None  # None until leased
         self.stop: Stop | None = None  # why its task was asked to stop, once it was
 
@@ -140,7 +141,8 @@ class RunTracker(Generic[R]):
         self._runs: dict[str, R] = {}  # by run id
         self._count = dict.fromkeys(State, 0)  # live runs by state
         self.ended: Counter[State] = Counter()  # runs that left, by their end
-        self._slots = 0  # taken by LEASED and RUNNING runs (a solo run: all)
+        self._slots = 0  # taken by LEASED and RUNNING runs
+        self._solo = 0  # solo runs held: each takes every slot from its lease until it leaves
         self._buffered = 0  # FINISHED runs from the queue (not reserved)
         self._booked = (0, 0)  # (slots, reservations) promised to the fetch in flight
         self._fetching = False  # a fetch is booked
@@ -187,8 +189,10 @@ class RunTracker(Generic[R]):
 
     @property
     def used(self) -> int:
-        """Slots taken: leased and running runs (a solo one counts all), and outcomes from the queue
-        waiting beyond the completion buffer."""
+        """Slots taken: leased and running runs, and outcomes from the queue waiting beyond the
+        completion buffer; all of them while a solo run is held."""
+        if self._solo:
+            return self.concurrency
         return self._slots + max(0, self._buffered - self._limits[0])
 
     def free_slots(self) -> int:
@@ -197,6 +201,8 @@ class RunTracker(Generic[R]):
 
     def reservation_room(self) -> int:
         """Reservations the fetch stage may book."""
+        if self._solo:
+            return 0  # nothing is taken beside a solo run
         held = self.count(*_RESERVATION_STATES)
         return max(0, self._limits[1] - held - self._booked[1])
 
@@ -236,11 +242,16 @@ class RunTracker(Generic[R]):
                 return False
             self._booked = (slots, reservations - 1)
             self._enter(run, State.RESERVED)
-        else:
-            weight = self.concurrency if run.solo else 1
-            if slots < weight or (run.solo and self._slots):
+        elif run.solo:
+            if slots < self.concurrency or self._runs:  # only an idle worker runs a solo delivery
                 return False
-            self._booked = (slots - weight, reservations)
+            self._booked = (0, reservations)
+            self._enter(run, State.LEASED)
+            self._solo += 1
+        else:
+            if slots < 1:
+                return False
+            self._booked = (slots - 1, reservations)
             self._enter(run, State.LEASED)
         self._runs[run.id] = run
         return True
@@ -356,10 +367,10 @@ class RunTracker(Generic[R]):
             self.ended[to] += 1
         else:
             count[to] += 1
-        if slots > 0:
-            self._slots += 1  # a held run started (never a solo one)
-        elif slots < 0:
-            self._slots -= self.concurrency if run.solo else 1
+        if slots:
+            self._slots += slots
+        if run.solo and to in ENDS:
+            self._solo -= 1
         if notify and (slots < 0 or to in ENDS):
             self._freed()  # slots came free, or the worker may be idle now
 
@@ -367,7 +378,7 @@ class RunTracker(Generic[R]):
         run.state = state
         self._count[state] += 1
         if state is State.LEASED:
-            self._slots += self.concurrency if run.solo else 1
+            self._slots += 1
 
     def _freed(self) -> None:
         self._grant()
@@ -376,7 +387,7 @@ class RunTracker(Generic[R]):
     def _grant(self, quiet: R | None = None) -> None:
         """Slots to the STARTING runs in their order; a slot a held run takes may be one the fetch
         in flight booked (the run is due now; the fetch gives back what it cannot place)."""
-        while self._starting and self._slots < self.concurrency - max(0, self._buffered - self._limits[0]):
+        while self._starting and self.used < self.concurrency:
             run = next(iter(self._starting))
             self._move(run, State.RUNNING)
             slots, reservations = self._booked

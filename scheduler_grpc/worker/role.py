@@ -63,7 +63,7 @@ class Worker:
     ) -> None:
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.concurrency = concurrency or settings.worker_concurrency
-        self.queue = Queue(redis, settings.queue, call_timeout=settings.connect_timeout)
+        self.queue = Queue(redis, settings.queue, call_timeout=settings.connect_timeout, max_stalls=settings.max_stalls)
         self.breakers = Breakers(
             BreakerPolicy(
                 window=settings.breaker_window,

@@ -16,9 +16,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from scheduler_grpc import events, metrics, stores
-from scheduler_grpc.db.executions import Claim, Completed
+from scheduler_grpc.db.executions import REFUSED_ERROR, Claim, Completed
 from scheduler_grpc.events import EventType
-from scheduler_grpc.executions import ExecutionStatus, Trigger
+from scheduler_grpc.executions import DeadReason, ExecutionStatus, Trigger
 from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.queue import Lease
 from scheduler_grpc.worker.attempt import Attempt, with_start
@@ -98,11 +98,10 @@ class Fetcher:
         shared = self._shared
         trouble = StoreTrouble("taking work", shared.id)
         while True:
-            idle = await self._wait_for_room()
-            if idle is None:
+            if not await self._wait_for_room():
                 continue
             try:
-                batch = await self._fetch(idle)
+                batch = await self._fetch()
                 trouble.recovered()
             except asyncio.CancelledError:
                 raise
@@ -120,7 +119,7 @@ class Fetcher:
                     await give_back_runs(shared, *batch)
                 raise
 
-    async def _fetch(self, idle: bool) -> Batch:
+    async def _fetch(self) -> Batch:
         """One dequeue for the free slots (and reservations), booked first; what it leased, tracked.
         A lease the booking has no room for any more (held runs came due and took the slots
         meanwhile) goes straight back."""
@@ -133,7 +132,7 @@ class Fetcher:
         runs: list[Attempt] = []
         extra: list[Lease] = []
         try:
-            leases = await self._dequeue(free, reservations, idle)
+            leases = await self._dequeue(free, reservations)
             fetched = time.monotonic()
             for lease in leases:
                 run = Attempt(lease)
@@ -153,9 +152,9 @@ class Fetcher:
         except Exception as exc:
             faulted(exc, "give back leases", self._shared.id)
 
-    async def _wait_for_room(self) -> bool | None:
-        """Wait until slots are free; returns whether this fetch is the idle one a solo item needs,
-        or None to look again (slots were taken meanwhile)."""
+    async def _wait_for_room(self) -> bool:
+        """Wait until slots are free (after a reply saying a solo item waits: until the worker holds
+        nothing, so the next dequeue is an idle one); False: look again."""
         tracker = self._shared.tracker
         if self._solo_waiting:
             while not tracker.idle:
@@ -164,7 +163,7 @@ class Fetcher:
             return True
         if tracker.free_slots() <= 0:
             await self._slots_changed()
-            return None
+            return False
         if tracker.free_slots() < self._min_batch and tracker.running:
             # A few slots free while others are about to be: wait a moment for them, so a busy
             # worker leases (and claims, records) in batches rather than one item at a time.
@@ -173,24 +172,21 @@ class Fetcher:
                     while tracker.free_slots() < self._min_batch:
                         await self._slots_changed()
             if tracker.free_slots() <= 0:  # held runs came due meanwhile and took the slots
-                return None
-        return False
+                return False
+        return True
 
     async def _slots_changed(self) -> None:
         self._shared.slot_free.clear()
         await self._shared.slot_free.wait()
 
-    async def _dequeue(self, free: int, reservations: int, idle: bool) -> list[Lease]:
+    async def _dequeue(self, free: int, reservations: int) -> list[Lease]:
         shared = self._shared
         window = shared.settings.worker_reserve_ahead if reservations else timedelta(0)
-        # TODO(solo): pass idle= unconditionally once the queue side (h-stalls) is merged.
-        extra: dict[str, Any] = {"idle": True} if idle else {}
         leases = await shared.queue.dequeue_blocking(
             shared.id, shared.settings.visibility_timeout, free, FETCH_WAIT,
-            reserve=window, reserve_count=reservations, **extra,
+            reserve=window, reserve_count=reservations, idle=shared.tracker.idle,
         )  # fmt: skip
-        if getattr(leases, "solo_waiting", False):
-            self._solo_waiting = True
+        self._solo_waiting = leases.solo_waiting
         return leases
 
 
@@ -390,7 +386,9 @@ class _QueueReport:
         if done is None:
             shared.stats.lost_leases += 1  # another attempt replaced this one: change nothing
             return
-        status = outcome.status
+        status, error, retry_after, dead = outcome.status, outcome.error, outcome.retry_after, outcome.dead_reason
+        if done.status is not status:  # the store refused the outcome's values: recorded dead instead
+            status, error, retry_after, dead = done.status, REFUSED_ERROR, None, DeadReason.PERMANENT
         if self._debug:
             log.debug(
                 "attempt finished",
@@ -399,10 +397,10 @@ class _QueueReport:
             )  # fmt: skip
         key = (status.value, claim.handler)
         self._counts[key] = self._counts.get(key, 0) + 1
-        self.events.append(shared.event(_EVENT_OF[status], claim, error=outcome.error or "", now=self._now))
-        if outcome.retry_after is not None:
+        self.events.append(shared.event(_EVENT_OF[status], claim, error=error or "", now=self._now))
+        if retry_after is not None:
             # The delivery is given back: only stalls count towards the stall limit.
-            self.retries.append((run.lease, outcome.retry_after))
+            self.retries.append((run.lease, retry_after))
             metrics.RETRIES.labels(claim.handler).inc()
             if done.retry_execution_id is not None:
                 self.events.append(
@@ -410,9 +408,8 @@ class _QueueReport:
                                  attempt=claim.attempt + 1, now=self._now)
                 )  # fmt: skip
         elif status is ExecutionStatus.DEAD:
-            self.deaths.append((run.lease, outcome.error or "dead"))
-            reason = "retries_exhausted" if outcome.error and "retry budget" in outcome.error else "permanent"
-            metrics.DEAD_LETTERED.labels(reason).inc()
+            self.deaths.append((run.lease, error or "dead"))
+            metrics.DEAD_LETTERED.labels(dead or DeadReason.PERMANENT).inc()
         else:
             self.acks.append(run.lease)
 
