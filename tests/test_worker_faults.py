@@ -28,8 +28,9 @@ from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.executions import Advance, Claim, ExecutionRepository, Outcome, PlannedSlot
 from scheduler_grpc.db.pool import create_pool
+from scheduler_grpc.dispatch import Queues, enqueue_runs
 from scheduler_grpc.events import EventType
-from scheduler_grpc.executions import ExecutionStatus
+from scheduler_grpc.executions import ExecutionStatus, Trigger
 from scheduler_grpc.handlers import (
     ExecutionContext,
     Handler,
@@ -614,6 +615,47 @@ async def test_a_cancel_while_the_outcome_waits_for_the_completion_stage_never_s
         assert found[5] in {"succeeded", "cancelled"}  # its handler had returned: either is honest
         await eventually(lambda: _true(worker.idle), within=5)
         assert not task.done()
+
+
+async def _started_and_finished(pool: asyncpg.Pool, run_ids: Sequence[str]) -> list[asyncpg.Record]:
+    rows = await pool.fetch(
+        "SELECT run_id::text, status, started_at, finished_at FROM job_executions WHERE run_id = ANY($1::uuid[])",
+        list(run_ids),
+    )
+    return rows if len(rows) == len(run_ids) and all(row["status"] == "succeeded" for row in rows) else []
+
+
+async def test_a_solo_delivery_runs_alone_after_the_worker_drains(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str, gated: Gated
+) -> None:
+    # Issue 19, defect 12 (the worker's side): told that a solo item waits, a busy worker leases
+    # nothing more until it holds no run, then takes the solo delivery alone and runs nothing
+    # beside it until it is recorded.
+    gate, registry, control = gated
+    busy_job = await control.create_job(JobSpec(name="busy", handler="test.gate"))
+    echo = await control.create_job(JobSpec(name="echo", handler="test.echo"))
+    queue = Queue(redis)
+    async with running_worker(redis_url, database_url, ExecutionRepository(pool), registry, concurrency=2) as (_, task):
+        [busy] = await control.trigger_job(busy_job.id)
+        await eventually(lambda: _true(gate.started.is_set()))  # one slot busy, one free
+        # A run whose next delivery is solo (as after max_stalls - 1 stalls), enqueued as the API does.
+        [solo] = await ExecutionRepository(pool).trigger(echo.id, Trigger.MANUAL, [datetime.now(UTC)])
+        await redis.sadd(queue.keys.solo, solo.run_id)
+        await enqueue_runs(Queues(redis), [solo])
+
+        async def draining() -> bool:
+            return await redis.get(queue.keys.drainer) == b"in-process"
+
+        await eventually(draining, within=5)
+        others = [(await control.trigger_job(echo.id))[0].run_id for _ in range(3)]
+        gate.gate.set()
+        rows = await eventually(lambda: _started_and_finished(pool, [busy.run_id, solo.run_id, *others]), within=10)
+        assert not task.done()
+    by_run = {row["run_id"]: row for row in rows}
+    assert by_run[solo.run_id]["started_at"] >= by_run[busy.run_id]["finished_at"], "it did not wait to be alone"
+    for run_id in others:
+        # Not leased beside the busy run while draining, nor beside the solo run.
+        assert by_run[run_id]["started_at"] >= by_run[solo.run_id]["finished_at"], "something ran beside it"
 
 
 async def test_runs_claimed_together_time_out_each_by_its_own_job_timeout(
