@@ -39,9 +39,10 @@ run's task propagates through the task group; `run_worker` logs its traceback an
 exits non-zero. Outcomes whose recording fails are kept, their leases extended, and written again
 (for up to `COMPLETION_RETRY_FOR`, or the grace plus 5 s once stopping).
 
-Solo deliveries (a run whose next stall would dead-letter it): a solo lease takes every slot while
-it runs; a reply saying one waits makes the fetch stage stop until the worker holds nothing, then
-dequeue once as idle.
+Solo deliveries (a run whose next stall would dead-letter it): only an idle worker (the tracker
+empty) dequeues as idle and may get one; a solo run takes every slot from its lease until it is
+recorded (or otherwise leaves), so nothing runs beside it. A reply saying a solo item waits makes
+the fetch stage stop until the worker holds nothing, then dequeue once as idle.
 """
 
 from scheduler_grpc.worker.lifecycle import IllegalTransition, Run, RunTracker, State, Stop

@@ -299,6 +299,11 @@ class Executor:
             stopped = await self.stop(unfinished, Stop.SHUTDOWN)
             # A task that finished just before its cancellation reported its outcome: keep that.
             await self.hand_back([run for run in stopped if run.state is State.RETURNING])
+        # Tasks still handing their runs back (a breaker's deferral, a cancelled reservation): their
+        # writes are bounded by the stores' call timeouts.
+        rest = [run.task for run in self._shared.tracker if run.task is not None and not run.task.done()]
+        if rest:
+            await asyncio.wait(rest)
 
     # -- metrics -------------------------------------------------------------------------------------
 
