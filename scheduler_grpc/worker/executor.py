@@ -181,7 +181,7 @@ class Executor:
                 return
             if run.stop is Stop.CANCEL and run.state is State.RUNNING:
                 run.outcome = run.end_with(ExecutionStatus.CANCELLED, error="cancelled")
-            # A task cancelled without a stop of ours: the role's task group is tearing down.
+            # A task cancelled without a stop of ours (`abort`: the role is ending on a bug) stays as it is.
             if self._shared.tracker.stopped(run) is State.RETURNING and run.stop is Stop.CANCEL:
                 # A held run cancelled on request: recorded cancelled (it never ran).
                 self._shared.spawn(self.unreserve([run]), name="cancel-held")
