@@ -85,10 +85,12 @@ async def preview_fire_times(schedule: CronSchedule, start: datetime, count: int
             for fire in itertools.islice(fire_times(schedule, start), count):
                 fires.append(fire)
         except (OverflowError, ValueError):
-            # datetime ends at 9999-12-31: a walk that runs past it (or starts at its edges) stops.
-            if not fires:
-                raise InvalidArgument("start_time", "no fire time between start_time and year 9999") from None
-            raise InvalidArgument("count", f"only {len(fires)} fire times before year 9999; ask for fewer") from None
+            pass  # datetime ends at 9999-12-31: a walk that runs past it (or starts at its edges) stops
+        # The walk ends (or overflows) only where datetime ends, at 9999-12-31.
+        if not fires:
+            raise InvalidArgument("start_time", "no fire time between start_time and year 9999")
+        if len(fires) < count:
+            raise InvalidArgument("count", f"only {len(fires)} fire times before year 9999; ask for fewer")
         return fires
 
     # Up to 1000 cron steps: CPU work kept off the event loop.
