@@ -252,7 +252,9 @@ class RunTracker(Generic[R]):
             if slots < 1:
                 return False
             self._booked = (slots - 1, reservations)
-            self._enter(run, State.LEASED)
+            run.state = State.LEASED  # (`_enter`, inlined: the hot path)
+            self._count[State.LEASED] += 1
+            self._slots += 1
         self._runs[run.id] = run
         return True
 
@@ -292,12 +294,15 @@ class RunTracker(Generic[R]):
         """The oldest outcomes, up to `most`, for recording (RECORDING)."""
         finished = self._finished
         batch = [finished.popleft() for _ in range(min(most, len(finished)))]
+        from_queue = 0
         for run in batch:  # FINISHED -> RECORDING: only FINISHED runs are in the buffer
             run.state = State.RECORDING
+            if not run.reserved:
+                from_queue += 1
         self._count[State.FINISHED] -= len(batch)
         self._count[State.RECORDING] += len(batch)
         before = self.used
-        self._buffered -= sum(1 for run in batch if not run.reserved)
+        self._buffered -= from_queue
         if self.used < before:
             self._freed()
         return batch
