@@ -35,8 +35,9 @@
   key) at most once per `PRINCIPAL_CACHE_TTL` per server process: a bounded in-process LRU of token
   hash -> principal (`PRINCIPAL_CACHE_SIZE` entries) answers the rest. The trade: a session ended or
   an API key revoked **on another server process** (or a session expiring, or deleted from Redis by
-  hand) is still accepted by this one for up to `PRINCIPAL_CACHE_TTL`; `Logout` and `RevokeApiKey`
-  drop the entry at once in the process that served them. Failures are never cached. An API key's
+  hand, or a user changed elsewhere) is still accepted as it was by this one for up to
+  `PRINCIPAL_CACHE_TTL`; `Logout`, `RevokeApiKey` and a change to a user drop the entries at once
+  in the process that served them. Failures are never cached. An API key's
   `last_used_at` is refreshed only when the key is looked up, so at most once per TTL per process.
 """
 
