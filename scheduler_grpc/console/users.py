@@ -89,7 +89,7 @@ async def create_user(request: web.Request) -> web.StreamResponse:
     raise _done(f"created {created.username} ({created.role})")
 
 
-async def _act(request: web.Request, action: Any) -> web.StreamResponse:
+async def _act(request: web.Request, action: Any, *, may_demote_caller: bool = True) -> web.StreamResponse:
     """Run `action(user_id, form)`; a refused change shows its reason on the page, by its row."""
     user_id = _user_id(request)
     form = await _form(request)
@@ -98,6 +98,9 @@ async def _act(request: web.Request, action: Any) -> web.StreamResponse:
     except (InvalidArgument, FailedPrecondition) as exc:
         status = 400 if isinstance(exc, InvalidArgument) else 409
         return await _page(request, status, row_error={"id": user_id, "message": str(exc)})
+    if may_demote_caller and user_id == request[PRINCIPAL].subject_id:
+        # The caller changed itself: it may no longer be an admin (or logged in) to see the list.
+        raise web.HTTPSeeOther("/")
     raise _done(message)
 
 
@@ -125,7 +128,7 @@ async def enable_user(request: web.Request) -> web.StreamResponse:
         user = await _users(request).enable_user(user_id)
         return f"enabled {user.username}"
 
-    return await _act(request, change)
+    return await _act(request, change, may_demote_caller=False)
 
 
 @rpc(_V + "ResetUserPassword")
@@ -134,7 +137,7 @@ async def reset_password(request: web.Request) -> web.StreamResponse:
         user = await _users(request).reset_password(request[PRINCIPAL], user_id, form.get("new_password", ""))
         return f"reset the password of {user.username} (its other sessions ended)"
 
-    return await _act(request, change)
+    return await _act(request, change, may_demote_caller=False)
 
 
 @rpc(_V + "DeleteUser")
