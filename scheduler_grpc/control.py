@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 
@@ -28,6 +29,9 @@ from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, valid
 from scheduler_grpc.queue import MAX_BATCH
 from scheduler_grpc.schedule import CronSchedule, FireTime, fire_times
 from scheduler_grpc.trigger_batch import TriggerBatcher
+
+if TYPE_CHECKING:
+    from scheduler_grpc.control_users import UserAdmin
 
 MAX_REQUEST_ID_LENGTH = 128
 MAX_BACKFILL_SLOTS = 1000
@@ -107,8 +111,10 @@ class Control:
         handlers: PayloadValidator,
         *,
         misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE,
+        users: UserAdmin | None = None,
     ) -> None:
         self._redis = redis
+        self._users = users
         self._misfire_grace = misfire_grace
         self._pool = pool
         self._handlers = handlers
@@ -117,6 +123,17 @@ class Control:
         self.flows = FlowRepository(pool)
         self.queues = Queues(redis, capacity=QUEUE_CACHE_SIZE)
         self._triggers = TriggerBatcher(self.executions, self._dispatch)
+
+    @property
+    def users(self) -> UserAdmin:
+        """User management (`control_users`): the server process passes it in.
+
+        Raises:
+            FailedPrecondition: this Control was built without it (a process that serves no users).
+        """
+        if self._users is None:
+            raise FailedPrecondition("user management is not available in this process")
+        return self._users
 
     async def create_job(self, spec: JobSpec, *, request_id: str | None = None) -> Job:
         """Validate and store a job; the same `request_id` returns the same job."""

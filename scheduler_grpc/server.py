@@ -1,6 +1,6 @@
 """`scheduler-grpc server`: the gRPC control plane.
 
-One process serves the five `scheduler.v1` services, `grpc.health.v1.Health` and server reflection,
+One process serves the six `scheduler.v1` services, `grpc.health.v1.Health` and server reflection,
 on grpc.aio (on uvloop under the CLI). Everything is created inside the running loop. Around it:
 
 * health: a background task pings Redis and PostgreSQL about every second (each ping bounded);
@@ -42,6 +42,7 @@ from scheduler_grpc.cluster import ClusterView
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.control import Control
+from scheduler_grpc.control_users import UserAdmin
 from scheduler_grpc.db.api_keys import ApiKeyRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.pool import Pool, ping
@@ -296,9 +297,10 @@ async def serve(
     timeout = settings.connect_timeout
     registry = default_registry(HandlerSettings.from_settings(settings))
     try:
+        users = UserRepository(pool, timeout=timeout)
         authenticator = Authenticator(
             redis,
-            UserRepository(pool, timeout=timeout),
+            users,
             ApiKeyRepository(pool, timeout=timeout),
             session_ttl=settings.session_ttl,
             timeout=timeout,
@@ -307,7 +309,13 @@ async def serve(
         await authenticator.ensure_admin(settings.admin_username, password)
         fanout = EventFanout(redis, buffer=settings.watch_buffer, timeout=timeout)
         api = Api(
-            control=Control(redis, pool, registry, misfire_grace=settings.misfire_grace),
+            control=Control(
+                redis,
+                pool,
+                registry,
+                misfire_grace=settings.misfire_grace,
+                users=UserAdmin(users, authenticator),
+            ),
             auth=authenticator,
             fanout=fanout,
             cluster=ClusterView(redis, LeadershipRepository(pool, timeout=timeout), timeout=timeout),

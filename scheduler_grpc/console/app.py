@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from scheduler_grpc import stores
 from scheduler_grpc.auth import PermissionDenied, ResourceExhausted, Unauthenticated
 from scheduler_grpc.config import Settings
-from scheduler_grpc.console import security, views
+from scheduler_grpc.console import security, users, views
 from scheduler_grpc.console.context import CONSOLE, STATIC, Console, StoreHealth, environment, render
 from scheduler_grpc.db.console import ConsoleQueries
 from scheduler_grpc.db.pool import Pool
@@ -156,6 +156,7 @@ def build_app(console: Console) -> web.Application:
             web.get("/api-keys", v.api_keys),
             web.post("/api-keys", v.create_api_key),
             web.post("/api-keys/{id}/revoke", v.revoke_api_key),
+            *users.ROUTES,
             web.static("/static", STATIC, append_version=False),
         ]
     )

@@ -39,7 +39,9 @@ from scheduler_client.client import (
     EXECUTION_STATE,
     JOB_STATE,
     MISFIRE_POLICY,
+    ROLE,
     TRIGGER_RULE,
+    USER_STATE,
     SchedulerClient,
     to_datetime,
 )
@@ -50,7 +52,7 @@ from scheduler_client.errors import (
     Unauthenticated,
     Unavailable,
 )
-from scheduler_client.v1 import executions_pb2, jobs_pb2
+from scheduler_client.v1 import executions_pb2, jobs_pb2, users_pb2
 
 PROG = "schedctl"
 EXIT_FAILURE = 1
@@ -566,6 +568,151 @@ async def cmd_status(ctx: Context) -> int:
     return 0
 
 
+# --- users (admin only) ----------------------------------------------------------------------------
+
+
+async def _user_id(ctx: Context, reference: str) -> str:
+    """A user id from an id or a username."""
+    try:
+        uuid.UUID(reference)
+    except ValueError:
+        return (await ctx.client.find_user(reference)).id
+    return reference
+
+
+def _new_password(args: argparse.Namespace, what: str) -> str:
+    """The new password of `users create` / `reset-password`: --password, --password-stdin,
+    $SCHEDCTL_NEW_PASSWORD, else asked twice on a terminal (in a thread: it blocks)."""
+    if args.password_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    if args.password is not None:
+        return str(args.password)
+    environ = os.environ.get("SCHEDCTL_NEW_PASSWORD")
+    if environ is not None:
+        return environ
+    if not sys.stdin.isatty():
+        raise UsageError(f"{what}: give --password, --password-stdin or $SCHEDCTL_NEW_PASSWORD")
+    first = getpass.getpass("New password: ")
+    if getpass.getpass("Repeat it: ") != first:
+        raise UsageError(f"{what}: the two passwords differ")
+    return first
+
+
+def _user_rows(users: Sequence[users_pb2.User]) -> tuple[list[str], list[list[object]]]:
+    rows: list[list[object]] = [
+        [user.username, show.role(user.role), USER_STATE.name(user.state).removeprefix("USER_STATE_").lower(),
+         show.when(user.create_time), user.id]
+        for user in users
+    ]  # fmt: skip
+    return ["USERNAME", "ROLE", "STATE", "CREATED", "ID"], rows
+
+
+def _show_user(ctx: Context, user: users_pb2.User, done: str | None = None) -> int:
+    if ctx.json:
+        show.print_json(show.message_dict(user))
+    elif done is not None:
+        state = USER_STATE.name(user.state).removeprefix("USER_STATE_").lower()
+        print(f"{done} user {user.username} (role {show.role(user.role)}, {state})")
+    else:
+        headers, rows = _user_rows([user])
+        show.print_fields([(header.lower(), value) for header, value in zip(headers, rows[0], strict=True)]
+                          + [("etag", user.etag), ("updated", show.when(user.update_time))])  # fmt: skip
+    return 0
+
+
+async def cmd_users_list(ctx: Context) -> int:
+    users = []
+    async for user in ctx.client.iter_users(page_size=min(ctx.args.limit, 1000)):
+        users.append(user)
+        if len(users) >= ctx.args.limit:
+            break
+    if ctx.json:
+        show.print_json({"users": [show.message_dict(user) for user in users]})
+    else:
+        show.print_table(*_user_rows(users))
+    return 0
+
+
+async def cmd_users_get(ctx: Context) -> int:
+    return _show_user(ctx, await ctx.client.get_user(await _user_id(ctx, ctx.args.user)))
+
+
+async def cmd_users_create(ctx: Context) -> int:
+    args = ctx.args
+    password = await asyncio.to_thread(_new_password, args, "users create")
+    user = await ctx.client.create_user(args.username, password, args.role, request_id=args.request_id)
+    return _show_user(ctx, user, "Created")
+
+
+async def cmd_users_update(ctx: Context) -> int:
+    args = ctx.args
+    user = await ctx.client.update_user(await _user_id(ctx, args.user), role=args.role, etag=args.etag)
+    return _show_user(ctx, user, "Updated")
+
+
+async def cmd_users_disable(ctx: Context) -> int:
+    user = await ctx.client.disable_user(await _user_id(ctx, ctx.args.user), etag=ctx.args.etag)
+    return _show_user(ctx, user, "Disabled (its sessions ended)")
+
+
+async def cmd_users_enable(ctx: Context) -> int:
+    user = await ctx.client.enable_user(await _user_id(ctx, ctx.args.user), etag=ctx.args.etag)
+    return _show_user(ctx, user, "Enabled")
+
+
+async def cmd_users_reset_password(ctx: Context) -> int:
+    args = ctx.args
+    user_id = await _user_id(ctx, args.user)
+    password = await asyncio.to_thread(_new_password, args, "users reset-password")
+    user = await ctx.client.reset_user_password(user_id, password, etag=args.etag)
+    return _show_user(ctx, user, "Reset the password of (its other sessions ended)")
+
+
+async def cmd_users_delete(ctx: Context) -> int:
+    args = ctx.args
+    user_id = await _user_id(ctx, args.user)
+    await ctx.client.delete_user(user_id, etag=args.etag)
+    if ctx.json:
+        show.print_json({"id": user_id, "deleted": True})
+    else:
+        print(f"Deleted user {args.user} (its sessions ended)")
+    return 0
+
+
+def _users_commands(command: Callable[..., argparse.ArgumentParser], commands: Any) -> None:
+    """`schedctl users ...` (admin only)."""
+    users = command(commands, "users", "manage who logs in: list, create, change role, disable, reset, delete")
+    user_commands = users.add_subparsers(dest="users_command", metavar="ACTION", required=True)
+    listing = command(user_commands, "list", "list users by username", cmd_users_list)
+    listing.add_argument("--limit", type=positive_int, default=1000, help="at most this many (default 1000)")
+    get = command(user_commands, "get", "show one user", cmd_users_get)
+    get.add_argument("user", metavar="USER", help="user id or username")
+    create = command(user_commands, "create", "create a user (asks for its password)", cmd_users_create)
+    create.add_argument("username", metavar="USERNAME", help="1-64 characters among A-Z a-z 0-9 _ . @ -")
+    create.add_argument("--role", required=True, choices=ROLE.choices(), help="what the user may do")
+    create.add_argument("--request-id", help="idempotency key: a retry with the same id creates nothing more")
+    update = command(user_commands, "update", "change a user's role (its sessions have it at once)",
+                     cmd_users_update)  # fmt: skip
+    update.add_argument("user", metavar="USER", help="user id or username")
+    update.add_argument("--role", required=True, choices=ROLE.choices(), help="the new role")
+    reset = command(user_commands, "reset-password", "set a user's password (its other sessions end)",
+                    cmd_users_reset_password)  # fmt: skip
+    reset.add_argument("user", metavar="USER", help="user id or username")
+    for sub in (create, reset):
+        sub.add_argument("--password", help="the password (12-1024 characters; default $SCHEDCTL_NEW_PASSWORD, "
+                                            "else asked)")  # fmt: skip
+        sub.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
+    for name, handler, help_text in (
+        ("disable", cmd_users_disable, "stop a user logging in and end its sessions"),
+        ("enable", cmd_users_enable, "let a disabled user log in again"),
+        ("delete", cmd_users_delete, "delete a user and end its sessions"),
+    ):
+        sub = command(user_commands, name, help_text, handler)
+        sub.add_argument("user", metavar="USER", help="user id or username")
+    for sub in (update, reset, *(user_commands.choices[name] for name in ("disable", "enable", "delete"))):
+        sub.add_argument("--etag", help="fail (ABORTED) if the user changed since it had this etag")
+
+
 # --- the parser ------------------------------------------------------------------------------------
 
 
@@ -745,6 +892,7 @@ def build_parser() -> argparse.ArgumentParser:
     command(commands, "handlers", "list handlers and their circuit breakers", cmd_handlers)
     status = command(commands, "status", "scheduler leader, term and queue counts", cmd_status)
     status.add_argument("--queue", help="the queue (default: default)")
+    _users_commands(command, commands)
     return parser
 
 

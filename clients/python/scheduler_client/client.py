@@ -30,7 +30,7 @@ from google.protobuf.message import Message
 
 from scheduler_client import __version__
 from scheduler_client.errors import DeadlineExceeded, InvalidArgument, NotFound, from_rpc_error
-from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
+from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2, users_pb2
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -60,6 +60,7 @@ _JOBS = _PKG + "JobService/"
 _EXECUTIONS = _PKG + "ExecutionService/"
 _QUEUE = _PKG + "QueueService/"
 _CLUSTER = _PKG + "ClusterService/"
+_USERS = _PKG + "UserService/"
 
 CURSOR_METADATA = "x-scheduler-cursor"
 """Initial metadata of WatchExecutions: the cursor the subscription starts at (sent once it is live)."""
@@ -142,6 +143,7 @@ JOB_VIEW = _EnumType(jobs_pb2.JobView, "JOB_VIEW_", "view")
 EXECUTION_VIEW = _EnumType(executions_pb2.ExecutionView, "EXECUTION_VIEW_", "view")
 EVENT_TYPE = _EnumType(executions_pb2.EventType, "EVENT_TYPE_", "event type")
 ROLE = _EnumType(auth_pb2.Role, "ROLE_", "role")
+USER_STATE = _EnumType(users_pb2.UserState, "USER_STATE_", "state")
 TRIGGER_RULE = _EnumType(executions_pb2.TriggerRule, "TRIGGER_RULE_", "trigger_rule")
 FLOW_RUN_STATE = _EnumType(executions_pb2.FlowRunState, "FLOW_RUN_STATE_", "flow run state")
 
@@ -954,6 +956,92 @@ class SchedulerClient:
             _CLUSTER + "ListHandlers", cluster_pb2.ListHandlersRequest(), cluster_pb2.ListHandlersResponse, rpc_timeout
         )
         return list(response.handlers)
+
+    # -- UserService (admin only) --
+
+    async def create_user(
+        self,
+        username: str,
+        password: str,
+        role: int | str = "viewer",
+        *,
+        request_id: str | None = None,
+        rpc_timeout: float | None = None,
+    ) -> users_pb2.User:
+        """Create an enabled user (the password: 12 to 1024 characters). The same `request_id`
+        returns the user its first call created (one is generated if not given)."""
+        request = users_pb2.CreateUserRequest(
+            user=users_pb2.User(username=username, role=ROLE.name(role)),
+            password=password,
+            request_id=request_id or str(uuid.uuid4()),
+        )
+        return (await self._call(_USERS + "CreateUser", request, users_pb2.CreateUserResponse, rpc_timeout)).user
+
+    async def get_user(self, user_id: str, *, rpc_timeout: float | None = None) -> users_pb2.User:
+        """Read one user."""
+        request = users_pb2.GetUserRequest(id=user_id)
+        return (await self._call(_USERS + "GetUser", request, users_pb2.GetUserResponse, rpc_timeout)).user
+
+    async def list_users(
+        self, *, page_size: int = 0, page_token: str = "", rpc_timeout: float | None = None
+    ) -> Page[users_pb2.User]:
+        """One page of users by username (disabled ones included)."""
+        request = users_pb2.ListUsersRequest(page_size=page_size, page_token=page_token)
+        response = await self._call(_USERS + "ListUsers", request, users_pb2.ListUsersResponse, rpc_timeout)
+        return Page(list(response.users), response.next_page_token)
+
+    def iter_users(self, *, page_size: int = 0) -> AsyncIterator[users_pb2.User]:
+        """Every user, page after page."""
+        return _pages(lambda token: self.list_users(page_size=page_size, page_token=token))
+
+    async def find_user(self, username: str, *, rpc_timeout: float | None = None) -> users_pb2.User:
+        """The user named `username` (searched through ListUsers); NotFound if there is none."""
+        async for user in _pages(
+            lambda token: self.list_users(page_size=1000, page_token=token, rpc_timeout=rpc_timeout)
+        ):
+            if user.username == username:
+                return user
+        raise NotFound(f"no user named {username!r}")
+
+    async def update_user(
+        self, user_id: str, *, role: int | str, etag: str | None = None, rpc_timeout: float | None = None
+    ) -> users_pb2.User:
+        """Give a user another role (its live sessions have it from their next call)."""
+        request = users_pb2.UpdateUserRequest(
+            user=users_pb2.User(id=user_id, role=ROLE.name(role)),
+            update_mask=field_mask_pb2.FieldMask(paths=["role"]),
+            etag=etag or "",
+        )
+        return (await self._call(_USERS + "UpdateUser", request, users_pb2.UpdateUserResponse, rpc_timeout)).user
+
+    async def delete_user(self, user_id: str, *, etag: str | None = None, rpc_timeout: float | None = None) -> None:
+        """Delete a user and end its sessions."""
+        request = users_pb2.DeleteUserRequest(id=user_id, etag=etag or "")
+        await self._call(_USERS + "DeleteUser", request, users_pb2.DeleteUserResponse, rpc_timeout)
+
+    async def disable_user(
+        self, user_id: str, *, etag: str | None = None, rpc_timeout: float | None = None
+    ) -> users_pb2.User:
+        """Stop a user logging in and end its sessions."""
+        request = users_pb2.DisableUserRequest(id=user_id, etag=etag or "")
+        return (await self._call(_USERS + "DisableUser", request, users_pb2.DisableUserResponse, rpc_timeout)).user
+
+    async def enable_user(
+        self, user_id: str, *, etag: str | None = None, rpc_timeout: float | None = None
+    ) -> users_pb2.User:
+        """Let a disabled user log in again."""
+        request = users_pb2.EnableUserRequest(id=user_id, etag=etag or "")
+        return (await self._call(_USERS + "EnableUser", request, users_pb2.EnableUserResponse, rpc_timeout)).user
+
+    async def reset_user_password(
+        self, user_id: str, new_password: str, *, etag: str | None = None, rpc_timeout: float | None = None
+    ) -> users_pb2.User:
+        """Set a user's password and end its other sessions."""
+        request = users_pb2.ResetUserPasswordRequest(id=user_id, new_password=new_password, etag=etag or "")
+        response = await self._call(
+            _USERS + "ResetUserPassword", request, users_pb2.ResetUserPasswordResponse, rpc_timeout
+        )
+        return response.user
 
 
 # --- helpers -----------------------------------------------------------------------------------
