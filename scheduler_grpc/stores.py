@@ -2,8 +2,8 @@
 
 Every role asks the same three questions of an exception and asks them here: which store raised it
 (`store_of`, for `scheduler_store_errors_total`), whether it is a store failing that a loop rides
-out rather than a bug that ends the role (`is_fault`), and whether a gRPC call that raised it ends
-UNAVAILABLE (`is_unavailable`). Redis's exception classes are recognised here; PostgreSQL's SQLSTATEs
+out rather than a bug that ends the role (`is_fault`), and whether a request that raised it ends
+UNAVAILABLE (`is_unavailable`, for `statuses`). Redis's exception classes are recognised here; PostgreSQL's SQLSTATEs
 and asyncpg's classes in `db.faults`, which this module asks.
 """
 
@@ -102,8 +102,8 @@ def is_request_error(exc: BaseException) -> bool:
 
 
 def is_unavailable(exc: BaseException) -> bool:
-    """Whether `exc` means Redis or PostgreSQL could not be reached or did not answer in time (a
-    gRPC call ends UNAVAILABLE; other store errors are INTERNAL)."""
-    if isinstance(exc, Unavailable | RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
-        return True
-    return postgres.is_unreachable(exc)
+    """Whether a request that raised `exc` failed for want of a store (the API answers UNAVAILABLE,
+    the console 503; `statuses.status_of`): a store fault (`is_fault`: unreachable, timing out, or
+    answering that it cannot serve now, such as a Redis replica's READONLY), or a socket error.
+    Other store errors are bugs (INTERNAL)."""
+    return is_fault(exc) or isinstance(exc, OSError)

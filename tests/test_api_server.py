@@ -38,9 +38,10 @@ from scheduler_grpc import server as server_module
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.embedded import free_port
 from scheduler_grpc.errors import InvalidArgument, NotFound, Unavailable
-from scheduler_grpc.interceptors import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE, status_for
+from scheduler_grpc.interceptors import status_for
 from scheduler_grpc.server import serve
 from scheduler_grpc.services import SERVICE_NAMES
+from scheduler_grpc.statuses import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
 from tests.api_helpers import start_server, wait_for_server
 from tests.engine_helpers import Roles, eventually, make_settings
 from tests.test_api_support import ADMIN_PASSWORD, FAST_HASHER, Harness, api, bearer, running_api  # noqa: F401 - `api` is a fixture

@@ -20,7 +20,8 @@ import asyncpg
 import grpc
 import pytest
 from redis.asyncio import Redis
-from scheduler_client.v1 import auth_pb2, auth_pb2_grpc
+from redis.exceptions import ReadOnlyError
+from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 
 from scheduler_grpc.auth import Role, Unauthenticated
 from scheduler_grpc.connections import redis_client
@@ -28,7 +29,7 @@ from scheduler_grpc.console.app import listen_host
 from scheduler_grpc.console.security import COOKIE, CSP, csrf_token
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.users import UserRepository
-from scheduler_grpc.errors import ConfigError
+from scheduler_grpc.errors import ConfigError, Fenced, LeaseLost
 from scheduler_grpc.jobs import JobSpec, JobStatus
 from scheduler_grpc.leader import LeaderElector
 from scheduler_grpc.server import RunningServer, serve
@@ -445,3 +446,35 @@ async def test_a_run_not_yet_due_or_held_says_when_it_is_due(console: Console, p
     assert 'class="not-due"' in rows[later.id], rows[later.id]
     assert 'class="not-due"' not in rows[now.id], rows[now.id]
     assert '">starts ' in rows[held.id], rows[held.id]
+
+
+@pytest.mark.parametrize(
+    ("error", "grpc_code", "http_status"),
+    [
+        # A replica after a failover: a store that cannot serve now, not a bug of ours.
+        (ReadOnlyError("READONLY You can't write against a read only replica."), grpc.StatusCode.UNAVAILABLE, 503),
+        (Fenced("term 3 is no longer current"), grpc.StatusCode.ABORTED, 409),
+        (LeaseLost("lease lost"), grpc.StatusCode.ABORTED, 409),
+    ],
+)
+async def test_the_console_and_the_api_answer_an_error_alike(
+    console: Console, monkeypatch: pytest.MonkeyPatch, error: Exception, grpc_code: grpc.StatusCode, http_status: int
+) -> None:
+    # One mapping of errors to outcomes: the same failure of the same Control call is the same
+    # answer whichever door it came through.
+    job_id = await _job(console)
+
+    async def fails(job_id: str) -> None:
+        raise error
+
+    monkeypatch.setattr(console.server.api.control, "pause_job", fails)
+    async with console.client() as http:
+        token = await login(http)
+        async with http.post(f"/jobs/{job_id}/pause", data={"csrf": csrf_token(token)}, allow_redirects=False) as reply:
+            got_http = reply.status
+    async with grpc.aio.insecure_channel(console.server.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await jobs_pb2_grpc.JobServiceStub(channel).PauseJob(
+                jobs_pb2.PauseJobRequest(id=job_id), metadata=(("authorization", f"Bearer {token}"),), timeout=10
+            )
+    assert (refused.value.code(), got_http) == (grpc_code, http_status)

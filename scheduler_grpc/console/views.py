@@ -16,7 +16,7 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from scheduler_grpc import stores
+from scheduler_grpc import statuses
 from scheduler_grpc.auth import ResourceExhausted, Role, Unauthenticated
 from scheduler_grpc.console import charts, forms
 from scheduler_grpc.console.context import CONSOLE, Console, render
@@ -45,6 +45,11 @@ def _uuid(value: str, field: str = "id") -> str:
         return str(uuid.UUID(value))
     except ValueError:
         raise InvalidArgument(field, "must be a UUID") from None
+
+
+def _status(exc: Exception) -> int:
+    """The HTTP status of an error the page answers itself (the API's mapping, `statuses`)."""
+    return statuses.HTTP_STATUS[statuses.status_of(exc)[0]]
 
 
 def _console(request: web.Request) -> Console:
@@ -80,13 +85,10 @@ async def login(request: web.Request) -> web.StreamResponse:
     peer = f"ipv6:[{remote}]:0" if ":" in remote else f"ipv4:{remote}:0"
     try:
         session = await console.api.auth.login(username, form.get("password", ""), peer)
-    except Unauthenticated as exc:
-        console.api.metrics.login_failed()
-        return await render(request, "login.html", {"error": str(exc), "username": username}, status=401)
-    except ResourceExhausted as exc:
-        return await render(request, "login.html", {"error": str(exc), "username": username}, status=429)
-    except InvalidArgument as exc:
-        return await render(request, "login.html", {"error": str(exc), "username": username}, status=400)
+    except (Unauthenticated, ResourceExhausted, InvalidArgument) as exc:
+        if isinstance(exc, Unauthenticated):
+            console.api.metrics.login_failed()
+        return await render(request, "login.html", {"error": str(exc), "username": username}, status=_status(exc))
     response = web.Response(status=303, headers={"Location": "/"})
     max_age = max(1, int((session.expire_time - datetime.now(UTC)).total_seconds()))
     set_session_cookie(response, session.token, secure=console.secure, max_age=max_age)
@@ -110,7 +112,7 @@ async def _stores_down_safe(coro: Any) -> Any:
     try:
         return await coro
     except Exception as exc:
-        if not stores.is_fault(exc):
+        if statuses.status_of(exc)[0] is not statuses.Code.UNAVAILABLE:
             raise  # a bug is a bug: a 500 with its traceback logged, not an "unknown" figure
         return None
 
@@ -231,7 +233,7 @@ async def create_job(request: web.Request) -> web.StreamResponse:
         spec = forms.job_spec(form)
         job = await console.api.control.create_job(spec, request_id=form.get("request_id") or None)
     except InvalidArgument as exc:
-        return await _job_form(request, None, form, _field_errors(exc), status=400)
+        return await _job_form(request, None, form, _field_errors(exc), status=_status(exc))
     raise web.HTTPSeeOther(f"/jobs/{job.id}")
 
 
@@ -256,7 +258,7 @@ async def update_job(request: web.Request) -> web.StreamResponse:
         # The version the form was read at: an edit made meanwhile by someone else is not overwritten.
         await console.api.control.update_job(job_id, spec, expected_version=int(version) if version.isdigit() else None)
     except InvalidArgument as exc:
-        return await _job_form(request, job_id, form, _field_errors(exc), status=400)
+        return await _job_form(request, job_id, form, _field_errors(exc), status=_status(exc))
     raise web.HTTPSeeOther(f"/jobs/{job_id}")
 
 
@@ -346,7 +348,7 @@ async def preview(request: web.Request) -> web.StreamResponse:
         )
         fires = await preview_fire_times(schedule, datetime.now(UTC), PREVIEW_COUNT)
     except InvalidArgument as exc:
-        return web.json_response({"field": exc.field, "error": exc.message}, status=400)
+        return web.json_response({"field": exc.field, "error": exc.message}, status=_status(exc))
     return web.json_response(
         {
             "fire_times": [
