@@ -48,7 +48,7 @@ class Console:
         return aiohttp.ClientSession(self.url, cookie_jar=aiohttp.CookieJar(unsafe=True))
 
     async def session_for(self, username: str, role: Role) -> str:
-        users = UserRepository(self.server.api.control.jobs._pool)
+        users = UserRepository(self.server.api.control._pool)
         user = await users.upsert(username, FAST_HASHER.hash("irrelevant-password"), role.value)
         return (await self.server.api.auth.open_session(user)).token
 
@@ -131,16 +131,16 @@ async def test_a_post_without_the_csrf_token_is_refused(console: Console) -> Non
             assert "CSRF" in await reply.text()
         async with http.post(f"/jobs/{job_id}/pause", data={"csrf": "0" * 64}, allow_redirects=False) as reply:
             assert reply.status == 403
-        assert (await console.server.api.control.jobs.get(job_id)).status is JobStatus.ACTIVE
+        assert (await console.server.api.control.get_job(job_id)).status is JobStatus.ACTIVE
         async with http.post(f"/jobs/{job_id}/pause", data={"csrf": csrf_token(token)}, allow_redirects=False) as reply:
             assert reply.status == 303
-        assert (await console.server.api.control.jobs.get(job_id)).status is JobStatus.PAUSED
+        assert (await console.server.api.control.get_job(job_id)).status is JobStatus.PAUSED
         # The header works as well as the form field (for script-made requests).
         async with http.post(
             f"/jobs/{job_id}/resume", headers={"X-CSRF-Token": csrf_token(token)}, allow_redirects=False
         ) as reply:
             assert reply.status == 303
-        assert (await console.server.api.control.jobs.get(job_id)).status is JobStatus.ACTIVE
+        assert (await console.server.api.control.get_job(job_id)).status is JobStatus.ACTIVE
 
 
 async def test_a_viewer_sees_no_action_and_a_forged_post_is_refused(console: Console) -> None:
@@ -166,10 +166,10 @@ async def test_a_viewer_sees_no_action_and_a_forged_post_is_refused(console: Con
             assert reply.status == 403
         async with http.get("/api-keys") as page:
             assert page.status == 403  # ListApiKeys is admin-only in the API's table
-    job = await console.server.api.control.jobs.get(job_id)
+    job = await console.server.api.control.get_job(job_id)
     assert job.status is JobStatus.ACTIVE
-    assert await console.server.api.control.executions.list_page(job_id=job_id) is not None
-    assert (await console.server.api.control.executions.list_page(job_id=job_id)).executions == []
+    assert await console.server.api.control.list_executions(job_id=job_id) is not None
+    assert (await console.server.api.control.list_executions(job_id=job_id)).executions == []
 
 
 async def test_an_operator_may_trigger_but_not_delete(console: Console) -> None:
@@ -182,7 +182,7 @@ async def test_an_operator_may_trigger_but_not_delete(console: Console) -> None:
             assert reply.status == 303
         async with http.post(f"/jobs/{job_id}/delete", data={"csrf": csrf}, allow_redirects=False) as reply:
             assert reply.status == 403
-    assert len((await console.server.api.control.executions.list_page(job_id=job_id)).executions) == 1
+    assert len((await console.server.api.control.list_executions(job_id=job_id)).executions) == 1
 
 
 async def test_login_is_throttled_with_the_api(console: Console) -> None:
@@ -223,7 +223,7 @@ async def test_job_form_errors_are_shown_on_their_field(console: Console) -> Non
         async with http.post("/jobs", data={**form, "cron": "*/5 * * * *"}, allow_redirects=False) as reply:
             assert reply.status == 303
             job_id = reply.headers["Location"].rsplit("/", 1)[-1]
-    job = await console.server.api.control.jobs.get(job_id)
+    job = await console.server.api.control.get_job(job_id)
     assert (job.name, job.cron, job.next_run_time is not None) == ("bad-cron", "*/5 * * * *", True)
 
 
@@ -418,7 +418,7 @@ async def test_an_operator_cancels_a_waiting_run_from_its_page(console: Console)
         assert f'action="/executions/{execution.id}/cancel"' not in body  # finished: nothing to cancel
         async with http.post(f"/executions/{execution.id}/cancel", data={"csrf": csrf_token(token)}) as reply:
             assert reply.status == 409  # FAILED_PRECONDITION, as over gRPC
-    assert (await console.server.api.control.executions.get(execution.id)).status.value == "cancelled"
+    assert (await console.server.api.control.get_execution(execution.id)).status.value == "cancelled"
 
 
 async def test_a_run_not_yet_due_or_held_says_when_it_is_due(console: Console, pool: asyncpg.Pool) -> None:

@@ -19,17 +19,14 @@ from dataclasses import dataclass
 from typing import Final
 
 from aiohttp import web
-from redis.asyncio import Redis
 
 from scheduler_grpc import statuses
+from scheduler_grpc.application import Api
 from scheduler_grpc.auth import Unauthenticated
 from scheduler_grpc.config import Settings
 from scheduler_grpc.console import security, views
-from scheduler_grpc.console.context import CONSOLE, STATIC, Console, StoreHealth, environment, render
-from scheduler_grpc.db.console import ConsoleQueries
-from scheduler_grpc.db.pool import Pool
+from scheduler_grpc.console.context import CONSOLE, STATIC, Console, environment, render
 from scheduler_grpc.errors import ConfigError
-from scheduler_grpc.services import Api
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +186,7 @@ class RunningConsole:
 
 
 @contextlib.asynccontextmanager
-async def serve_console(settings: Settings, api: Api, redis: Redis, pool: Pool) -> AsyncIterator[RunningConsole]:
+async def serve_console(settings: Settings, api: Api) -> AsyncIterator[RunningConsole]:
     """Serve the console on SCHEDULER_HTTP_HOST:PORT until the block exits.
 
     Raises:
@@ -199,8 +196,6 @@ async def serve_console(settings: Settings, api: Api, redis: Redis, pool: Pool) 
     context = _ssl_context(settings)
     console = Console(
         api=api,
-        queries=ConsoleQueries(pool, timeout=settings.connect_timeout),
-        health=StoreHealth(redis, pool),
         secure=context is not None or settings.http_tls_proxy,
         templates=environment(),
     )
