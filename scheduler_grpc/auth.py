@@ -66,7 +66,8 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from scheduler_grpc import scripts
-from scheduler_grpc.db.api_keys import ApiKeyRecord, ApiKeyRepository
+from scheduler_grpc.db.api_keys import ApiKeyPage, ApiKeyRepository
+from scheduler_grpc.db.api_keys import ApiKeyRecord as ApiKeyRecord  # noqa: PLC0414 - re-exported: what key reads return
 from scheduler_grpc.db.users import User, UserRepository
 from scheduler_grpc.errors import ConfigError, InvalidArgument, SchedulerError
 from scheduler_grpc.keys import AuthKeys
@@ -598,6 +599,14 @@ class Authenticator:
         self._cache.pop(principal.token_hash, None)
         async with asyncio.timeout(self._timeout):
             await self._redis.delete(self._keys.session(principal.token_hash))
+
+    async def list_api_keys(self, page_size: int, page_token: str) -> ApiKeyPage:
+        """A page of API keys, newest first (`next_page_token` resumes after it).
+
+        Raises:
+            InvalidArgument: `page_size` out of range or a malformed `page_token`.
+        """
+        return await self.api_keys.list_page(page_size, page_token)
 
     async def revoke_api_key(self, key_id: str) -> ApiKeyRecord:
         """Revoke an API key at once (in this process; elsewhere within `PRINCIPAL_CACHE_TTL`).

@@ -22,7 +22,8 @@ from scheduler_grpc.auth import (
     Role,
 )
 from scheduler_grpc.control import _check_request_id
-from scheduler_grpc.db.users import User, UserPage, UserRepository
+from scheduler_grpc.db.users import User as User  # noqa: PLC0414  (re-exported: the doors see no db)
+from scheduler_grpc.db.users import UserPage, UserRepository
 from scheduler_grpc.errors import InvalidArgument
 
 

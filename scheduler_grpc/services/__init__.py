@@ -7,38 +7,10 @@ log and measure every call in one place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import grpc
 from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2, users_pb2
 
-from scheduler_grpc.auth import Authenticator
-from scheduler_grpc.cluster import ClusterView
-from scheduler_grpc.control import Control
-from scheduler_grpc.events import EventFanout
-from scheduler_grpc.handlers import HandlerRegistry
-from scheduler_grpc.metrics import Metrics
-
-
-@dataclass(frozen=True)
-class Api:
-    """What the servicers work with (built once per server process).
-
-    Attributes:
-        control: Jobs and runs.
-        auth: Sessions, API keys, passwords.
-        fanout: The execution event stream, shared by every WatchExecutions call.
-        cluster: Live workers and the scheduler leader.
-        handlers: The handler registry (validation, descriptions).
-        metrics: Where calls are recorded.
-    """
-
-    control: Control
-    auth: Authenticator
-    fanout: EventFanout
-    cluster: ClusterView
-    handlers: HandlerRegistry
-    metrics: Metrics
+from scheduler_grpc.application import Api
 
 
 def add_services(server: grpc.aio.Server, api: Api) -> list[str]:

@@ -9,10 +9,11 @@ import grpc
 from google.protobuf import field_mask_pb2
 from scheduler_client.v1 import users_pb2, users_pb2_grpc
 
+from scheduler_grpc.application import Api
 from scheduler_grpc.auth import Role, current_principal
-from scheduler_grpc.db.users import User
+from scheduler_grpc.control_users import User
 from scheduler_grpc.errors import InvalidArgument
-from scheduler_grpc.services import Api, convert
+from scheduler_grpc.services import convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
