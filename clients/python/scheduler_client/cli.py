@@ -45,7 +45,9 @@ from scheduler_client.client import (
 )
 from scheduler_client.errors import (
     DeadlineExceeded,
+    FailedPrecondition,
     InvalidArgument,
+    NotFound,
     SchedulerClientError,
     Unauthenticated,
     Unavailable,
@@ -57,6 +59,8 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 CREDENTIALS_FILE = "credentials.json"
+NAME_CACHE_SIZE = 1000
+"""Job names a command remembers (by id) while it runs, e.g. for the events of `executions watch`."""
 
 
 class UsageError(Exception):
@@ -183,6 +187,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def server_target(text: str) -> str:
+    """`--server`: HOST:PORT (any gRPC target), not empty and without spaces."""
+    value = text.strip()
+    if not value or any(character.isspace() for character in value):
+        raise argparse.ArgumentTypeError(f"not a server address: {text!r} (HOST:PORT, e.g. {DEFAULT_TARGET})")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     seconds = parse_duration(text).total_seconds()
     if seconds <= 0:
@@ -203,6 +215,7 @@ class Context:
         self.client = client
         self.credentials = credentials
         self.json: bool = bool(args.json)
+        self._names: dict[str, str] = {}
 
     async def job_id(self, reference: str) -> str:
         """A job id from an id or a name."""
@@ -214,6 +227,23 @@ class Context:
 
     async def job_names(self) -> dict[str, str]:
         return {job.id: job.name async for job in self.client.iter_jobs(page_size=1000)}
+
+    async def job_name(self, job_id: str) -> str:
+        """A job's name from its id (the id itself for a job that is gone), remembered while the
+        command runs (at most NAME_CACHE_SIZE of them)."""
+        name = self._names.get(job_id)
+        if name is not None:
+            return name
+        try:
+            name = (await self.client.get_job(job_id)).name
+        except NotFound:
+            name = job_id  # deleted since: its id is all there is
+        except SchedulerClientError:
+            return job_id  # no name this time (e.g. a slow server): not remembered, asked again later
+        if len(self._names) >= NAME_CACHE_SIZE:
+            del self._names[next(iter(self._names))]  # the oldest
+        self._names[job_id] = name
+        return name
 
 
 def ask_credentials(args: argparse.Namespace) -> None:
@@ -305,11 +335,12 @@ async def cmd_jobs_list(ctx: Context) -> int:
     return 0
 
 
-def _show_job(ctx: Context, job: Any) -> int:
+async def _show_job(ctx: Context, job: Any) -> int:
     if ctx.json:
         show.print_json(show.message_dict(job))
     else:
-        show.print_fields(show.job_fields(job))
+        names = {upstream: await ctx.job_name(upstream) for upstream in job.depends_on}
+        show.print_fields(show.job_fields(job, names))
     return 0
 
 
@@ -324,22 +355,29 @@ def _job_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 async def cmd_jobs_get(ctx: Context) -> int:
     job = await ctx.client.get_job(await ctx.job_id(ctx.args.job))
-    return _show_job(ctx, job)
+    return await _show_job(ctx, job)
+
+
+def _one_schedule(args: argparse.Namespace) -> None:
+    if args.cron and args.run_at is not None:
+        raise UsageError("--cron, --run-at: give one of them (a cron or a one-shot job), not both")
 
 
 async def cmd_jobs_create(ctx: Context) -> int:
     args = ctx.args
+    _one_schedule(args)
     job = await ctx.client.create_job(
         args.name,
         args.handler,
         **_job_settings(args),
         request_id=args.request_id,
     )
-    return _show_job(ctx, job)
+    return await _show_job(ctx, job)
 
 
 async def cmd_jobs_update(ctx: Context) -> int:
     args = ctx.args
+    _one_schedule(args)
     job = await ctx.client.update_job(
         await ctx.job_id(args.job),
         etag=args.etag,
@@ -347,7 +385,7 @@ async def cmd_jobs_update(ctx: Context) -> int:
         handler=args.handler,
         **_job_settings(args),
     )
-    return _show_job(ctx, job)
+    return await _show_job(ctx, job)
 
 
 async def _job_action(ctx: Context, action: str) -> int:
@@ -373,14 +411,17 @@ async def cmd_jobs_resume(ctx: Context) -> int:
 async def cmd_jobs_trigger(ctx: Context) -> int:
     args = ctx.args
     execution = await ctx.client.trigger_job(await ctx.job_id(args.job), request_id=args.request_id)
+    run_id = execution.run_id or execution.id
     if args.wait:
         if not ctx.json:
-            print(f"Triggered {args.job}: execution {execution.id}; waiting for it to finish")
-        execution = await ctx.client.wait_for_execution(execution.id, within=args.wait_timeout)
+            print(f"Triggered {args.job}: run {run_id}; waiting for it to finish", flush=True)
+        # The run, not its first attempt: a failed attempt with retries left is not the outcome.
+        execution = await ctx.client.wait_for_run(execution.id, within=args.wait_timeout)
     if ctx.json:
         show.print_json(show.message_dict(execution))
     elif args.wait:
-        print(f"Execution {execution.id} {show.execution_state(execution)} in {show.execution_took(execution)}"
+        print(f"Run {run_id} {show.execution_state(execution)} in {show.execution_took(execution)} "
+              f"(attempt {execution.attempt}, execution {execution.id})"
               + (f": {execution.error}" if execution.error else ""))  # fmt: skip
     else:
         print(f"Triggered {args.job}: execution {execution.id} ({show.execution_state(execution)})")
@@ -391,7 +432,15 @@ async def cmd_jobs_trigger(ctx: Context) -> int:
 
 async def cmd_jobs_delete(ctx: Context) -> int:
     job_id = await ctx.job_id(ctx.args.job)
-    await ctx.client.delete_job(job_id, detach_dependents=ctx.args.detach_dependents)
+    try:
+        await ctx.client.delete_job(job_id, detach_dependents=ctx.args.detach_dependents)
+    except FailedPrecondition as error:
+        if "detach_dependents" not in error.message:
+            raise
+        # The API names its request field; here the way out is a flag.
+        which = error.message.removeprefix("id: ").split("; ")[0]
+        raise CommandError(f"{which}: delete or change them first, or run "
+                           f"`schedctl jobs delete {ctx.args.job} --detach-dependents`") from None  # fmt: skip
     if ctx.json:
         show.print_json({"deleted": job_id})
     else:
@@ -468,7 +517,7 @@ async def cmd_executions_watch(ctx: Context) -> int:
             if ctx.json:
                 show.print_json(show.message_dict(event), indent=None)
             else:
-                print(show.event_line(event), flush=True)
+                print(show.event_line(event, await ctx.job_name(event.job_id)), flush=True)
             seen += 1
             if args.count and seen >= args.count:
                 break
@@ -513,12 +562,24 @@ async def _dlq_action(ctx: Context, action: str) -> int:
         raise UsageError(f"dlq {action}: give run ids or --all (not both)")
     method = ctx.client.requeue_dead_letters if action == "requeue" else ctx.client.purge_dead_letters
     done = await method(args.run_ids, all=args.all, queue=args.queue)
+    # The API acts on the runs it holds and answers with those: name the ones it did not hold.
+    found = {_canonical(run_id) for run_id in done}
+    missing = [run_id for run_id in dict.fromkeys(args.run_ids) if _canonical(run_id) not in found]
     if ctx.json:
-        show.print_json({"runIds": done})
-    else:
+        show.print_json({"runIds": done, "notFound": missing})
+    elif done or not missing:
         verb = "Requeued" if action == "requeue" else "Purged"
         print(f"{verb} {len(done)} dead run{'s' if len(done) != 1 else ''}" + "".join(f"\n  {r}" for r in done))
+    if missing:
+        raise CommandError(f"not in the dead-letter queue {args.queue or 'default'}: {', '.join(missing)}")
     return 0
+
+
+def _canonical(run_id: str) -> str:
+    try:
+        return str(uuid.UUID(run_id))
+    except ValueError:
+        return run_id
 
 
 async def cmd_dlq_requeue(ctx: Context) -> int:
@@ -580,6 +641,7 @@ def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
     group.add_argument(
         "--server",
         metavar="HOST:PORT",
+        type=server_target,
         default=default(environ_server),
         help=f"the scheduler-grpc server (default $SCHEDCTL_SERVER or {DEFAULT_TARGET})",
     )
@@ -687,7 +749,9 @@ def build_parser() -> argparse.ArgumentParser:
     trigger.add_argument("job", metavar="JOB", help="job id or name")
     trigger.add_argument("--request-id", help="idempotency key: the same id never runs the job twice")
     trigger.add_argument(
-        "--wait", action="store_true", help="wait until the attempt finishes; exit 1 unless it succeeded"
+        "--wait",
+        action="store_true",
+        help="wait until the run ends (after its retries) and show its last attempt; exit 1 unless it succeeded",
     )
     trigger.add_argument("--wait-timeout", type=positive_seconds, default=60.0, metavar="DURATION",
                          help="give up waiting after this long (default 60s)")  # fmt: skip
@@ -751,6 +815,62 @@ def build_parser() -> argparse.ArgumentParser:
 # --- running -----------------------------------------------------------------------------------------
 
 
+# API field paths (the start of an INVALID_ARGUMENT message, `job.` dropped) -> the flag that sets them.
+_FLAGS = {
+    "name": "--name",
+    "handler": "--handler",
+    "payload": "--payload",
+    "schedule.cron": "--cron",
+    "cron": "--cron",
+    "schedule.time_zone": "--time-zone",
+    "time_zone": "--time-zone",
+    "schedule.run_time": "--run-at",
+    "run_at": "--run-at",
+    "queue": "--queue",
+    "priority": "--priority",
+    "retry_policy.max_retries": "--max-retries",
+    "retry_policy.initial_backoff": "--initial-backoff",
+    "retry_policy.max_backoff": "--max-backoff",
+    "timeout": "--timeout",
+    "misfire_policy": "--misfire-policy",
+    "concurrency_policy": "--concurrency-policy",
+    "depends_on": "--depends-on",
+    "trigger_rule": "--trigger-rule",
+    "etag": "--etag",
+    "request_id": "--request-id",
+    "count": "--count",
+    "start_time": "--start",
+    "cursor": "--cursor",
+    "flow_run_id": "--flow-run",
+    "job_id": "--job",
+    "job_ids": "--job",
+    "states": "--state",
+    "types": "--type",
+    "run_ids": "RUN_ID",
+}
+# The positional argument a request's `id` comes from, per command.
+_ID_ARGUMENT = {"jobs": "JOB", "executions": "EXECUTION", "flows": "FLOW_RUN_ID"}
+_FIELD = re.compile(r"^([a-z_][a-z0-9_]*(?:\[\d+\])?(?:\.[a-z_][a-z0-9_]*(?:\[\d+\])?)*): (.+)$", re.DOTALL)
+
+
+def flag_message(message: str, command: str) -> str:
+    """An INVALID_ARGUMENT message naming the API field (`job.schedule.cron: ...`) as naming the
+    flag or argument that set it (`--cron: ...`); unchanged when no flag sets that field."""
+    match = _FIELD.match(message)
+    if match is None:
+        return message
+    path, text = match.groups()
+    parts = re.sub(r"\[\d+\]", "", path.removeprefix("job.")).split(".")
+    if parts == ["id"] and command in _ID_ARGUMENT:
+        return f"{_ID_ARGUMENT[command]}: {text}"
+    for end in range(len(parts), 0, -1):
+        flag = _FLAGS.get(".".join(parts[:end]))
+        if flag is not None:
+            inside = ".".join(parts[end:])  # e.g. a payload field: `--payload: message: ...`
+            return f"{flag}: {inside}: {text}" if inside else f"{flag}: {text}"
+    return message
+
+
 def _message(error: SchedulerClientError, args: argparse.Namespace, had_token: bool) -> str:
     server = args.server
     if isinstance(error, Unavailable):
@@ -761,6 +881,8 @@ def _message(error: SchedulerClientError, args: argparse.Namespace, had_token: b
         if not had_token:
             return f"not logged in to {server}: run `schedctl login`"
         return f"{error.message} (run `schedctl login`)"
+    if isinstance(error, InvalidArgument):
+        return flag_message(error.message, args.command)
     return error.message
 
 
