@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import os
@@ -9,6 +10,7 @@ import re
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -206,6 +208,15 @@ def test_cli_flows(api: Api, tmp_path: Path) -> None:
         (["--server", "host name:1", "status"], "--server"),
         (["jobs", "create", "--name", "x", "--handler", "h", "--cron", "* * * * *", "--run-at", "now"], "--run-at"),
         (["jobs", "update", "x", "--cron", "* * * * *", "--run-at", "now"], "--cron, --run-at"),
+        (["jobs", "create", "--name", "x", "--handler", "h", "--priority", "99999999999999"], "--priority"),
+        (["jobs", "create", "--name", "x", "--handler", "h", "--max-retries", "-99999999999999"], "--max-retries"),
+        (["jobs", "create", "--name", "x", "--handler", "h", "--timeout", "99999999999d"], "--timeout"),
+        (["jobs", "create", "--name", "x", "--handler", "h", "--run-at", "+3000000d"], "--run-at"),
+        (["jobs", "preview", "--cron", "* * * * *", "--start", "+3000000d"], "--start"),
+        (
+            ["jobs", "create", "--name", "x", "--handler", "h", "--payload", '{"a":' * 40 + "1" + "}" * 40],
+            "--payload: nested deeper than 32",
+        ),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(
@@ -369,3 +380,14 @@ def test_whole_numbers_come_out_as_ints_and_nothing_else_changes(value: object) 
 
     assert [f for f in floats(shown) if f.is_integer() and abs(f) <= 2**53] == []
     assert json.dumps(show.integral({"n": 42.0, "r": 1.5, "big": 1e20})) == '{"n": 42, "r": 1.5, "big": 1e+20}'
+
+
+def test_tls_to_a_plaintext_server_is_one_line(tmp_path: Path) -> None:
+    """gRPC's core logs a failed TLS handshake to stderr itself; schedctl keeps it to its one line."""
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler) as plain:
+        threading.Thread(target=plain.serve_forever, daemon=True).start()
+        try:
+            cli = Schedctl(f"127.0.0.1:{plain.server_address[1]}", tmp_path / "schedctl")
+            assert "cannot reach" in cli.fails("--tls", "--deadline", "5", "status", code=1)
+        finally:
+            plain.shutdown()

@@ -30,6 +30,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+# First: before anything imports grpc (see _grpc_quiet).
+from scheduler_client import _grpc_quiet  # noqa: F401
 from scheduler_client import _output as show
 from scheduler_client.client import (
     CONCURRENCY_POLICY,
@@ -134,6 +136,8 @@ class Credentials:
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_MAX_DURATION_SECONDS = 315_576_000_000  # the largest google.protobuf.Duration: 10,000 years
+_INT32 = (-(2**31), 2**31 - 1)
 
 
 def parse_duration(text: str) -> timedelta:
@@ -141,7 +145,10 @@ def parse_duration(text: str) -> timedelta:
     match = _DURATION.match(text)
     if not match:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30s, 5m, 250ms)")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > _MAX_DURATION_SECONDS:
+        raise argparse.ArgumentTypeError(f"too long: {text!r} (at most 10,000 years)")
+    return timedelta(seconds=seconds)
 
 
 def parse_time(text: str) -> datetime:
@@ -150,7 +157,10 @@ def parse_time(text: str) -> datetime:
     if value == "now":
         return datetime.now(UTC)
     if value.startswith("+"):
-        return datetime.now(UTC) + parse_duration(value[1:])
+        try:
+            return datetime.now(UTC) + parse_duration(value[1:])
+        except OverflowError:
+            raise argparse.ArgumentTypeError(f"too far ahead: {text!r} (after the year 9999)") from None
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
@@ -177,6 +187,17 @@ def parse_payload(text: str) -> dict[str, Any]:
     return value
 
 
+def int32(text: str) -> int:
+    """A whole number the API's int32 fields can carry (the server checks its own range)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not _INT32[0] <= value <= _INT32[1]:
+        raise argparse.ArgumentTypeError(f"out of range: {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -184,6 +205,8 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    if value > _INT32[1]:
+        raise argparse.ArgumentTypeError(f"out of range: {value}")
     return value
 
 
@@ -677,8 +700,8 @@ def _job_flags(parser: argparse.ArgumentParser, *, update: bool) -> None:
         help="run once at this time: ISO 8601 (no offset: UTC), or +DURATION from now",
     )
     parser.add_argument("--queue", help="queue to run on (default: default)")
-    parser.add_argument("--priority", type=int, help="-1000 (least urgent) to 1000 (most); default 0")
-    parser.add_argument("--max-retries", type=int, metavar="N", help="retries after the first attempt (default 3)")
+    parser.add_argument("--priority", type=int32, help="-1000 (least urgent) to 1000 (most); default 0")
+    parser.add_argument("--max-retries", type=int32, metavar="N", help="retries after the first attempt (default 3)")
     parser.add_argument("--initial-backoff", type=parse_duration, metavar="DURATION", help="first retry delay (1s)")
     parser.add_argument("--max-backoff", type=parse_duration, metavar="DURATION", help="longest retry delay (5m)")
     parser.add_argument(

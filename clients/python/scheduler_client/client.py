@@ -202,7 +202,22 @@ def _duration(value: Seconds, what: str) -> duration_pb2.Duration:
     return duration
 
 
+MAX_STRUCT_DEPTH = 32
+"""Objects and arrays nested in a payload at most: protobuf decodes about 100 nested messages, and
+each JSON level is two (a Value holding a Struct or ListValue). The server's own limit is lower."""
+
+
+def _nesting(value: Any, limit: int) -> int:
+    """How deep objects and arrays nest in `value`, counted up to `limit + 1` (no further)."""
+    if limit < 0 or not isinstance(value, Mapping | list | tuple):
+        return 0
+    items = value.values() if isinstance(value, Mapping) else value
+    return 1 + max((_nesting(item, limit - 1) for item in items), default=0)
+
+
 def _struct(value: Mapping[str, Any], what: str) -> struct_pb2.Struct:
+    if _nesting(value, MAX_STRUCT_DEPTH) > MAX_STRUCT_DEPTH:
+        raise InvalidArgument(f"{what}: nested deeper than {MAX_STRUCT_DEPTH} objects or arrays")
     struct = struct_pb2.Struct()
     try:
         struct.update(dict(value))
