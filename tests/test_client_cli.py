@@ -286,6 +286,11 @@ def test_watch_and_depends_on_show_job_names(api: Api, tmp_path: Path) -> None:
     assert lines[0].split()[:5] == ["TIME", "EVENT", "EXECUTION", "JOB", "ATTEMPT"]
     assert [line.split()[4] for line in lines[1:]] == ["tick", "tick"], lines
     assert not [line for line in lines if str(tick) in line]
+    # Executions of every job, and one execution, name their jobs too.
+    rows = cli.ok("executions", "list", "--limit", "2").splitlines()
+    assert [row.split()[1] for row in rows[1:]] == ["tick", "tick"], rows
+    execution = rows[1].split()[0]
+    assert re.search(r"^job:\s+tick$", cli.ok("executions", "get", execution), re.MULTILINE)
 
 
 def test_dlq_requeue_names_the_runs_not_in_the_queue(api: Api, tmp_path: Path) -> None:

@@ -249,10 +249,12 @@ def execution_rows(
     return headers, rows
 
 
-def execution_fields(execution: executions_pb2.Execution) -> list[tuple[str, object]]:
+def execution_fields(execution: executions_pb2.Execution, job_name: str | None = None) -> list[tuple[str, object]]:
+    """An execution's fields, its job by `job_name` too when given."""
     return [
         ("id", execution.id),
         ("run id", execution.run_id),
+        *([("job", job_name)] if job_name and job_name != execution.job_id else []),
         ("job id", execution.job_id),
         ("attempt", execution.attempt),
         ("state", execution_state(execution)),

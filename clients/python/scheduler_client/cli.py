@@ -25,7 +25,7 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -63,6 +63,8 @@ EXIT_INTERRUPTED = 130
 CREDENTIALS_FILE = "credentials.json"
 NAME_CACHE_SIZE = 1000
 """Job names a command remembers (by id) while it runs, e.g. for the events of `executions watch`."""
+NAME_LOOKUPS = 8
+"""GetJob calls in flight at once when a table names its jobs."""
 
 
 class UsageError(Exception):
@@ -248,8 +250,16 @@ class Context:
             return (await self.client.find_job(reference)).id
         return reference
 
-    async def job_names(self) -> dict[str, str]:
-        return {job.id: job.name async for job in self.client.iter_jobs(page_size=1000)}
+    async def job_name_map(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """Names of these jobs by id, asked NAME_LOOKUPS at a time."""
+        ids = list(dict.fromkeys(job_ids))
+        room = asyncio.Semaphore(NAME_LOOKUPS)
+
+        async def name(job_id: str) -> str:
+            async with room:
+                return await self.job_name(job_id)
+
+        return dict(zip(ids, await asyncio.gather(*(name(job_id) for job_id in ids)), strict=True))
 
     async def job_name(self, job_id: str) -> str:
         """A job's name from its id (the id itself for a job that is gone), remembered while the
@@ -362,7 +372,7 @@ async def _show_job(ctx: Context, job: Any) -> int:
     if ctx.json:
         show.print_json(show.message_dict(job))
     else:
-        names = {upstream: await ctx.job_name(upstream) for upstream in job.depends_on}
+        names = await ctx.job_name_map(job.depends_on)
         show.print_fields(show.job_fields(job, names))
     return 0
 
@@ -504,7 +514,8 @@ async def cmd_executions_list(ctx: Context) -> int:
         elif job_id is not None and job_id != args.job:
             names = {job_id: args.job}  # named on the command line
         else:
-            names = await ctx.job_names()
+            # The jobs these rows name, not every job (a page of executions names a few).
+            names = await ctx.job_name_map(execution.job_id for execution in executions)
         show.print_table(*show.execution_rows(executions, names))
     return 0
 
@@ -514,7 +525,7 @@ async def cmd_executions_get(ctx: Context) -> int:
     if ctx.json:
         show.print_json(show.message_dict(execution))
     else:
-        show.print_fields(show.execution_fields(execution))
+        show.print_fields(show.execution_fields(execution, await ctx.job_name(execution.job_id)))
     return 0
 
 
