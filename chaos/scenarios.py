@@ -637,7 +637,7 @@ async def poison_outputs(stage: Stage) -> None:
         down = nodes.get("flow-down")
         error = ""
         if down is not None and down.execution_id is not None:
-            error = (await stage.control.executions.get(down.execution_id)).error or ""
+            error = (await stage.control.get_execution(down.execution_id)).error or ""
         stage.note(f"flow {flow.state}: flow-up {nodes['flow-up'].state}, flow-down "
                    f"{down.state if down else '-'}: {error[:100]}")  # fmt: skip
         if nodes["flow-up"].state != "succeeded" or down is None or down.state != "dead":

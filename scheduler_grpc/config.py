@@ -111,6 +111,13 @@ def _networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network,
         raise ValueError(f"expected comma-separated CIDRs: {exc}") from None
 
 
+def _parse_metrics_base(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise ValueError("must be a port number between 1 and 65535")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -333,7 +340,15 @@ SETTINGS: tuple[Setting, ...] = (
         _parse_port,
         None,
         "Port of this process's /metrics (0: any free port). Unset: server 9090, scheduler 9091, "
-        "worker 9100; under `up`, schedulers 9091+i and workers 9100+i.",
+        "worker 9100; under `up`, from `SCHEDULER_METRICS_BASE`.",
+    ),
+    Setting(
+        "metrics_base",
+        "SCHEDULER_METRICS_BASE",
+        _parse_metrics_base,
+        "9090",
+        "`up` only: /metrics port of its server; scheduler i listens on base+i, worker i on base+9+i "
+        "(`SCHEDULER_METRICS_BASE=19090 make run` moves them all off 9090-9102).",
     ),
     Setting(
         "metrics_host",
@@ -470,6 +485,7 @@ class Settings:
     breaker_failure_ratio: float
     breaker_reset_timeout: timedelta
     metrics_port: int | None
+    metrics_base: int
     metrics_host: str
     shell_enabled: bool
     grpc_host: str | None

@@ -53,10 +53,8 @@ from typing import Any, Final
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scheduler_grpc import pagetokens, resend
+from scheduler_grpc import pagetokens, resend, stores
 from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
 from scheduler_grpc.keys import QueueKeys
 from scheduler_grpc.rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RULE, is_queue_name
@@ -372,7 +370,9 @@ class Queue:
         try:
             async with asyncio.timeout(self._call_timeout_s):
                 return await call
-        except (TimeoutError, RedisConnectionError, RedisTimeoutError) as exc:
+        except Exception as exc:
+            if not stores.is_unreachable(exc):
+                raise
             raise Unavailable(f"Redis did not answer for queue {self.name!r}: {exc or 'timed out'}") from exc
 
     # -- adding work ----------------------------------------------------------------------------
@@ -544,7 +544,9 @@ class Queue:
             with contextlib.suppress(Exception):
                 await self._run(self._rearm, ())
             raise
-        except (TimeoutError, RedisConnectionError, RedisTimeoutError) as exc:
+        except Exception as exc:
+            if not stores.is_unreachable(exc):
+                raise
             raise Unavailable(f"Redis did not answer a blocking wait on queue {self.name!r}") from exc
         return popped is not None
 
