@@ -264,9 +264,17 @@ SETTINGS: tuple[Setting, ...] = (
         "SCHEDULER_MAX_STALLS",
         _parse_positive_int,
         "3",
-        "Expired leases an item may suffer before it is dead-lettered as stalled; the last of them is a solo "
-        "delivery, alone on an idle worker, so runs that only shared a dying worker are never parked for it "
-        "(1: the first stall parks the run).",
+        "Expired leases after which a run's deliveries are solo (alone on an idle worker); it is dead-lettered "
+        "as stalled at its second solo stall (so after this many plus one), and runs that only shared a dying "
+        "worker are never parked for it (1: the first stall parks the run).",
+    ),
+    Setting(
+        "solo_retry_delay",
+        "SCHEDULER_SOLO_RETRY_DELAY",
+        parse_duration,
+        "30s",
+        "How long a run whose solo delivery stalled waits before its last solo delivery: longer than a burst "
+        "of outside kills (a rolling deploy), so only a run that kills its worker twice, that far apart, is parked.",
     ),
     Setting(
         "worker_concurrency",
@@ -475,6 +483,7 @@ class Settings:
     fire_ahead: timedelta
     visibility_timeout: timedelta
     max_stalls: int
+    solo_retry_delay: timedelta
     worker_concurrency: int
     shutdown_grace: timedelta
     worker_reserve_ahead: timedelta
