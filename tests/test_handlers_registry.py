@@ -142,7 +142,7 @@ def test_payload_limits() -> None:
     assert err.value.field == "payload"
     with pytest.raises(InvalidArgument) as err:
         reg.validate("test.echo", {"when": {1: 2}})
-    assert err.value.field == "payload"
+    assert err.value.field == "payload.when"  # the object whose key is not a string
 
 
 def test_describe_lists_fields_and_enabled_state() -> None:

@@ -162,3 +162,12 @@ async def test_an_oserror_raised_inside_a_stores_client_is_a_fault() -> None:
     unknown_host = await raised(asyncpg.connect(host="no-such-host.invalid", port=5432, timeout=5))
     assert type(unknown_host).__name__ == "gaierror"
     assert stores.is_fault(unknown_host)
+
+
+def test_asyncpgs_internal_state_broken_with_its_connection_is_a_fault() -> None:
+    # Raised from a pool's fetch while PostgreSQL shut down fast (make chaos, pg-down-twice): the
+    # worker died of it. Each call has its own pooled connection, so no task of ours shared it.
+    broken = asyncpg.exceptions._base.InternalClientError(
+        "cannot switch to state 12; another operation (2) is in progress"
+    )
+    assert stores.is_fault(broken)

@@ -59,6 +59,12 @@ def is_fault(exc: BaseException) -> bool:
     Not a fault: a wrong request, and asyncpg refusing a misuse (bugs of ours)."""
     if isinstance(exc, InvalidCachedStatementError | OutdatedSchemaCacheError):
         return True
+    if isinstance(exc, asyncpg.exceptions._base.InternalClientError):
+        # asyncpg's protocol state broke with its connection: seen as "cannot switch to state 12;
+        # another operation (2) is in progress" from a pool's `fetch` while PostgreSQL shut down fast
+        # (make chaos, pg-down-twice). Every call takes its own pooled connection, so it is not a
+        # connection shared by two of our tasks (that misuse is an InterfaceError, still a bug).
+        return True
     state = _sqlstate(exc)
     if state is not None:
         return state[:2] in _FAULT_CLASSES or state in _FAULT_STATES
