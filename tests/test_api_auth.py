@@ -97,7 +97,7 @@ async def test_every_rpc_refuses_a_role_too_small(api: Harness) -> None:  # noqa
             codes.setdefault(full_name(method), []).append(await call(api, method, metadata))
     restricted = {full_name(m) for m in methods(*API_MODULES) if METHOD_ROLES[full_name(m)] in too_small}
     assert codes.keys() == restricted
-    assert len(restricted) == 14  # CancelFlowRun (operator) included
+    assert len(restricted) == 19  # CancelFlowRun (operator) and the five Batch* methods included
     assert {code for found in codes.values() for code in found} == {grpc.StatusCode.PERMISSION_DENIED}, codes
 
 
