@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from scheduler_grpc.db.bulk import like_pattern
 from scheduler_grpc.db.executions import _COLUMNS as _EXECUTION_COLUMNS_FULL
 from scheduler_grpc.db.executions import _COLUMNS_WITHOUT_OUTPUT as _EXECUTION_COLUMNS
 from scheduler_grpc.db.executions import execution_from_row
@@ -122,12 +123,15 @@ class ConsoleQueries:
         until: datetime | None,
         before: tuple[datetime, str] | None,
         limit: int,
+        job_ids: Sequence[str] | None = None,
+        error: str | None = None,
     ) -> list[ExecutionRow]:
         """Attempts newest first (by creation), before the keyset cursor `before`, with the filters.
 
         Only the filters given are in the SQL (no `$n IS NULL OR ...`), so the planner picks the index
         that serves them: (final_status, created_at), the open rows' created_at, (handler, created_at), the
-        job's key, or created_at.
+        job's key, or created_at. `job_ids` are the jobs a name search found; `error` is a part of the
+        error text (case-insensitive; a filter on the rows the other conditions reach).
         """
         conditions: list[str] = []
         args: list[object] = []
@@ -138,6 +142,10 @@ class ConsoleQueries:
 
         if job_id:
             where("e.job_id = {}", uuid.UUID(job_id))
+        if job_ids is not None:
+            where("e.job_id = ANY({}::uuid[])", [uuid.UUID(i) for i in job_ids])
+        if error:
+            where("e.error ILIKE {}", like_pattern(error))
         # No index reads `status` (the claim must stay a HOT update, migration 0009): a finished
         # state is found by `final_status`, an open one among the open rows (`finished_at IS NULL`).
         finished = [state for state in statuses if state not in _OPEN_STATES]
