@@ -10,6 +10,7 @@ runs, not by the history. The charts read the finished attempts of the window th
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -133,15 +134,16 @@ class SearchQueries:
         scheduled) of first attempts of scheduled runs per bucket, on `queue` (None: every queue)."""
         on_queue = "AND e.queue = $3" if queue else ""
         args: list[object] = [since, bucket, *([queue] if queue else [])]
-        outcomes = await self._pool.fetch(
-            f"""SELECT date_bin($2, e.finished_at, $1) AS t, e.final_status AS status, count(*) AS n
+        outcomes, lateness = await asyncio.gather(
+            self._pool.fetch(
+                f"""SELECT date_bin($2, e.finished_at, $1) AS t, e.final_status AS status, count(*) AS n
                 FROM job_executions e WHERE e.finished_at >= $1 {on_queue}
                 GROUP BY 1, 2 ORDER BY 1""",
-            *args,
-            timeout=self._timeout,
-        )
-        lateness = await self._pool.fetch(
-            f"""SELECT date_bin($2, e.finished_at, $1) AS t,
+                *args,
+                timeout=self._timeout,
+            ),
+            self._pool.fetch(
+                f"""SELECT date_bin($2, e.finished_at, $1) AS t,
                        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.started_at - e.scheduled_for))
                            AS p50,
                        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.started_at - e.scheduled_for))
@@ -150,8 +152,9 @@ class SearchQueries:
                 WHERE e.finished_at >= $1 AND e.trigger = 'schedule' AND e.attempt = 1
                   AND e.started_at IS NOT NULL {on_queue}
                 GROUP BY 1 ORDER BY 1""",
-            *args,
-            timeout=self._timeout,
+                *args,
+                timeout=self._timeout,
+            ),
         )
         return Series(
             outcomes=[(row["t"], row["status"] or "other", row["n"]) for row in outcomes],
