@@ -52,7 +52,8 @@ async def sample_once(redis: Redis, control: Control, now: float) -> bool:
         if not await redis.set(_KEYS.tick(minute), b"1", nx=True, ex=int(INTERVAL * 2)):
             return False
         names = sorted({"default", *(await control.jobs.queue_names())})[:MAX_QUEUES]
-        stats = await asyncio.gather(*(control.queues.get(name).stats() for name in names))
+        # One queue after another: one connection, not a burst of up to MAX_QUEUES of them.
+        stats = [await control.queues.get(name).stats() for name in names]
         pipe = redis.pipeline(transaction=False)
         for name, counts in zip(names, stats, strict=True):
             key = _KEYS.samples(name)
@@ -89,6 +90,8 @@ async def sampling(
     async def loop(tick: Callable[[], Awaitable[bool]]) -> None:
         failing = False
         while True:
+            # First at the next minute boundary, not at start-up: a starting server has enough to do.
+            await asyncio.sleep(interval - clock() % interval)
             try:
                 await tick()
                 failing = False
@@ -99,7 +102,6 @@ async def sampling(
                 if not failing:
                     log.warning("queue depth sampling failed; retrying each minute", extra={"error": repr(exc)})
                 failing = True
-            await asyncio.sleep(interval - clock() % interval)
 
     task = asyncio.create_task(loop(lambda: sample_once(redis, control, clock())), name="console-depth-sampler")
 
