@@ -147,9 +147,17 @@ async def pages(pool: asyncpg.Pool, history: int, jobs: int) -> list[tuple[str, 
         ("executions, handler", "/executions?handler=test.log"),
         ("executions, time range", f"/executions?{window}"),
         ("executions, deep page", f"/executions?{deep}"),
+        ("executions, job name", "/executions?job_name=job-0042"),
+        ("executions, error text", "/executions?error=on+purpose"),
+        ("executions, rare error text", "/executions?error=no+such+error"),
+        ("executions, name+error+state", "/executions?job_name=job-0042&error=purpose&state=failed"),
         ("execution detail", f"/executions/{execution['id']}"),
         ("workers", "/workers"),
         ("dead letters", "/dead-letters"),
+        ("dead letters, search", "/dead-letters?queue=reports&job_name=job-004&error=purpose"),
+        ("charts, hour", "/charts"),
+        ("charts, day", "/charts?window=day"),
+        ("charts, day, queue", "/charts?window=day&queue=reports"),
         ("API keys", "/api-keys"),
         ("schedule preview (JSON)", "/api/preview?cron=30+2+*+*+*&time_zone=Europe/Paris"),
     ]
@@ -203,7 +211,7 @@ async def measure(redis_url: str, database_url: str, args: argparse.Namespace) -
 
 
 def screenshots(base: str, directory: Path) -> None:
-    """The README's pictures: the overview and the jobs page, 1280x800, in headless Chromium."""
+    """The README's pictures: the overview, jobs, executions and charts pages, 1280x800, in headless Chromium."""
     import shutil
 
     from playwright.sync_api import sync_playwright
@@ -221,6 +229,10 @@ def screenshots(base: str, directory: Path) -> None:
         page.screenshot(path=str(directory / "console-overview.png"))
         page.goto(f"{base}/jobs")
         page.screenshot(path=str(directory / "console-jobs.png"))
+        page.goto(f"{base}/executions?state=failed")
+        page.screenshot(path=str(directory / "console-executions.png"))
+        page.goto(f"{base}/charts?window=day")
+        page.screenshot(path=str(directory / "console-charts.png"))
         browser.close()
 
 

@@ -12,13 +12,14 @@ import contextlib
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
+from urllib.parse import urlencode
 
 import orjson
 from aiohttp import web
 
 from scheduler_grpc import statuses
 from scheduler_grpc.auth import ResourceExhausted, Role, Unauthenticated
-from scheduler_grpc.console import charts, forms
+from scheduler_grpc.console import charts, forms, search, timecharts
 from scheduler_grpc.console.context import CONSOLE, Console, render
 from scheduler_grpc.console.security import (
     PRINCIPAL,
@@ -184,7 +185,14 @@ async def jobs(request: web.Request) -> web.StreamResponse:
     return await render(
         request,
         "jobs.html",
-        {"rows": rows, "handlers": handlers, "queues": queues, "query": query, "next_query": next_query},
+        {
+            "rows": rows,
+            "handlers": handlers,
+            "queues": queues,
+            "query": query,
+            "next_query": next_query,
+            "filter_query": urlencode([(k, v) for k, v in query.items() if k != "after" and v]),
+        },
     )
 
 
@@ -283,6 +291,7 @@ async def job_detail(request: web.Request) -> web.StreamResponse:
             "timeline": charts.timeline(slots),
             "rate": rate,
             "duration_bars": duration_bars,
+            "run_times": timecharts.run_times(slots),
             "longest": longest,
             "chart": {"width": charts.WIDTH, "height": charts.HEIGHT},
         },
@@ -380,7 +389,10 @@ async def executions(request: web.Request) -> web.StreamResponse:
     # Where the live stream starts: the fan-out's position before the list is read, so no event
     # between the read and the subscription is lost (the page applies each one it already shows).
     cursor = console.api.fanout.position
+    job_ids, error = await search.execution_extras(console, query)
     rows = await console.api.control.search_executions(
+        job_ids=job_ids,
+        error=error,
         job_id=job_id,
         statuses=states,
         handler=query.get("handler") or None,
@@ -411,9 +423,10 @@ async def executions(request: web.Request) -> web.StreamResponse:
             "selected_states": states,
             "handlers": handlers,
             "next_query": next_query,
-            "live": before is None and until is None,
+            "live": before is None and until is None and job_ids is None and error is None,
             "cursor": cursor if cursor != "0-0" else "",
             "job_id": job_id or "",
+            "filter_query": urlencode([(k, v) for k, v in query.items() if k != "before" and v]),
         },
     )
 
@@ -522,21 +535,6 @@ async def workers(request: web.Request) -> web.StreamResponse:
     found = await console.api.cluster.workers()
     now = datetime.now(UTC)
     return await render(request, "workers.html", {"workers": found, "now": now})
-
-
-@rpc(_V + "QueueService/ListDeadLetters")
-async def dead_letters(request: web.Request) -> web.StreamResponse:
-    console = _console(request)
-    names = sorted({"default", *(await console.api.control.queue_names())})
-    queue = request.query.get("queue") or "default"
-    if queue not in names:
-        names.append(queue)
-    page = await console.api.control.list_dead_letters(queue, PAGE_SIZE, request.query.get("token") or None)
-    return await render(
-        request,
-        "dead_letters.html",
-        {"queues": names, "queue": queue, "page": page, "message": request.query.get("done")},
-    )
 
 
 def _dead_selection(form: Any) -> tuple[str, list[str] | None]:

@@ -10,10 +10,11 @@ from scheduler_client.v1 import executions_pb2, executions_pb2_grpc
 
 from scheduler_grpc.application import Api
 from scheduler_grpc.control import FlowMembers
+from scheduler_grpc.control_bulk import ExecutionAction
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import EventFilter, SubscriberTooSlow
 from scheduler_grpc.executions import Execution
-from scheduler_grpc.services import convert
+from scheduler_grpc.services import bulk, convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -79,6 +80,19 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
     ) -> executions_pb2.CancelFlowRunResponse:
         flow = await self._control.cancel_flow_run(convert.resource_id(request.id))
         return executions_pb2.CancelFlowRunResponse(flow_run=convert.flow_run_to_proto(flow))
+
+    async def BatchCancelExecutions(
+        self, request: executions_pb2.BatchCancelExecutionsRequest, context: Context
+    ) -> executions_pb2.BatchCancelExecutionsResponse:
+        done = await bulk.executions(self._control, ExecutionAction.CANCEL, request)
+        return executions_pb2.BatchCancelExecutionsResponse(matched_count=done.matched, run_ids=done.done)
+
+    async def BatchRetryExecutions(
+        self, request: executions_pb2.BatchRetryExecutionsRequest, context: Context
+    ) -> executions_pb2.BatchRetryExecutionsResponse:
+        action = ExecutionAction.REQUEUE if request.dead_only else ExecutionAction.RETRY
+        done = await bulk.executions(self._control, action, request)
+        return executions_pb2.BatchRetryExecutionsResponse(matched_count=done.matched, run_ids=done.done)
 
     async def WatchExecutions(
         self, request: executions_pb2.WatchExecutionsRequest, context: Context

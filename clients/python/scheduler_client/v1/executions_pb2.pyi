@@ -310,3 +310,61 @@ class CancelFlowRunResponse(_message.Message):
     FLOW_RUN_FIELD_NUMBER: _ClassVar[int]
     flow_run: FlowRun
     def __init__(self, flow_run: _Optional[_Union[FlowRun, _Mapping]] = ...) -> None: ...
+
+class ExecutionFilter(_message.Message):
+    __slots__ = ("job_id", "job_name", "states", "handler", "queue", "start_time", "end_time", "error_contains")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CONTAINS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    job_name: str
+    states: _containers.RepeatedScalarFieldContainer[ExecutionState]
+    handler: str
+    queue: str
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    error_contains: str
+    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., states: _Optional[_Iterable[_Union[ExecutionState, str]]] = ..., handler: _Optional[str] = ..., queue: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_contains: _Optional[str] = ...) -> None: ...
+
+class BatchCancelExecutionsRequest(_message.Message):
+    __slots__ = ("ids", "filter", "validate_only")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    filter: ExecutionFilter
+    validate_only: bool
+    def __init__(self, ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[ExecutionFilter, _Mapping]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class BatchCancelExecutionsResponse(_message.Message):
+    __slots__ = ("matched_count", "run_ids")
+    MATCHED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    matched_count: int
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, matched_count: _Optional[int] = ..., run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchRetryExecutionsRequest(_message.Message):
+    __slots__ = ("ids", "filter", "validate_only", "dead_only")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    DEAD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    filter: ExecutionFilter
+    validate_only: bool
+    dead_only: bool
+    def __init__(self, ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[ExecutionFilter, _Mapping]] = ..., validate_only: _Optional[bool] = ..., dead_only: _Optional[bool] = ...) -> None: ...
+
+class BatchRetryExecutionsResponse(_message.Message):
+    __slots__ = ("matched_count", "run_ids")
+    MATCHED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    matched_count: int
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, matched_count: _Optional[int] = ..., run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
