@@ -169,6 +169,7 @@ METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "/scheduler.v1.ExecutionService/WatchExecutions": _V,
     "/scheduler.v1.ExecutionService/GetFlowRun": _V,
     "/scheduler.v1.ExecutionService/CancelFlowRun": _O,
+    "/scheduler.v1.ExecutionService/ListFlowRuns": _V,
     "/scheduler.v1.QueueService/GetQueueStats": _V,
     "/scheduler.v1.QueueService/ListDeadLetters": _V,
     "/scheduler.v1.QueueService/RequeueDeadLetters": _O,

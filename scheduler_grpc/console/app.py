@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from scheduler_grpc import stores
 from scheduler_grpc.auth import PermissionDenied, ResourceExhausted, Unauthenticated
 from scheduler_grpc.config import Settings
-from scheduler_grpc.console import security, views
+from scheduler_grpc.console import flows, live, security, views
 from scheduler_grpc.console.context import CONSOLE, STATIC, Console, StoreHealth, environment, render
 from scheduler_grpc.db.console import ConsoleQueries
 from scheduler_grpc.db.pool import Pool
@@ -34,7 +34,7 @@ from scheduler_grpc.services import Api
 log = logging.getLogger(__name__)
 
 DEV_HOST: Final = "127.0.0.1"
-_PUBLIC: Final = ("/login", "/static/", "/healthz")
+_PUBLIC: Final = ("/login", "/static/", "/healthz", "/favicon.ico")
 
 
 async def _error(request: web.Request, status: int, message: str) -> web.StreamResponse:
@@ -57,6 +57,9 @@ async def security_middleware(request: web.Request, handler: security.Handler) -
 
 
 async def _guarded(request: web.Request, handler: security.Handler) -> web.StreamResponse:
+    unrouted = request.match_info.http_exception
+    if unrouted is not None:  # no such page (404) or method (405): said as it is, to anyone
+        return await _error(request, unrouted.status, unrouted.reason.lower())
     if any(request.path.startswith(prefix) for prefix in _PUBLIC):
         try:
             response: web.StreamResponse = await handler(request)
@@ -121,16 +124,23 @@ async def healthz(request: web.Request) -> web.StreamResponse:
     return web.Response(text="ok")
 
 
+async def favicon(request: web.Request) -> web.StreamResponse:
+    """The icon browsers ask for at /favicon.ico (an SVG: every current browser draws one)."""
+    return web.FileResponse(STATIC / "favicon.svg", headers={"Content-Type": "image/svg+xml"})
+
+
 def build_app(console: Console) -> web.Application:
     """The console's routes on a new application."""
     app = web.Application(middlewares=[security_middleware], client_max_size=1024 * 1024)
     app[CONSOLE] = console
+    app[live.LABELS] = live.Labels(console.api.control)
     v = views
     app.add_routes(
         [
             web.get("/login", v.login_page),
             web.post("/login", v.login),
             web.get("/healthz", healthz),
+            web.get("/favicon.ico", favicon),
             web.post("/logout", v.logout),
             web.get("/", v.overview),
             web.get("/jobs", v.jobs),
@@ -156,6 +166,7 @@ def build_app(console: Console) -> web.Application:
             web.get("/api-keys", v.api_keys),
             web.post("/api-keys", v.create_api_key),
             web.post("/api-keys/{id}/revoke", v.revoke_api_key),
+            *flows.ROUTES,
             web.static("/static", STATIC, append_version=False),
         ]
     )

@@ -16,9 +16,9 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from scheduler_grpc import stores
+from scheduler_grpc import control_flows, stores
 from scheduler_grpc.auth import ResourceExhausted, Role, Unauthenticated
-from scheduler_grpc.console import charts, forms
+from scheduler_grpc.console import charts, forms, live
 from scheduler_grpc.console.context import CONSOLE, Console, render
 from scheduler_grpc.console.security import (
     PRINCIPAL,
@@ -239,7 +239,7 @@ async def create_job(request: web.Request) -> web.StreamResponse:
 async def edit_job(request: web.Request) -> web.StreamResponse:
     console = _console(request)
     job = await console.api.control.jobs.get(_uuid(request.match_info["id"]))
-    values = forms.form_values(job)
+    values = forms.form_values(job, await control_flows.job_names(console.api.control, job.depends_on))
     values["version"] = str(job.version)
     return await _job_form(request, job.id, values, {})
 
@@ -247,14 +247,20 @@ async def edit_job(request: web.Request) -> web.StreamResponse:
 @rpc(_V + "JobService/UpdateJob")
 async def update_job(request: web.Request) -> web.StreamResponse:
     console = _console(request)
+    control = console.api.control
     job_id = _uuid(request.match_info["id"])
     form = await _form(request)
     version = form.get("version", "")
     try:
-        current = await console.api.control.jobs.get(job_id)
-        spec = forms.job_spec(form, status=current.status)
-        # The version the form was read at: an edit made meanwhile by someone else is not overwritten.
-        await console.api.control.update_job(job_id, spec, expected_version=int(version) if version.isdigit() else None)
+        current = await control.jobs.get(job_id)
+        names = await control_flows.job_names(control, current.depends_on)
+        # Only the fields the form changed (compared with what it showed) replace stored values;
+        # the version the form was read at keeps an edit made meanwhile from being overwritten.
+        await control.merge_job(
+            job_id,
+            lambda job: forms.merged_spec(job, form, names),
+            expected_version=int(version) if version.isdigit() else None,
+        )
     except InvalidArgument as exc:
         return await _job_form(request, job_id, form, _field_errors(exc), status=400)
     raise web.HTTPSeeOther(f"/jobs/{job_id}")
@@ -271,11 +277,14 @@ async def job_detail(request: web.Request) -> web.StreamResponse:
     succeeded = sum(1 for e in finished if e.status is ExecutionStatus.SUCCEEDED)
     rate = (100.0 * succeeded / len(finished)) if finished else None
     duration_bars, longest = charts.durations(slots)
+    upstreams, downstreams = await control_flows.job_relations(console.api.control, job.id)
     return await render(
         request,
         "job_detail.html",
         {
             "job": job,
+            "upstreams": upstreams,
+            "downstreams": downstreams,
             "payload": orjson.dumps(job.payload, option=orjson.OPT_INDENT_2).decode(),
             "slots": slots,
             "timeline": charts.timeline(slots),
@@ -364,7 +373,7 @@ async def preview(request: web.Request) -> web.StreamResponse:
 async def executions(request: web.Request) -> web.StreamResponse:
     console = _console(request)
     query = request.query
-    job_id = _uuid(query["job"], "job") if query.get("job") else None
+    job_id = await control_flows.resolve_job(console.api.control, query["job"]) if query.get("job") else None
     states = [s for s in query.getall("state", []) if s]
     for state in states:
         if state not in ExecutionStatus.__members__.values():
@@ -421,6 +430,7 @@ async def execution_detail(request: web.Request) -> web.StreamResponse:
     console = _console(request)
     execution = await console.api.control.executions.get(_uuid(request.match_info["id"]))
     attempts = await console.queries.run_attempts(execution.run_id)
+    flow_run_id = await control_flows.flow_of_run(console.api.control, execution.run_id)
     job = None
     with contextlib.suppress(NotFound):  # deleted meanwhile (its history goes with it)
         job = await console.api.control.jobs.get(execution.job_id)
@@ -431,6 +441,7 @@ async def execution_detail(request: web.Request) -> web.StreamResponse:
             "execution": execution,
             "attempts": attempts,
             "job": job,
+            "flow_run_id": flow_run_id,
             "result": lambda e: (
                 orjson.dumps(e.result, option=orjson.OPT_INDENT_2).decode() if e.result is not None else ""
             ),
@@ -472,14 +483,20 @@ async def events(request: web.Request) -> web.StreamResponse:
             await response.prepare(request)
             await response.write(f"retry: 1000\nid: {subscription.cursor}\nevent: hello\ndata: {{}}\n\n".encode())
 
+            labels = request.app[live.LABELS]
+
             async def forward() -> None:
                 async for event in subscription:
+                    # A row shows the job's name and the trigger, not an id fragment (live.Labels).
+                    label = await labels.of(event.execution_id)
                     data = orjson.dumps(
                         {
                             "type": event.type.value,
                             "execution_id": event.execution_id,
                             "run_id": event.run_id,
                             "job_id": event.job_id,
+                            "job_name": label.job_name if label else "",
+                            "trigger": label.trigger if label else "",
                             "attempt": event.attempt,
                             "handler": event.handler,
                             "worker_id": event.worker_id,

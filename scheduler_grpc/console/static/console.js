@@ -112,10 +112,10 @@
         row.setAttribute("data-execution", event.execution_id);
         row.setAttribute("data-run", event.run_id);
         row.appendChild(cell((event.time || "").replace("T", " ").slice(0, 19), "/executions/" + event.execution_id));
-        row.appendChild(cell(event.job_id.slice(0, 8), "/jobs/" + event.job_id));
+        row.appendChild(cell(event.job_name || event.job_id, "/jobs/" + event.job_id));
         row.appendChild(cell(event.handler));
         row.appendChild(cell(String(event.attempt)));
-        row.appendChild(cell(""));
+        row.appendChild(cell(event.trigger || ""));
         var state = cell("");
         state.className = "state";
         row.appendChild(state);

@@ -52,6 +52,10 @@ class ExecutionServiceStub:
     """Cancels a flow run: its queued and running runs are cancelled, its waiting nodes recorded
     CANCELLED. A flow run that has finished is FAILED_PRECONDITION.
     """
+    ListFlowRuns: _grpc.UnaryUnaryMultiCallable[_executions_pb2.ListFlowRunsRequest, _executions_pb2.ListFlowRunsResponse]
+    """Lists flow runs newest first, by the job that started them and by state (without their
+    nodes: GetFlowRun reads those).
+    """
 
 @_typing.type_check_only
 class ExecutionServiceAsyncStub(ExecutionServiceStub):
@@ -76,6 +80,10 @@ class ExecutionServiceAsyncStub(ExecutionServiceStub):
     CancelFlowRun: _aio.UnaryUnaryMultiCallable[_executions_pb2.CancelFlowRunRequest, _executions_pb2.CancelFlowRunResponse]  # type: ignore[assignment]
     """Cancels a flow run: its queued and running runs are cancelled, its waiting nodes recorded
     CANCELLED. A flow run that has finished is FAILED_PRECONDITION.
+    """
+    ListFlowRuns: _aio.UnaryUnaryMultiCallable[_executions_pb2.ListFlowRunsRequest, _executions_pb2.ListFlowRunsResponse]  # type: ignore[assignment]
+    """Lists flow runs newest first, by the job that started them and by state (without their
+    nodes: GetFlowRun reads those).
     """
 
 class ExecutionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -134,6 +142,16 @@ class ExecutionServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_executions_pb2.CancelFlowRunResponse, _abc.Awaitable[_executions_pb2.CancelFlowRunResponse]]:
         """Cancels a flow run: its queued and running runs are cancelled, its waiting nodes recorded
         CANCELLED. A flow run that has finished is FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def ListFlowRuns(
+        self,
+        request: _executions_pb2.ListFlowRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executions_pb2.ListFlowRunsResponse, _abc.Awaitable[_executions_pb2.ListFlowRunsResponse]]:
+        """Lists flow runs newest first, by the job that started them and by state (without their
+        nodes: GetFlowRun reads those).
         """
 
 def add_ExecutionServiceServicer_to_server(servicer: ExecutionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
