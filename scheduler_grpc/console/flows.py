@@ -70,7 +70,10 @@ async def _graph_values(request: web.Request) -> dict[str, Any]:
     cursor = console.api.fanout.position
     view = await control_flows.flow_run_view(console.api.control, request.match_info["id"])
     now = datetime.now(UTC)
+    depth = dag.depths(view.nodes)
     return {
+        # The table in the drawing's order: by depth, then by name.
+        "ordered": sorted(view.nodes, key=lambda node: (depth[node.node.job_id], node.node.job_name)),
         "view": view,
         "flow": view.flow,
         "graph": dag.layout(view.nodes, now),
