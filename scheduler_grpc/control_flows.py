@@ -1,158 +1,56 @@
-"""Flow runs and job relations as people look at them: the reads behind the console's flow pages,
-the job page's upstreams and downstreams, names for ids, and ListFlowRuns.
+"""Flow runs and job relations as people look at them, through the application layer: the console's
+flow pages, the job page's upstreams and downstreams, names for ids, ListFlowRuns.
 
-Functions taking a `Control` (the application layer's one door): the console and the servicers call
-these, never the repositories. Every list is keyset-paginated and served by an index (migration
-0010 adds the flow runs' list indexes), so a page stays fast however long the history is.
+Functions taking a `Control` (the one door of the console and the servicers): they read through
+`db.flow_views.FlowViews` over Control's pool, and never write.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
-
-import asyncpg
 
 from scheduler_grpc.control import Control
+from scheduler_grpc.db.flow_views import (
+    FLOW_STATES,
+    ExecutionLabel,
+    FlowRunSummary,
+    FlowRunView,
+    FlowViews,
+    NodeView,
+    Related,
+)
 from scheduler_grpc.errors import InvalidArgument, NotFound
-from scheduler_grpc.flows import FlowRun, Node, TriggerRule
 
-FLOW_STATES: Final = ("running", "succeeded", "failed", "cancelled")
-MAX_FLOW_PAGE: Final = 1000
-# Error text shown per node on a flow run page (the execution page has all of it).
-NODE_ERROR_CHARS: Final = 2000
-READ_TIMEOUT: Final = 5.0
-"""Seconds each read here may take (a page then shows the store as not answering)."""
-
-
-def _pool(control: Control) -> asyncpg.Pool:
-    # The repositories share Control's pool; these reads are the console's, not a repository's.
-    pool: asyncpg.Pool = control._pool
-    return pool
-
-
-def _key(value: str, field: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except (ValueError, AttributeError, TypeError):
-        raise InvalidArgument(field, f"{value!r} is not a valid id") from None
+__all__ = [
+    "FLOW_STATES",
+    "ExecutionLabel",
+    "FlowRunSummary",
+    "FlowRunView",
+    "NodeView",
+    "Related",
+    "execution_labels",
+    "flow_run_view",
+    "job_names",
+    "job_relations",
+    "list_flow_runs",
+    "resolve_job",
+]
 
 
-@dataclass(frozen=True)
-class FlowRunSummary:
-    """A flow run as a list shows it.
-
-    Attributes:
-        id: The flow run (its root run's id).
-        root_job_id: The job whose run started it.
-        root_job_name: That job's name.
-        state: running, succeeded, failed or cancelled.
-        created_at: When it started.
-        finished_at: When it finished (None while running).
-        nodes: How many jobs it holds.
-        finished_nodes: How many of them have a run in a final state.
-    """
-
-    id: str
-    root_job_id: str
-    root_job_name: str
-    state: str
-    created_at: datetime
-    finished_at: datetime | None
-    nodes: int
-    finished_nodes: int
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """A node of a flow run with its run's latest attempt: state, timing and error.
-
-    Attributes:
-        node: The node (job, upstreams inside the flow run, rule, run, status).
-        attempt: The latest attempt's number (0 while waiting).
-        started_at: When that attempt started.
-        finished_at: When it finished.
-        error: Its error (bounded to NODE_ERROR_CHARS), empty if none.
-    """
-
-    node: Node
-    attempt: int
-    started_at: datetime | None
-    finished_at: datetime | None
-    error: str
-
-
-@dataclass(frozen=True)
-class FlowRunView:
-    """A flow run with every node's state, timing and error, by job name."""
-
-    flow: FlowRun
-    root_job_name: str
-    nodes: tuple[NodeView, ...]
-
-
-_NODE_VIEWS = """
-    SELECT n.job_id, j.name, n.upstream_ids, n.trigger_rule, n.run_id, x.id AS execution_id, x.status, x.attempt,
-           x.started_at, x.finished_at, left(x.error, $2) AS error
-    FROM flow_nodes n JOIN jobs j ON j.id = n.job_id
-    LEFT JOIN LATERAL (
-        SELECT a.id, a.status, a.attempt, a.started_at, a.finished_at, a.error
-        FROM job_executions a WHERE a.run_id = n.run_id ORDER BY a.attempt DESC LIMIT 1
-    ) x ON true
-    WHERE n.flow_run_id = $1
-    ORDER BY j.name
-"""
+def _views(control: Control) -> FlowViews:
+    # Control's pool: these reads belong to no repository of its own (they join several tables).
+    return FlowViews(control._pool)
 
 
 async def flow_run_view(control: Control, flow_run_id: str) -> FlowRunView:
-    """A flow run with each node's latest attempt (state, timing, error): two statements.
+    """A flow run with each node's latest attempt: state, timing, error.
 
     Raises:
         InvalidArgument: not an id (`id`).
         NotFound: no such flow run.
     """
-    key = _key(flow_run_id, "id")
-    pool = _pool(control)
-    row = await pool.fetchrow(
-        """SELECT f.id, f.root_job_id, j.name, f.state, f.created_at, f.finished_at
-           FROM flow_runs f JOIN jobs j ON j.id = f.root_job_id WHERE f.id = $1""",
-        key,
-        timeout=READ_TIMEOUT,
-    )
-    if row is None:
-        raise NotFound(f"flow run {flow_run_id} not found")
-    views = []
-    for node_row in await pool.fetch(_NODE_VIEWS, key, NODE_ERROR_CHARS, timeout=READ_TIMEOUT):
-        node = Node(
-            job_id=str(node_row["job_id"]),
-            job_name=node_row["name"],
-            upstream_ids=tuple(str(value) for value in node_row["upstream_ids"]),
-            trigger_rule=TriggerRule(node_row["trigger_rule"]),
-            run_id=str(node_row["run_id"]) if node_row["run_id"] is not None else None,
-            status=node_row["status"],
-            execution_id=str(node_row["execution_id"]) if node_row["execution_id"] is not None else None,
-        )
-        views.append(
-            NodeView(
-                node=node,
-                attempt=node_row["attempt"] or 0,
-                started_at=node_row["started_at"],
-                finished_at=node_row["finished_at"],
-                error=node_row["error"] or "",
-            )
-        )
-    flow = FlowRun(
-        id=str(row["id"]),
-        root_job_id=str(row["root_job_id"]),
-        state=row["state"],
-        created_at=row["created_at"],
-        finished_at=row["finished_at"],
-        nodes=tuple(view.node for view in views),
-    )
-    return FlowRunView(flow=flow, root_job_name=row["name"], nodes=tuple(views))
+    return await _views(control).flow_run(flow_run_id)
 
 
 async def list_flow_runs(
@@ -163,110 +61,27 @@ async def list_flow_runs(
     before: tuple[datetime, str] | None = None,
     limit: int = 50,
 ) -> list[FlowRunSummary]:
-    """Flow runs newest first, before the keyset position `before` (created_at, id), filtered by
-    the job that started them and by state.
+    """Flow runs newest first, before `before` (created_at, id), by root job and state.
 
     Raises:
         InvalidArgument: an unknown `state`, a `root_job_id` that is not an id, a `limit` out of range.
     """
-    if state is not None and state not in FLOW_STATES:
-        raise InvalidArgument("state", f"expected one of {', '.join(FLOW_STATES)}")
-    if not 1 <= limit <= MAX_FLOW_PAGE + 1:
-        raise InvalidArgument("page_size", f"must be between 1 and {MAX_FLOW_PAGE}")
-    conditions: list[str] = []
-    args: list[object] = []
-    if root_job_id is not None:
-        args.append(_key(root_job_id, "root_job_id"))
-        conditions.append(f"f.root_job_id = ${len(args)}")
-    if state is not None:
-        args.append(state)
-        conditions.append(f"f.state = ${len(args)}")
-    if before is not None:
-        args += [before[0], _key(before[1], "page_token")]
-        conditions.append(f"(f.created_at, f.id) < (${len(args) - 1}, ${len(args)})")
-    args.append(limit)
-    # The page first (an index range), then the counts of its rows' nodes only.
-    rows = await _pool(control).fetch(
-        f"""SELECT p.*, j.name AS root_job_name, c.nodes, c.finished_nodes
-            FROM (SELECT f.id, f.root_job_id, f.state, f.created_at, f.finished_at FROM flow_runs f
-                  {"WHERE " + " AND ".join(conditions) if conditions else ""}
-                  ORDER BY f.created_at DESC, f.id DESC LIMIT ${len(args)}) p
-            JOIN jobs j ON j.id = p.root_job_id
-            CROSS JOIN LATERAL (
-                SELECT count(*) AS nodes, count(*) FILTER (WHERE x.final) AS finished_nodes
-                FROM flow_nodes n LEFT JOIN LATERAL (
-                    SELECT a.status IN ('succeeded', 'dead', 'cancelled', 'upstream_failed', 'skipped', 'missed')
-                           AS final
-                    FROM job_executions a WHERE a.run_id = n.run_id ORDER BY a.attempt DESC LIMIT 1
-                ) x ON true
-                WHERE n.flow_run_id = p.id
-            ) c
-            ORDER BY p.created_at DESC, p.id DESC""",
-        *args,
-        timeout=READ_TIMEOUT,
-    )
-    return [
-        FlowRunSummary(
-            id=str(row["id"]),
-            root_job_id=str(row["root_job_id"]),
-            root_job_name=row["root_job_name"],
-            state=row["state"],
-            created_at=row["created_at"],
-            finished_at=row["finished_at"],
-            nodes=row["nodes"],
-            finished_nodes=row["finished_nodes"],
-        )
-        for row in rows
-    ]
-
-
-async def flow_of_run(control: Control, run_id: str) -> str | None:
-    """The flow run a run belongs to (as its root or as a node), if any."""
-    return await control.flows.flow_of_run(run_id)
-
-
-@dataclass(frozen=True)
-class Related:
-    """A job next to another in the dependency graph."""
-
-    id: str
-    name: str
-    trigger_rule: TriggerRule
+    return await _views(control).flow_runs(root_job_id=root_job_id, state=state, before=before, limit=limit)
 
 
 async def job_relations(control: Control, job_id: str) -> tuple[list[Related], list[Related]]:
     """A job's upstreams (in its `depends_on` order) and its downstreams (by name)."""
-    key = _key(job_id, "id")
-    rows = await _pool(control).fetch(
-        """SELECT 'up' AS side, j.id, j.name, j.trigger_rule, d.position FROM job_dependencies d
-               JOIN jobs j ON j.id = d.upstream_id WHERE d.job_id = $1
-           UNION ALL
-           SELECT 'down', j.id, j.name, j.trigger_rule, 0 FROM job_dependencies d
-               JOIN jobs j ON j.id = d.job_id WHERE d.upstream_id = $1
-           ORDER BY 1, 5, 3""",
-        key,
-        timeout=READ_TIMEOUT,
-    )
-    related = {"up": [], "down": []}  # type: dict[str, list[Related]]
-    for row in rows:
-        related[row["side"]].append(Related(str(row["id"]), row["name"], TriggerRule(row["trigger_rule"])))
-    return related["up"], related["down"]
+    return await _views(control).job_relations(job_id)
 
 
 async def job_names(control: Control, job_ids: Iterable[str]) -> dict[str, str]:
-    """The name of each job among `job_ids` that exists, by id (ids that are not UUIDs are skipped)."""
-    keys = []
-    for value in job_ids:
-        try:
-            keys.append(uuid.UUID(value))
-        except (ValueError, AttributeError, TypeError):
-            continue
-    if not keys:
-        return {}
-    rows = await _pool(control).fetch(
-        "SELECT id, name FROM jobs WHERE id = ANY($1::uuid[])", keys, timeout=READ_TIMEOUT
-    )
-    return {str(row["id"]): row["name"] for row in rows}
+    """The name of each job among `job_ids` that exists, by id."""
+    return await _views(control).job_names(job_ids)
+
+
+async def execution_labels(control: Control, execution_ids: Sequence[str]) -> dict[str, ExecutionLabel]:
+    """The job name and trigger of each execution among `execution_ids` that exists, by id."""
+    return await _views(control).execution_labels(execution_ids)
 
 
 async def resolve_job(control: Control, reference: str, field: str = "job") -> str:
@@ -280,38 +95,7 @@ async def resolve_job(control: Control, reference: str, field: str = "job") -> s
     if not reference:
         raise InvalidArgument(field, "name a job by its name or id")
     try:
-        key = uuid.UUID(reference)
-    except ValueError:
+        return (await control.jobs.get(reference)).id
+    except (NotFound, InvalidArgument):
+        # Not an id, or an id of no job: a job may be named like one, so its name is the next reading.
         return (await control.jobs.get_by_name(reference)).id
-    try:
-        return (await control.jobs.get(str(key))).id
-    except NotFound:
-        # A job may be named like a UUID; its name is the next best reading.
-        return (await control.jobs.get_by_name(reference)).id
-
-
-@dataclass(frozen=True)
-class ExecutionLabel:
-    """What a live row shows of an execution besides its event: the job's name and the trigger."""
-
-    job_name: str
-    trigger: str
-
-
-async def execution_labels(control: Control, execution_ids: Sequence[str]) -> dict[str, ExecutionLabel]:
-    """The job name and trigger of each execution among `execution_ids` that exists, by id."""
-    keys = []
-    for value in execution_ids:
-        try:
-            keys.append(uuid.UUID(value))
-        except (ValueError, AttributeError, TypeError):
-            continue
-    if not keys:
-        return {}
-    rows = await _pool(control).fetch(
-        """SELECT e.id, e.trigger, coalesce(j.name, '') AS name
-           FROM job_executions e LEFT JOIN jobs j ON j.id = e.job_id WHERE e.id = ANY($1::uuid[])""",
-        keys,
-        timeout=READ_TIMEOUT,
-    )
-    return {str(row["id"]): ExecutionLabel(row["name"], row["trigger"]) for row in rows}

@@ -1,5 +1,8 @@
 """A flow run's DAG laid out for a server-rendered SVG: layers by depth, no script, no library.
 
+`svg` writes the drawing out (every value escaped): in Python rather than in a template, since a
+200-job flow is some thousand elements and a template's per-element cost would be most of the page.
+
 Each node's layer is its depth: the longest path from a node without upstreams (so every edge goes
 left to right). Within a layer, nodes are ordered by the mean row of their upstreams (one
 barycentric pass, which keeps most edges short), ties by name. Pure code: no I/O.
@@ -7,10 +10,12 @@ barycentric pass, which keeps most edges short), ties by name. Pure code: no I/O
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
+
+from markupsafe import Markup, escape
 
 from scheduler_grpc.control_flows import NodeView
 
@@ -149,3 +154,40 @@ def layout(nodes: Sequence[NodeView], now: datetime) -> Graph:
         boxes=tuple(sorted(boxes, key=lambda box: (box.x, box.y))),
         edges=tuple(edges),
     )
+
+
+def svg(graph: Graph, seconds: Callable[[float], str]) -> Markup:
+    """The drawing as an inline `<svg>` (`seconds` formats a run time as the rest of the console does).
+
+    Each node is a link (to its execution, or its job while it waits) with `data-name` and
+    `data-state`, a tooltip (`<title>`: name, state, attempt, run time, error) and two lines of text.
+    """
+    parts = [
+        f'<svg class="dag" id="dag" viewBox="0 0 {graph.width} {graph.height}" width="{graph.width}" '
+        f'height="{graph.height}" role="img" aria-label="the flow run\'s jobs and their dependencies">'
+        '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
+        'orient="auto"><path d="M0,0 L8,4 L0,8 z" class="arrow-head"></path></marker></defs>'
+    ]
+    parts.extend(
+        f'<path class="edge e-{escape(edge.state)}" d="{edge.path}" marker-end="url(#arrow)"></path>'
+        for edge in graph.edges
+    )
+    for box in graph.boxes:
+        took = seconds(box.seconds) if box.seconds is not None else ""
+        title = f"{box.full_name}: {box.state}"
+        if box.attempt > 1:
+            title += f", attempt {box.attempt}"
+        if took:
+            title += f", {took}"
+        if box.error:
+            title += f"\n{box.error}"
+        line = box.state.replace("_", " ") + (f" · {took}" if took else "") + (" · error" if box.error else "")
+        parts.append(
+            f'<a href="{escape(box.href)}" class="node n-{escape(box.state)}" data-job="{escape(box.job_id)}" '
+            f'data-name="{escape(box.full_name)}" data-state="{escape(box.state)}"><title>{escape(title)}</title>'
+            f'<rect x="{box.x}" y="{box.y}" width="{graph.node_width}" height="{graph.node_height}" rx="6"></rect>'
+            f'<text x="{box.x + 8}" y="{box.y + 17}" class="node-name">{escape(box.name)}</text>'
+            f'<text x="{box.x + 8}" y="{box.y + 34}" class="node-state">{escape(line)}</text></a>'
+        )
+    parts.append("</svg>")
+    return Markup("".join(parts))

@@ -71,12 +71,13 @@ async def _graph_values(request: web.Request) -> dict[str, Any]:
     view = await control_flows.flow_run_view(console.api.control, request.match_info["id"])
     now = datetime.now(UTC)
     depth = dag.depths(view.nodes)
+    graph = dag.layout(view.nodes, now)
     return {
+        "svg": dag.svg(graph, console.templates.filters["secs"]),
         # The table in the drawing's order: by depth, then by name.
         "ordered": sorted(view.nodes, key=lambda node: (depth[node.node.job_id], node.node.job_name)),
         "view": view,
         "flow": view.flow,
-        "graph": dag.layout(view.nodes, now),
         "names": {node.node.job_id: node.node.job_name for node in view.nodes},
         "now": now,
         "cursor": cursor if cursor != "0-0" else "",

@@ -430,7 +430,6 @@ async def execution_detail(request: web.Request) -> web.StreamResponse:
     console = _console(request)
     execution = await console.api.control.executions.get(_uuid(request.match_info["id"]))
     attempts = await console.queries.run_attempts(execution.run_id)
-    flow_run_id = await control_flows.flow_of_run(console.api.control, execution.run_id)
     job = None
     with contextlib.suppress(NotFound):  # deleted meanwhile (its history goes with it)
         job = await console.api.control.jobs.get(execution.job_id)
@@ -441,7 +440,7 @@ async def execution_detail(request: web.Request) -> web.StreamResponse:
             "execution": execution,
             "attempts": attempts,
             "job": job,
-            "flow_run_id": flow_run_id,
+            "flow_run_id": execution.flow_run_id,
             "result": lambda e: (
                 orjson.dumps(e.result, option=orjson.OPT_INDENT_2).decode() if e.result is not None else ""
             ),

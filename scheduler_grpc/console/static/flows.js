@@ -4,6 +4,7 @@
 
 (function () {
   var MIN_INTERVAL_MS = 300; // at most this often: a busy flow run does not flood the server
+  var SETTLE_MS = 1000;
 
   function setup() {
     var box = document.getElementById("flow-live");
@@ -41,6 +42,9 @@
               return;
             }
             indicator("connected");
+            // Every job has finished but the leader has not closed the flow run yet: that step
+            // publishes no execution event, so look again shortly.
+            if (fresh.getAttribute("data-open-nodes") === "0") setTimeout(schedule, SETTLE_MS);
           }
         })
         .catch(function () { indicator("reconnecting"); })
