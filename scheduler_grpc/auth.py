@@ -188,6 +188,7 @@ METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "/scheduler.v1.ExecutionService/CancelFlowRun": _O,
     "/scheduler.v1.ExecutionService/BatchCancelExecutions": _O,
     "/scheduler.v1.ExecutionService/BatchRetryExecutions": _O,
+    "/scheduler.v1.ExecutionService/ListFlowRuns": _V,
     "/scheduler.v1.QueueService/GetQueueStats": _V,
     "/scheduler.v1.QueueService/ListDeadLetters": _V,
     "/scheduler.v1.QueueService/RequeueDeadLetters": _O,

@@ -18,9 +18,11 @@ from redis.asyncio import Redis
 
 from scheduler_grpc import events, flowrun, metrics, queue_depth
 from scheduler_grpc.control_bulk import BulkControl, RunActions
+from scheduler_grpc.control_flows import FlowReads
 from scheduler_grpc.db.bulk import BulkQueries
 from scheduler_grpc.db.console import ConsoleQueries, ExecutionRow, JobRow, Overview
 from scheduler_grpc.db.executions import ExecutionPage, ExecutionRepository, Queued, TriggerOutcome, TriggerResult
+from scheduler_grpc.db.flow_views import FlowViews
 from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.jobs import JobPage, JobRepository
 from scheduler_grpc.db.pool import Pool
@@ -142,11 +144,21 @@ class Control:
             BulkQueries(pool),
             RunActions(cancel=self._cancel_runs, retry=self._retry_runs, requeue_dead=self.requeue_dead_runs),
         )
+        self._flow_reads = FlowReads(
+            FlowViews(pool, timeout=read_timeout.total_seconds()),
+            job_by_id=self.get_job,
+            job_by_name=self.get_job_by_name,
+        )
 
     @property
     def bulk(self) -> BulkControl:
         """Bulk actions on executions and jobs, by ids or filter (`control_bulk`)."""
         return self._bulk
+
+    @property
+    def flow_reads(self) -> FlowReads:
+        """Flow runs and job relations as the console and ListFlowRuns show them (`control_flows`)."""
+        return self._flow_reads
 
     @property
     def users(self) -> UserAdmin:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any, Final
 
 import grpc
 from scheduler_client.v1 import executions_pb2, executions_pb2_grpc
 
+from scheduler_grpc import pagetokens
 from scheduler_grpc.application import Api
 from scheduler_grpc.control import FlowMembers
 from scheduler_grpc.control_bulk import ExecutionAction
@@ -93,6 +95,33 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
         action = ExecutionAction.REQUEUE if request.dead_only else ExecutionAction.RETRY
         done = await bulk.executions(self._control, action, request)
         return executions_pb2.BatchRetryExecutionsResponse(matched_count=done.matched, run_ids=done.done)
+
+    async def ListFlowRuns(
+        self, request: executions_pb2.ListFlowRunsRequest, context: Context
+    ) -> executions_pb2.ListFlowRunsResponse:
+        size = convert.page_size(request.page_size)
+        root = convert.resource_id(request.root_job_id, "root_job_id") if request.root_job_id else None
+        state = convert.flow_run_state(request.state)
+        scope = {"root": root or "", "state": state or ""}
+        before = None
+        if request.page_token:
+            position = pagetokens.decode(request.page_token, "flow_runs", scope)
+            if len(position) != 2 or not all(isinstance(value, str) for value in position):
+                raise InvalidArgument("page_token", "not a token this server issued")
+            try:
+                before = (datetime.fromisoformat(position[0]), position[1])
+            except ValueError:
+                raise InvalidArgument("page_token", "not a token this server issued") from None
+        rows = await self._control.flow_reads.list_flow_runs(
+            root_job_id=root, state=state, before=before, limit=size + 1
+        )
+        token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            token = pagetokens.encode("flow_runs", scope, [rows[-1].created_at.isoformat(), rows[-1].id])
+        return executions_pb2.ListFlowRunsResponse(
+            flow_runs=[convert.flow_run_summary_to_proto(row) for row in rows], next_page_token=token
+        )
 
     async def WatchExecutions(
         self, request: executions_pb2.WatchExecutionsRequest, context: Context

@@ -75,6 +75,11 @@ class ExecutionServiceStub:
                 request_serializer=scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsResponse.FromString,
                 _registered_method=True)
+        self.ListFlowRuns = channel.unary_unary(
+                '/scheduler.v1.ExecutionService/ListFlowRuns',
+                request_serializer=scheduler_dot_v1_dot_executions__pb2.ListFlowRunsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_executions__pb2.ListFlowRunsResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutionServiceServicer:
@@ -147,6 +152,14 @@ class ExecutionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListFlowRuns(self, request, context):
+        """Lists flow runs newest first, by the job that started them and by state (without their
+        nodes: GetFlowRun reads those).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -189,6 +202,11 @@ def add_ExecutionServiceServicer_to_server(servicer, server):
                     servicer.BatchRetryExecutions,
                     request_deserializer=scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsResponse.SerializeToString,
+            ),
+            'ListFlowRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListFlowRuns,
+                    request_deserializer=scheduler_dot_v1_dot_executions__pb2.ListFlowRunsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_executions__pb2.ListFlowRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -408,6 +426,33 @@ class ExecutionService:
             '/scheduler.v1.ExecutionService/BatchRetryExecutions',
             scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsRequest.SerializeToString,
             scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListFlowRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.ExecutionService/ListFlowRuns',
+            scheduler_dot_v1_dot_executions__pb2.ListFlowRunsRequest.SerializeToString,
+            scheduler_dot_v1_dot_executions__pb2.ListFlowRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

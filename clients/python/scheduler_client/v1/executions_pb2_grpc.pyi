@@ -64,6 +64,10 @@ class ExecutionServiceStub:
     requeued from its dead-letter queue (with `dead_only`, only those). Runs still open or
     succeeded are left as they are. Batches and limits as BatchCancelExecutions.
     """
+    ListFlowRuns: _grpc.UnaryUnaryMultiCallable[_executions_pb2.ListFlowRunsRequest, _executions_pb2.ListFlowRunsResponse]
+    """Lists flow runs newest first, by the job that started them and by state (without their
+    nodes: GetFlowRun reads those).
+    """
 
 @_typing.type_check_only
 class ExecutionServiceAsyncStub(ExecutionServiceStub):
@@ -100,6 +104,10 @@ class ExecutionServiceAsyncStub(ExecutionServiceStub):
     latest attempt failed, timed out, was cancelled or abandoned is queued again, a dead one is
     requeued from its dead-letter queue (with `dead_only`, only those). Runs still open or
     succeeded are left as they are. Batches and limits as BatchCancelExecutions.
+    """
+    ListFlowRuns: _aio.UnaryUnaryMultiCallable[_executions_pb2.ListFlowRunsRequest, _executions_pb2.ListFlowRunsResponse]  # type: ignore[assignment]
+    """Lists flow runs newest first, by the job that started them and by state (without their
+    nodes: GetFlowRun reads those).
     """
 
 class ExecutionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -182,6 +190,16 @@ class ExecutionServiceServicer(metaclass=_abc_1.ABCMeta):
         latest attempt failed, timed out, was cancelled or abandoned is queued again, a dead one is
         requeued from its dead-letter queue (with `dead_only`, only those). Runs still open or
         succeeded are left as they are. Batches and limits as BatchCancelExecutions.
+        """
+
+    @_abc_1.abstractmethod
+    def ListFlowRuns(
+        self,
+        request: _executions_pb2.ListFlowRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executions_pb2.ListFlowRunsResponse, _abc.Awaitable[_executions_pb2.ListFlowRunsResponse]]:
+        """Lists flow runs newest first, by the job that started them and by state (without their
+        nodes: GetFlowRun reads those).
         """
 
 def add_ExecutionServiceServicer_to_server(servicer: ExecutionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
