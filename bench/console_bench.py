@@ -5,7 +5,7 @@
 Starts embedded Valkey and PostgreSQL (or uses REDIS_URL / DATABASE_URL, in a database of its own,
 `console_bench`, dropped first unless `--reuse` finds it at the same size), seeds `--jobs` cron
 jobs and `--history` finished attempts spread over them and over the past (generated inside
-PostgreSQL: INSERT ... SELECT generate_series), then
+PostgreSQL: INSERT ... SELECT generate_series) and a flow of 200 jobs with one finished flow run, then
 serves the console in-process (`server.serve`, as `scheduler-grpc server` does) and asks each page
 `--requests` times over HTTP, logged in as the admin. Prints p50 and p99 of each page's response time
 (first byte to last, measured by the client in the same process), and the server process's CPU time
@@ -67,6 +67,75 @@ SELECT s.u, j.id, s.u, s.slot, 1, s.status, 'schedule', s.slot, 0, 'worker-1', s
 FROM s JOIN j ON j.k = s.n % $2
 """
 
+# A flow of FLOW_NODES jobs ('flow-000' the root; then layers of ten, each node after two of the
+# layer before) and one finished flow run of it: the flow run page's worst realistic case.
+FLOW_NODES = 200
+SEED_FLOW = """
+WITH made AS (
+    INSERT INTO jobs (name, handler, payload, queue, schedule_kind)
+    SELECT 'flow-' || lpad(n::text, 3, '0'), 'test.echo', '{}'::jsonb, 'default', 'manual'
+    FROM generate_series(0, $1 - 1) AS n
+    RETURNING id, substr(name, 6)::int AS n
+), edges AS (
+    SELECT d.id AS job_id, u.id AS upstream_id, e.position
+    FROM made d
+    CROSS JOIN LATERAL (VALUES
+        (CASE WHEN d.n <= 10 THEN 0 ELSE d.n - 10 END, 0),
+        (CASE WHEN d.n <= 10 THEN 0 ELSE ((d.n - 11) / 10) * 10 + 1 + (d.n % 10) END, 1)
+    ) AS e(upstream_n, position)
+    JOIN made u ON u.n = e.upstream_n
+    WHERE d.n > 0
+)
+INSERT INTO job_dependencies (job_id, upstream_id, position)
+SELECT DISTINCT ON (job_id, upstream_id) job_id, upstream_id, position FROM edges
+"""
+# The root run (its insert starts the flow run: migration 0007's trigger), then one finished run
+# per other node, every tenth of them dead with an error.
+SEED_FLOW_RUN = """
+INSERT INTO job_executions (id, job_id, run_id, scheduled_for, attempt, status, trigger, due_at, priority,
+                            handler, queue)
+SELECT u, j.id, u, now() - interval '1 hour', 1, 'queued', 'manual', now() - interval '1 hour', 0, 'test.echo',
+       'default'
+FROM jobs j, gen_random_uuid() AS u WHERE j.name = 'flow-000'
+"""
+FINISH_FLOW_RUN = """
+WITH f AS (SELECT id FROM flow_runs f WHERE root_job_id = (SELECT id FROM jobs WHERE name = 'flow-000')),
+nodes AS (
+    SELECT n.job_id, gen_random_uuid() AS u, substr(j.name, 6)::int AS k
+    FROM flow_nodes n JOIN jobs j ON j.id = n.job_id, f WHERE n.flow_run_id = f.id AND n.run_id IS NULL
+), runs AS (
+    INSERT INTO job_executions (id, job_id, run_id, scheduled_for, attempt, status, trigger, due_at, priority,
+                                worker_id, started_at, finished_at, error, handler, queue)
+    SELECT u, job_id, u, now() - interval '1 hour' + k * interval '1 second', 1,
+           CASE WHEN k % 10 = 0 THEN 'dead' ELSE 'succeeded' END, 'upstream', now() - interval '1 hour', 0,
+           'worker-1', now() - interval '1 hour' + k * interval '1 second',
+           now() - interval '1 hour' + k * interval '1 second' + interval '200 milliseconds',
+           CASE WHEN k % 10 = 0 THEN 'failed on purpose' END, 'test.echo', 'default'
+    FROM nodes RETURNING job_id, run_id
+)
+UPDATE flow_nodes n SET run_id = runs.run_id FROM runs, f WHERE n.flow_run_id = f.id AND n.job_id = runs.job_id
+"""
+
+
+async def seed_flow(url: str) -> None:
+    """The 200-node flow and its finished flow run, once per database (kept by --reuse)."""
+    conn = await asyncpg.connect(url)
+    try:
+        if await conn.fetchval("SELECT count(*) FROM jobs WHERE name = 'flow-000'"):
+            return
+        async with conn.transaction():
+            await conn.execute(SEED_FLOW, FLOW_NODES)
+            await conn.execute(SEED_FLOW_RUN)
+            await conn.execute(FINISH_FLOW_RUN)
+            await conn.execute(
+                """UPDATE job_executions SET status = 'succeeded', worker_id = 'worker-1',
+                          started_at = now() - interval '1 hour', finished_at = now() - interval '1 hour'
+                   WHERE id = (SELECT id FROM flow_runs)"""
+            )
+            await conn.execute("UPDATE flow_runs SET state = 'failed', finished_at = now()")
+    finally:
+        await conn.close()
+
 
 async def migrate_connection(url: str) -> None:
     """Apply migrations added since the data was seeded (their indexes are what is measured)."""
@@ -91,8 +160,10 @@ async def seed(admin_url: str, jobs: int, history: int, *, reuse: bool) -> str:
         else:
             try:
                 await migrate_connection(url)
+                # Less the flow's jobs and runs (`seed_flow`), which the sizes do not count.
                 counts = await conn.fetchrow(
-                    "SELECT (SELECT count(*) FROM jobs) AS j, (SELECT count(*) FROM job_executions) AS e"
+                    """SELECT (SELECT count(*) FROM jobs WHERE name NOT LIKE 'flow-%') AS j,
+                              (SELECT count(*) FROM job_executions) - (SELECT count(*) FROM flow_nodes) AS e"""
                 )
             finally:
                 await conn.close()
@@ -120,7 +191,11 @@ async def seed(admin_url: str, jobs: int, history: int, *, reuse: bool) -> str:
 
 
 async def pages(pool: asyncpg.Pool, history: int, jobs: int) -> list[tuple[str, str]]:
-    job = await pool.fetchrow("SELECT id, name FROM jobs ORDER BY name OFFSET $1 LIMIT 1", jobs // 2)
+    job = await pool.fetchrow(
+        "SELECT id, name FROM jobs WHERE name NOT LIKE 'flow-%' ORDER BY name OFFSET $1 LIMIT 1", jobs // 2
+    )
+    flow = await pool.fetchval("SELECT id FROM flow_runs ORDER BY created_at DESC LIMIT 1")
+    flow_job = await pool.fetchval("SELECT id FROM jobs WHERE name = 'flow-105'")
     execution = await pool.fetchrow(
         "SELECT id, created_at FROM job_executions ORDER BY created_at DESC OFFSET $1 LIMIT 1", history // 2
     )
@@ -147,9 +222,22 @@ async def pages(pool: asyncpg.Pool, history: int, jobs: int) -> list[tuple[str, 
         ("executions, handler", "/executions?handler=test.log"),
         ("executions, time range", f"/executions?{window}"),
         ("executions, deep page", f"/executions?{deep}"),
+        ("executions, job name", "/executions?job_name=job-0042"),
+        ("executions, error text", "/executions?error=on+purpose"),
+        ("executions, rare error text", "/executions?error=no+such+error"),
+        ("executions, name+error+state", "/executions?job_name=job-0042&error=purpose&state=failed"),
         ("execution detail", f"/executions/{execution['id']}"),
+        ("flow run, 200 nodes", f"/flows/{flow}"),
+        ("flow run graph (live part)", f"/flows/{flow}/graph"),
+        ("flow runs", "/flows"),
+        ("flow runs, state=failed", "/flows?state=failed"),
+        ("job detail, flow node", f"/jobs/{flow_job}"),
         ("workers", "/workers"),
         ("dead letters", "/dead-letters"),
+        ("dead letters, search", "/dead-letters?queue=reports&job_name=job-004&error=purpose"),
+        ("charts, hour", "/charts"),
+        ("charts, day", "/charts?window=day"),
+        ("charts, day, queue", "/charts?window=day&queue=reports"),
         ("API keys", "/api-keys"),
         ("schedule preview (JSON)", "/api/preview?cron=30+2+*+*+*&time_zone=Europe/Paris"),
     ]
@@ -203,7 +291,7 @@ async def measure(redis_url: str, database_url: str, args: argparse.Namespace) -
 
 
 def screenshots(base: str, directory: Path) -> None:
-    """The README's pictures: the overview and the jobs page, 1280x800, in headless Chromium."""
+    """The README's pictures: the overview, jobs, executions and charts pages, 1280x800, in headless Chromium."""
     import shutil
 
     from playwright.sync_api import sync_playwright
@@ -221,11 +309,16 @@ def screenshots(base: str, directory: Path) -> None:
         page.screenshot(path=str(directory / "console-overview.png"))
         page.goto(f"{base}/jobs")
         page.screenshot(path=str(directory / "console-jobs.png"))
+        page.goto(f"{base}/executions?state=failed")
+        page.screenshot(path=str(directory / "console-executions.png"))
+        page.goto(f"{base}/charts?window=day")
+        page.screenshot(path=str(directory / "console-charts.png"))
         browser.close()
 
 
 async def main(args: argparse.Namespace, redis_url: str, admin_url: str) -> None:
     url = await seed(admin_url, args.jobs, args.history, reuse=args.reuse)
+    await seed_flow(url)
     await measure(redis_url, url, args)
 
 

@@ -16,12 +16,19 @@ from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import events, flowrun, metrics
+from scheduler_grpc import events, flowrun, metrics, queue_depth
+from scheduler_grpc.control_bulk import BulkControl, RunActions
+from scheduler_grpc.control_flows import FlowReads
+from scheduler_grpc.db.bulk import BulkQueries
 from scheduler_grpc.db.console import ConsoleQueries, ExecutionRow, JobRow, Overview
 from scheduler_grpc.db.executions import ExecutionPage, ExecutionRepository, Queued, TriggerOutcome, TriggerResult
+from scheduler_grpc.db.flow_views import FlowViews
 from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.jobs import JobPage, JobRepository
 from scheduler_grpc.db.pool import Pool
+from scheduler_grpc.db.search import DeadLetter as DeadLetter  # noqa: PLC0414 - re-exported: the console's rows
+from scheduler_grpc.db.search import SearchQueries
+from scheduler_grpc.db.search import Series as Series  # noqa: PLC0414 - re-exported: the charts' aggregates
 from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_committed
 from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
@@ -29,6 +36,7 @@ from scheduler_grpc.flows import FlowRun
 from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
 from scheduler_grpc.queue import MAX_BATCH, DeadPage, Queue, QueueStats
 from scheduler_grpc.queue import DeadItem as DeadItem  # noqa: PLC0414 - re-exported: what dead-letter pages hold
+from scheduler_grpc.queue_depth import Sample as Sample  # noqa: PLC0414 - re-exported: depth samples
 from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.schedule import CronSchedule, FireTime, fire_times
 from scheduler_grpc.trigger_batch import TriggerBatcher
@@ -129,8 +137,28 @@ class Control:
         self._executions = ExecutionRepository(pool)
         self._flows = FlowRepository(pool)
         self._reads = ConsoleQueries(pool, timeout=read_timeout)
+        self._searches = SearchQueries(pool, timeout=read_timeout.total_seconds())
         self._queues = Queues(redis, capacity=QUEUE_CACHE_SIZE)
         self._triggers = TriggerBatcher(self._executions, self._dispatch)
+        self._bulk = BulkControl(
+            BulkQueries(pool),
+            RunActions(cancel=self._cancel_runs, retry=self._retry_runs, requeue_dead=self.requeue_dead_runs),
+        )
+        self._flow_reads = FlowReads(
+            FlowViews(pool, timeout=read_timeout.total_seconds()),
+            job_by_id=self.get_job,
+            job_by_name=self.get_job_by_name,
+        )
+
+    @property
+    def bulk(self) -> BulkControl:
+        """Bulk actions on executions and jobs, by ids or filter (`control_bulk`)."""
+        return self._bulk
+
+    @property
+    def flow_reads(self) -> FlowReads:
+        """Flow runs and job relations as the console and ListFlowRuns show them (`control_flows`)."""
+        return self._flow_reads
 
     @property
     def users(self) -> UserAdmin:
@@ -371,6 +399,17 @@ class Control:
             raise FailedPrecondition(f"id: the run of execution {execution_id} has already finished")
         return latest[0]
 
+    async def _cancel_runs(self, queue: str, run_ids: Sequence[str]) -> list[Execution]:
+        """Cancel runs of `queue` (as `cancel_execution`, for `control_bulk`); finished ones stay."""
+        return await cancel_runs(self._redis, self._queues, self._executions, queue, run_ids)
+
+    async def _retry_runs(self, run_ids: Sequence[str]) -> list[Queued]:
+        """A new queued attempt for each run whose latest attempt ended unsuccessfully (trigger
+        `dlq_requeue`), enqueued (for `control_bulk`)."""
+        runs = await self._executions.requeue_runs(run_ids)
+        await self._dispatch(runs)
+        return runs
+
     async def get_flow_run(self, flow_run_id: str) -> FlowRun:
         """A flow run (job dependencies) with every node and its state.
 
@@ -528,10 +567,21 @@ class Control:
         until: datetime | None,
         before: tuple[datetime, str] | None,
         limit: int,
+        job_ids: Sequence[str] | None = None,
+        error: str | None = None,
     ) -> list[ExecutionRow]:
-        """Attempts newest first, before the keyset cursor `before`, with the console's filters."""
+        """Attempts newest first, before the keyset cursor `before`, with the console's filters
+        (`job_ids`: the jobs a name search found; `error`: a part of the error text)."""
         return await self._reads.executions(
-            job_id=job_id, statuses=statuses, handler=handler, since=since, until=until, before=before, limit=limit
+            job_id=job_id,
+            statuses=statuses,
+            handler=handler,
+            since=since,
+            until=until,
+            before=before,
+            limit=limit,
+            job_ids=job_ids,
+            error=error,
         )
 
     async def run_attempts(self, run_id: str) -> list[Execution]:
@@ -549,6 +599,46 @@ class Control:
     async def handlers_and_queues(self) -> tuple[list[str], list[str]]:
         """The handler and queue names jobs use (the filters' choices; cached a few seconds)."""
         return await self._reads.handlers_and_queues()
+
+    async def search_dead_letters(
+        self,
+        *,
+        queue: str,
+        job_ids: Sequence[str] | None,
+        handler: str | None,
+        error: str | None,
+        before: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[DeadLetter]:
+        """Dead runs of `queue` still in its dead-letter queue, newest death first, by job, handler
+        and a part of the error text (PostgreSQL, the record; `db/search.py`)."""
+        return await self._searches.dead_letters(
+            queue=queue, job_ids=job_ids, handler=handler, error=error, before=before, limit=limit
+        )
+
+    async def dead_letter_details(self, run_ids: Sequence[str]) -> dict[str, DeadLetter]:
+        """The job, handler, error and time of death of these dead runs (a dead-letter page's rows)."""
+        return await self._searches.dead_details(run_ids)
+
+    async def chart_series(self, *, since: datetime, bucket: timedelta, queue: str | None) -> Series:
+        """The charts' aggregates since `since` per `bucket`: attempts finished by outcome, and the
+        start lateness of scheduled runs, on `queue` (None: every queue)."""
+        return await self._searches.series(since=since, bucket=bucket, queue=queue)
+
+    async def sample_queue_depths(self, now: float) -> bool:
+        """Record every queue's counts for the minute of `now` (`queue_depth`), unless another
+        process did; True if recorded."""
+        if not await queue_depth.claim_minute(self._redis, now):
+            return False
+        names = sorted({"default", *(await self.queue_names())})[: queue_depth.MAX_QUEUES]
+        # One queue after another: one connection, not a burst of up to MAX_QUEUES of them.
+        counts = [(name, await self._queues.get(name).stats()) for name in names]
+        await queue_depth.record(self._redis, now, counts)
+        return True
+
+    async def queue_depth(self, queue: str, since: datetime) -> list[Sample]:
+        """The depth samples of `queue` since `since`, oldest first."""
+        return await queue_depth.read(self._redis, self._queue(queue).name, since)
 
 
 _MAX_OUTSIDERS = 10_000

@@ -183,3 +183,16 @@ class AuthKeys:
     def login_slots(self, username: str) -> str:
         """HASH lane (`clean`, `suspect`) -> ms since the epoch before which that lane may not try."""
         return f"{{auth}}:login-slots:user:{username.lower()}"
+
+
+@dataclass(frozen=True)
+class DepthKeys:
+    """Redis keys of the console's queue depth samples (the charts' queue depth over time)."""
+
+    def samples(self, queue: str) -> str:
+        """LIST of "epoch ready processing delayed dead", newest first, trimmed to a day of minutes."""
+        return f"{{depth}}:samples:{queue}"
+
+    def tick(self, minute: int) -> str:
+        """STRING claim of one minute's sampling (SET NX): one server process samples each minute."""
+        return f"{{depth}}:tick:{minute}"

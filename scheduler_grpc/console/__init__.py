@@ -10,6 +10,10 @@ and is allowed by the same role table (`auth.METHOD_ROLES`, through the RPC it c
 * `forms`: form fields -> a `JobSpec` (validation errors name the form field).
 * `charts`: server-rendered inline SVG charts.
 * `views`: the pages and actions; `app`: routes, middlewares and start/stop.
+* `bulk`: bulk actions (by selection or filter, after a confirmation saying how many); `search`:
+  dead letters and the executions' name/error search, and the charts page; `timecharts`: charts
+  with time axes; `depth`: queue depth sampled each minute; `flash`: the message after each
+  action; `humane`: one format for durations and relative times.
 
 Pages are rendered on the server (Jinja2 templates, autoescaped); `static/console.js` (no framework,
 no build step) adds the live schedule preview, the live executions list (Server-Sent Events fed by

@@ -24,14 +24,14 @@ from scheduler_grpc import statuses
 from scheduler_grpc.application import Api
 from scheduler_grpc.auth import Unauthenticated
 from scheduler_grpc.config import Settings
-from scheduler_grpc.console import security, users, views
+from scheduler_grpc.console import bulk, depth, flash, flows, live, search, security, users, views
 from scheduler_grpc.console.context import CONSOLE, STATIC, Console, environment, render
 from scheduler_grpc.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 DEV_HOST: Final = "127.0.0.1"
-_PUBLIC: Final = ("/login", "/static/", "/healthz")
+_PUBLIC: Final = ("/login", "/static/", "/healthz", "/favicon.ico")
 STORES_DOWN: Final = "Redis or PostgreSQL did not answer; try again when both are up"
 
 
@@ -55,6 +55,9 @@ async def security_middleware(request: web.Request, handler: security.Handler) -
 
 
 async def _guarded(request: web.Request, handler: security.Handler) -> web.StreamResponse:
+    unrouted = request.match_info.http_exception
+    if unrouted is not None:  # no such page (404) or method (405): said as it is, to anyone
+        return await _error(request, unrouted.status, unrouted.reason.lower())
     if any(request.path.startswith(prefix) for prefix in _PUBLIC):
         try:
             response: web.StreamResponse = await handler(request)
@@ -112,21 +115,31 @@ async def healthz(request: web.Request) -> web.StreamResponse:
     return web.Response(text="ok")
 
 
+async def favicon(request: web.Request) -> web.StreamResponse:
+    """The icon browsers ask for at /favicon.ico (an SVG: every current browser draws one)."""
+    return web.FileResponse(STATIC / "favicon.svg", headers={"Content-Type": "image/svg+xml"})
+
+
 def build_app(console: Console) -> web.Application:
     """The console's routes on a new application."""
-    app = web.Application(middlewares=[security_middleware], client_max_size=1024 * 1024)
+    app = web.Application(middlewares=[security_middleware, flash.middleware], client_max_size=1024 * 1024)
     app[CONSOLE] = console
+    app[live.LABELS] = live.Labels(console.api.control)
     v = views
     app.add_routes(
         [
             web.get("/login", v.login_page),
             web.post("/login", v.login),
             web.get("/healthz", healthz),
+            web.get("/favicon.ico", favicon),
             web.post("/logout", v.logout),
             web.get("/", v.overview),
             web.get("/jobs", v.jobs),
             web.get("/jobs/new", v.new_job),
             web.post("/jobs", v.create_job),
+            # Before /jobs/{id}: the first route that matches a path serves it.
+            web.post("/jobs/bulk", bulk.jobs_bulk),
+            web.post("/executions/bulk", bulk.executions_bulk),
             web.get("/jobs/{id}", v.job_detail),
             web.get("/jobs/{id}/edit", v.edit_job),
             web.post("/jobs/{id}", v.update_job),
@@ -141,13 +154,15 @@ def build_app(console: Console) -> web.Application:
             web.post("/executions/{id}/cancel", v.cancel_execution),
             web.get("/events", v.events),
             web.get("/workers", v.workers),
-            web.get("/dead-letters", v.dead_letters),
+            web.get("/dead-letters", search.dead_letters),
             web.post("/dead-letters/requeue", v.requeue_dead),
             web.post("/dead-letters/purge", v.purge_dead),
             web.get("/api-keys", v.api_keys),
             web.post("/api-keys", v.create_api_key),
             web.post("/api-keys/{id}/revoke", v.revoke_api_key),
+            web.get("/charts", search.charts),
             *users.ROUTES,
+            *flows.ROUTES,
             web.static("/static", STATIC, append_version=False),
         ]
     )
@@ -216,7 +231,8 @@ async def serve_console(settings: Settings, api: Api) -> AsyncIterator[RunningCo
         shown = f"[{host}]" if ":" in host else host
         url = f"{scheme}://{shown}:{port}/"
         log.info("web console listening", extra={"url": url, "tls": context is not None})
-        yield RunningConsole(url=url, port=port)
+        async with depth.sampling(api.control):  # the charts' queue depth over time
+            yield RunningConsole(url=url, port=port)
     finally:
         with contextlib.suppress(asyncio.CancelledError):
             await runner.cleanup()

@@ -9,9 +9,10 @@ from typing import Any, Final
 
 import jinja2
 from aiohttp import web
+from markupsafe import Markup
 
 from scheduler_grpc.application import Api
-from scheduler_grpc.console import security
+from scheduler_grpc.console import humane, security
 
 TEMPLATES: Final = Path(__file__).parent / "templates"
 STATIC: Final = Path(__file__).parent / "static"
@@ -43,14 +44,13 @@ def environment() -> jinja2.Environment:
     env.filters["ago"] = _ago
     env.filters["when"] = _when
     env.filters["secs"] = _secs
+    env.filters["rel"] = humane.relative
+    env.filters["duration"] = humane.duration
     return env
 
 
-def _ago(moment: datetime | None) -> str:
-    if moment is None:
-        return "—"
-    seconds = (datetime.now(UTC) - moment).total_seconds()
-    return f"{seconds:.1f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
+def _ago(moment: datetime | None) -> Markup:
+    return humane.relative(moment)
 
 
 def _when(moment: datetime | None) -> str:
@@ -58,10 +58,7 @@ def _when(moment: datetime | None) -> str:
 
 
 def _secs(value: timedelta | float | None) -> str:
-    if value is None:
-        return "—"
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    return f"{seconds * 1000:.0f} ms" if abs(seconds) < 10 else f"{seconds:.1f} s"
+    return humane.duration(value)
 
 
 async def render(request: web.Request, template: str, values: dict[str, Any], status: int = 200) -> web.Response:
@@ -76,6 +73,7 @@ async def render(request: web.Request, template: str, values: dict[str, Any], st
         "redis_up": health.redis_up,
         "postgres_up": health.postgres_up,
         "path": request.path_qs,
+        "flash": request.get(FLASH),
         **values,
     }
     body = console.templates.get_template(template).render(context)
@@ -83,3 +81,5 @@ async def render(request: web.Request, template: str, values: dict[str, Any], st
 
 
 CONSOLE: Final = web.AppKey("console", Console)
+FLASH: Final = web.RequestKey("flash", str)
+"""The flash message a page shows (set by `flash.middleware` from the action that redirected here)."""

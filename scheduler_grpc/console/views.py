@@ -12,13 +12,14 @@ import contextlib
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
+from urllib.parse import urlencode
 
 import orjson
 from aiohttp import web
 
 from scheduler_grpc import statuses
 from scheduler_grpc.auth import ResourceExhausted, Role, Unauthenticated
-from scheduler_grpc.console import charts, forms
+from scheduler_grpc.console import charts, forms, live, search, timecharts
 from scheduler_grpc.console.context import CONSOLE, Console, render
 from scheduler_grpc.console.security import (
     PRINCIPAL,
@@ -184,7 +185,14 @@ async def jobs(request: web.Request) -> web.StreamResponse:
     return await render(
         request,
         "jobs.html",
-        {"rows": rows, "handlers": handlers, "queues": queues, "query": query, "next_query": next_query},
+        {
+            "rows": rows,
+            "handlers": handlers,
+            "queues": queues,
+            "query": query,
+            "next_query": next_query,
+            "filter_query": urlencode([(k, v) for k, v in query.items() if k != "after" and v]),
+        },
     )
 
 
@@ -241,7 +249,7 @@ async def create_job(request: web.Request) -> web.StreamResponse:
 async def edit_job(request: web.Request) -> web.StreamResponse:
     console = _console(request)
     job = await console.api.control.get_job(_uuid(request.match_info["id"]))
-    values = forms.form_values(job)
+    values = forms.form_values(job, await console.api.control.flow_reads.job_names(job.depends_on))
     values["version"] = str(job.version)
     return await _job_form(request, job.id, values, {})
 
@@ -249,14 +257,20 @@ async def edit_job(request: web.Request) -> web.StreamResponse:
 @rpc(_V + "JobService/UpdateJob")
 async def update_job(request: web.Request) -> web.StreamResponse:
     console = _console(request)
+    control = console.api.control
     job_id = _uuid(request.match_info["id"])
     form = await _form(request)
     version = form.get("version", "")
     try:
-        current = await console.api.control.get_job(job_id)
-        spec = forms.job_spec(form, status=current.status)
-        # The version the form was read at: an edit made meanwhile by someone else is not overwritten.
-        await console.api.control.update_job(job_id, spec, expected_version=int(version) if version.isdigit() else None)
+        current = await control.get_job(job_id)
+        names = await control.flow_reads.job_names(current.depends_on)
+        # Only the fields the form changed (compared with what it showed) replace stored values;
+        # the version the form was read at keeps an edit made meanwhile from being overwritten.
+        await control.merge_job(
+            job_id,
+            lambda job: forms.merged_spec(job, form, names),
+            expected_version=int(version) if version.isdigit() else None,
+        )
     except InvalidArgument as exc:
         return await _job_form(request, job_id, form, _field_errors(exc), status=_status(exc))
     raise web.HTTPSeeOther(f"/jobs/{job_id}")
@@ -273,16 +287,20 @@ async def job_detail(request: web.Request) -> web.StreamResponse:
     succeeded = sum(1 for e in finished if e.status is ExecutionStatus.SUCCEEDED)
     rate = (100.0 * succeeded / len(finished)) if finished else None
     duration_bars, longest = charts.durations(slots)
+    upstreams, downstreams = await console.api.control.flow_reads.job_relations(job.id)
     return await render(
         request,
         "job_detail.html",
         {
             "job": job,
+            "upstreams": upstreams,
+            "downstreams": downstreams,
             "payload": orjson.dumps(job.payload, option=orjson.OPT_INDENT_2).decode(),
             "slots": slots,
             "timeline": charts.timeline(slots),
             "rate": rate,
             "duration_bars": duration_bars,
+            "run_times": timecharts.run_times(slots),
             "longest": longest,
             "chart": {"width": charts.WIDTH, "height": charts.HEIGHT},
         },
@@ -366,7 +384,7 @@ async def preview(request: web.Request) -> web.StreamResponse:
 async def executions(request: web.Request) -> web.StreamResponse:
     console = _console(request)
     query = request.query
-    job_id = _uuid(query["job"], "job") if query.get("job") else None
+    job_id = await console.api.control.flow_reads.resolve_job(query["job"]) if query.get("job") else None
     states = [s for s in query.getall("state", []) if s]
     for state in states:
         if state not in ExecutionStatus.__members__.values():
@@ -380,7 +398,10 @@ async def executions(request: web.Request) -> web.StreamResponse:
     # Where the live stream starts: the fan-out's position before the list is read, so no event
     # between the read and the subscription is lost (the page applies each one it already shows).
     cursor = console.api.fanout.position
+    job_ids, error = await search.execution_extras(console, query)
     rows = await console.api.control.search_executions(
+        job_ids=job_ids,
+        error=error,
         job_id=job_id,
         statuses=states,
         handler=query.get("handler") or None,
@@ -411,9 +432,10 @@ async def executions(request: web.Request) -> web.StreamResponse:
             "selected_states": states,
             "handlers": handlers,
             "next_query": next_query,
-            "live": before is None and until is None,
+            "live": before is None and until is None and job_ids is None and error is None,
             "cursor": cursor if cursor != "0-0" else "",
             "job_id": job_id or "",
+            "filter_query": urlencode([(k, v) for k, v in query.items() if k != "before" and v]),
         },
     )
 
@@ -433,6 +455,7 @@ async def execution_detail(request: web.Request) -> web.StreamResponse:
             "execution": execution,
             "attempts": attempts,
             "job": job,
+            "flow_run_id": execution.flow_run_id,
             "result": lambda e: (
                 orjson.dumps(e.result, option=orjson.OPT_INDENT_2).decode() if e.result is not None else ""
             ),
@@ -474,14 +497,20 @@ async def events(request: web.Request) -> web.StreamResponse:
             await response.prepare(request)
             await response.write(f"retry: 1000\nid: {subscription.cursor}\nevent: hello\ndata: {{}}\n\n".encode())
 
+            labels = request.app[live.LABELS]
+
             async def forward() -> None:
                 async for event in subscription:
+                    # A row shows the job's name and the trigger, not an id fragment (live.Labels).
+                    label = await labels.of(event.execution_id)
                     data = orjson.dumps(
                         {
                             "type": event.type.value,
                             "execution_id": event.execution_id,
                             "run_id": event.run_id,
                             "job_id": event.job_id,
+                            "job_name": label.job_name if label else "",
+                            "trigger": label.trigger if label else "",
                             "attempt": event.attempt,
                             "handler": event.handler,
                             "worker_id": event.worker_id,
@@ -522,21 +551,6 @@ async def workers(request: web.Request) -> web.StreamResponse:
     found = await console.api.cluster.workers()
     now = datetime.now(UTC)
     return await render(request, "workers.html", {"workers": found, "now": now})
-
-
-@rpc(_V + "QueueService/ListDeadLetters")
-async def dead_letters(request: web.Request) -> web.StreamResponse:
-    console = _console(request)
-    names = sorted({"default", *(await console.api.control.queue_names())})
-    queue = request.query.get("queue") or "default"
-    if queue not in names:
-        names.append(queue)
-    page = await console.api.control.list_dead_letters(queue, PAGE_SIZE, request.query.get("token") or None)
-    return await render(
-        request,
-        "dead_letters.html",
-        {"queues": names, "queue": queue, "page": page, "message": request.query.get("done")},
-    )
 
 
 def _dead_selection(form: Any) -> tuple[str, list[str] | None]:

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from scheduler_grpc.db.attempts import latest_attempt
+from scheduler_grpc.db.bulk import like_pattern
 from scheduler_grpc.db.executions import _COLUMNS as _EXECUTION_COLUMNS_FULL
 from scheduler_grpc.db.executions import _COLUMNS_WITHOUT_OUTPUT as _EXECUTION_COLUMNS
 from scheduler_grpc.db.executions import execution_from_row
@@ -27,6 +28,9 @@ from scheduler_grpc.jobs import Job
 
 # The states of an unfinished attempt (`finished_at IS NULL`); every other one is final.
 _OPEN_STATES = frozenset({"queued", "running"})
+
+ERROR_SCAN = 50_000
+"""Most rows (newest first, after the other filters) an error text search of the executions list reads."""
 
 CHOICES_TTL = 10.0
 """Seconds the filters' handler and queue choices are reused (a DISTINCT over every job otherwise)."""
@@ -125,12 +129,15 @@ class ConsoleQueries:
         until: datetime | None,
         before: tuple[datetime, str] | None,
         limit: int,
+        job_ids: Sequence[str] | None = None,
+        error: str | None = None,
     ) -> list[ExecutionRow]:
         """Attempts newest first (by creation), before the keyset cursor `before`, with the filters.
 
         Only the filters given are in the SQL (no `$n IS NULL OR ...`), so the planner picks the index
         that serves them: (final_status, created_at), the open rows' created_at, (handler, created_at), the
-        job's key, or created_at.
+        job's key, or created_at. `job_ids` are the jobs a name search found; `error` is a part of the
+        error text (case-insensitive; a filter on the rows the other conditions reach).
         """
         conditions: list[str] = []
         args: list[object] = []
@@ -141,6 +148,8 @@ class ConsoleQueries:
 
         if job_id:
             where("e.job_id = {}", uuid.UUID(job_id))
+        if job_ids is not None:
+            where("e.job_id = ANY({}::uuid[])", [uuid.UUID(i) for i in job_ids])
         # No index reads `status` (the claim must stay a HOT update, migration 0009): a finished
         # state is found by `final_status`, an open one among the open rows (`finished_at IS NULL`).
         finished = [state for state in statuses if state not in _OPEN_STATES]
@@ -162,15 +171,26 @@ class ConsoleQueries:
             where("e.created_at < {}", until)
         if before:
             where("(e.created_at, e.id) < ({}, {}::uuid)", before[0], uuid.UUID(before[1]))
-        args.append(limit)
-        rows = await self._pool.fetch(
-            f"""SELECT {_EXECUTION_COLUMNS}, j.name AS job_name, coalesce(e.handler, j.handler) AS run_handler
-                FROM job_executions e LEFT JOIN jobs j ON j.id = e.job_id
-                {"WHERE " + " AND ".join(conditions) if conditions else ""}
-                ORDER BY e.created_at DESC, e.id DESC LIMIT ${len(args)}""",
-            *args,
-            timeout=self._timeout,
-        )
+        where_sql = "WHERE " + " AND ".join(conditions) if conditions else ""
+        source = "job_executions e"
+        if error:
+            # No index can find a part of a text (pg_trgm is not everywhere): the error is looked for
+            # among the newest ERROR_SCAN rows the other filters select (ids, times and errors only),
+            # so a rare text costs a bounded scan, not the whole history; the rows found are then
+            # read whole. Narrow the time range to look further back.
+            args.extend([like_pattern(error), limit])
+            source = f"""job_executions e JOIN (
+                    SELECT s.id FROM (SELECT e.id, e.created_at, e.error FROM job_executions e {where_sql}
+                                      ORDER BY e.created_at DESC, e.id DESC LIMIT {ERROR_SCAN}) AS s
+                    WHERE s.error ILIKE ${len(args) - 1} ORDER BY s.created_at DESC, s.id DESC LIMIT ${len(args)}
+                ) AS hits ON hits.id = e.id"""
+            where_sql = ""
+        else:
+            args.append(limit)
+        selected = f"""SELECT {_EXECUTION_COLUMNS}, j.name AS job_name, coalesce(e.handler, j.handler) AS run_handler
+                FROM {source} LEFT JOIN jobs j ON j.id = e.job_id {where_sql}
+                ORDER BY e.created_at DESC, e.id DESC LIMIT ${len(args)}"""
+        rows = await self._pool.fetch(selected, *args, timeout=self._timeout)
         return [_execution_row(row) for row in rows]
 
     async def run_attempts(self, run_id: str) -> list[Execution]:

@@ -23,10 +23,11 @@ from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2,
 from scheduler_grpc import outputs
 from scheduler_grpc.auth import ApiKeyRecord, Role
 from scheduler_grpc.control import DeadItem
+from scheduler_grpc.control_flows import FlowRunSummary
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
-from scheduler_grpc.flows import FlowRun, TriggerRule
+from scheduler_grpc.flows import FINAL_STATUSES, FlowRun, TriggerRule
 from scheduler_grpc.handlers import handler_of_breaker_key
 from scheduler_grpc.jobs import (
     ConcurrencyPolicy,
@@ -546,6 +547,9 @@ def flow_run_to_proto(flow: FlowRun) -> executions_pb2.FlowRun:
         state=_FLOW_RUN_STATE[flow.state],
         create_time=timestamp(flow.created_at),
         end_time=timestamp(flow.finished_at),
+        root_job_name=next((node.job_name for node in flow.nodes if node.job_id == flow.root_job_id), ""),
+        node_count=len(flow.nodes),
+        finished_node_count=sum(1 for node in flow.nodes if node.status in FINAL_STATUSES),
         nodes=[
             executions_pb2.FlowNode(
                 job_id=node.job_id,
@@ -666,3 +670,26 @@ def list_value(values: Sequence[Any]) -> struct_pb2.ListValue:
 def now() -> datetime:
     """The current time, UTC (one place, so tests can reason about "now")."""
     return datetime.now(UTC)
+
+
+def flow_run_summary_to_proto(flow: FlowRunSummary) -> executions_pb2.FlowRun:
+    """A flow run as ListFlowRuns returns it (without nodes)."""
+    return executions_pb2.FlowRun(
+        id=flow.id,
+        root_job_id=flow.root_job_id,
+        state=_FLOW_RUN_STATE[flow.state],
+        create_time=timestamp(flow.created_at),
+        end_time=timestamp(flow.finished_at),
+        root_job_name=flow.root_job_name,
+        node_count=flow.nodes,
+        finished_node_count=flow.finished_nodes,
+    )
+
+
+def flow_run_state(value: int, field: str = "state") -> str | None:
+    """A flow run state filter (None for UNSPECIFIED: any state).
+
+    Raises:
+        InvalidArgument: an unknown value, naming `field`.
+    """
+    return _from_proto(_FLOW_RUN_STATE, value, field)

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any, Final
 
 import grpc
 from scheduler_client.v1 import executions_pb2, executions_pb2_grpc
 
+from scheduler_grpc import pagetokens
 from scheduler_grpc.application import Api
 from scheduler_grpc.control import FlowMembers
+from scheduler_grpc.control_bulk import ExecutionAction
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import EventFilter, SubscriberTooSlow
 from scheduler_grpc.executions import Execution
-from scheduler_grpc.services import convert
+from scheduler_grpc.services import bulk, convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -79,6 +82,46 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
     ) -> executions_pb2.CancelFlowRunResponse:
         flow = await self._control.cancel_flow_run(convert.resource_id(request.id))
         return executions_pb2.CancelFlowRunResponse(flow_run=convert.flow_run_to_proto(flow))
+
+    async def BatchCancelExecutions(
+        self, request: executions_pb2.BatchCancelExecutionsRequest, context: Context
+    ) -> executions_pb2.BatchCancelExecutionsResponse:
+        done = await bulk.executions(self._control, ExecutionAction.CANCEL, request)
+        return executions_pb2.BatchCancelExecutionsResponse(matched_count=done.matched, run_ids=done.done)
+
+    async def BatchRetryExecutions(
+        self, request: executions_pb2.BatchRetryExecutionsRequest, context: Context
+    ) -> executions_pb2.BatchRetryExecutionsResponse:
+        action = ExecutionAction.REQUEUE if request.dead_only else ExecutionAction.RETRY
+        done = await bulk.executions(self._control, action, request)
+        return executions_pb2.BatchRetryExecutionsResponse(matched_count=done.matched, run_ids=done.done)
+
+    async def ListFlowRuns(
+        self, request: executions_pb2.ListFlowRunsRequest, context: Context
+    ) -> executions_pb2.ListFlowRunsResponse:
+        size = convert.page_size(request.page_size)
+        root = convert.resource_id(request.root_job_id, "root_job_id") if request.root_job_id else None
+        state = convert.flow_run_state(request.state)
+        scope = {"root": root or "", "state": state or ""}
+        before = None
+        if request.page_token:
+            position = pagetokens.decode(request.page_token, "flow_runs", scope)
+            if len(position) != 2 or not all(isinstance(value, str) for value in position):
+                raise InvalidArgument("page_token", "not a token this server issued")
+            try:
+                before = (datetime.fromisoformat(position[0]), position[1])
+            except ValueError:
+                raise InvalidArgument("page_token", "not a token this server issued") from None
+        rows = await self._control.flow_reads.list_flow_runs(
+            root_job_id=root, state=state, before=before, limit=size + 1
+        )
+        token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            token = pagetokens.encode("flow_runs", scope, [rows[-1].created_at.isoformat(), rows[-1].id])
+        return executions_pb2.ListFlowRunsResponse(
+            flow_runs=[convert.flow_run_summary_to_proto(row) for row in rows], next_page_token=token
+        )
 
     async def WatchExecutions(
         self, request: executions_pb2.WatchExecutionsRequest, context: Context

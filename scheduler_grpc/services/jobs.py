@@ -13,10 +13,11 @@ from scheduler_client.v1 import jobs_pb2, jobs_pb2_grpc
 from scheduler_grpc.application import Api
 from scheduler_grpc.auth import Principal, Role, current_principal
 from scheduler_grpc.control import preview_fire_times
+from scheduler_grpc.control_bulk import JobAction
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.jobs import Job, JobSpec
 from scheduler_grpc.schedule import parse_cron
-from scheduler_grpc.services import convert
+from scheduler_grpc.services import bulk, convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -170,6 +171,24 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         end = convert.from_timestamp(request.end_time, "end_time")
         executions = await self._control.backfill_range(job_id, start, end)
         return jobs_pb2.BackfillJobResponse(executions=[convert.execution_to_proto(e) for e in executions])
+
+    async def BatchPauseJobs(
+        self, request: jobs_pb2.BatchPauseJobsRequest, context: Context
+    ) -> jobs_pb2.BatchPauseJobsResponse:
+        done = await bulk.jobs(self._control, JobAction.PAUSE, request)
+        return jobs_pb2.BatchPauseJobsResponse(matched_count=done.matched, job_ids=done.done)
+
+    async def BatchResumeJobs(
+        self, request: jobs_pb2.BatchResumeJobsRequest, context: Context
+    ) -> jobs_pb2.BatchResumeJobsResponse:
+        done = await bulk.jobs(self._control, JobAction.RESUME, request)
+        return jobs_pb2.BatchResumeJobsResponse(matched_count=done.matched, job_ids=done.done)
+
+    async def BatchDeleteJobs(
+        self, request: jobs_pb2.BatchDeleteJobsRequest, context: Context
+    ) -> jobs_pb2.BatchDeleteJobsResponse:
+        done = await bulk.jobs(self._control, JobAction.DELETE, request, detach=request.detach_dependents)
+        return jobs_pb2.BatchDeleteJobsResponse(matched_count=done.matched, job_ids=done.done, kept_ids=done.kept)
 
 
 def _basic_job(job: Job) -> jobs_pb2.Job:

@@ -39,6 +39,7 @@ from scheduler_client.client import (
     DEFAULT_TIMEOUT,
     EVENT_TYPE,
     EXECUTION_STATE,
+    FLOW_RUN_STATE,
     JOB_STATE,
     MISFIRE_POLICY,
     ROLE,
@@ -443,6 +444,15 @@ async def cmd_jobs_resume(ctx: Context) -> int:
     return await _job_action(ctx, "resume")
 
 
+async def _flow_started(ctx: Context, run_id: str) -> None:
+    """Say so when the triggered run started a flow run (its id is the run's: the job has dependents)."""
+    try:
+        flow = await ctx.client.get_flow_run(run_id)
+    except NotFound:
+        return
+    print(f"Flow run {flow.id} started ({flow.node_count} jobs): schedctl flows get {flow.id}", flush=True)
+
+
 async def cmd_jobs_trigger(ctx: Context) -> int:
     args = ctx.args
     execution = await ctx.client.trigger_job(await ctx.job_id(args.job), request_id=args.request_id)
@@ -450,6 +460,7 @@ async def cmd_jobs_trigger(ctx: Context) -> int:
     if args.wait:
         if not ctx.json:
             print(f"Triggered {args.job}: run {run_id}; waiting for it to finish", flush=True)
+            await _flow_started(ctx, run_id)
         # The run, not its first attempt: a failed attempt with retries left is not the outcome.
         execution = await ctx.client.wait_for_run(execution.id, within=args.wait_timeout)
     if ctx.json:
@@ -460,6 +471,7 @@ async def cmd_jobs_trigger(ctx: Context) -> int:
               + (f": {execution.error}" if execution.error else ""))  # fmt: skip
     else:
         print(f"Triggered {args.job}: execution {execution.id} ({show.execution_state(execution)})")
+        await _flow_started(ctx, run_id)
     if args.wait and execution.state != executions_pb2.EXECUTION_STATE_SUCCEEDED:
         return EXIT_FAILURE
     return 0
@@ -566,6 +578,35 @@ async def cmd_flows_get(ctx: Context) -> int:
         show.print_json(show.message_dict(flow))
     else:
         print("\n".join(show.flow_lines(flow)))
+    return 0
+
+
+async def cmd_flows_list(ctx: Context) -> int:
+    args = ctx.args
+    root = await ctx.job_id(args.job) if args.job else None
+    flows = []
+    async for flow in ctx.client.iter_flow_runs(root_job_id=root, state=args.state, page_size=min(args.limit, 1000)):
+        flows.append(flow)
+        if len(flows) >= args.limit:
+            break
+    if ctx.json:
+        show.print_json({"flow_runs": [show.message_dict(flow) for flow in flows]})
+        return 0
+    show.print_table(
+        ["ID", "STARTED BY", "STATE", "JOBS DONE", "STARTED", "TOOK"],
+        [
+            [
+                flow.id,
+                flow.root_job_name,
+                show.label(executions_pb2.FlowRunState.Name(flow.state)),
+                f"{flow.finished_node_count}/{flow.node_count}",
+                show.when(flow.create_time),
+                show.span(flow.end_time.ToDatetime() - flow.create_time.ToDatetime()) if flow.HasField("end_time")
+                else "-",
+            ]
+            for flow in flows
+        ],
+    )  # fmt: skip
     return 0
 
 
@@ -968,6 +1009,10 @@ def build_parser() -> argparse.ArgumentParser:
     flow_commands = flows.add_subparsers(dest="flows_command", metavar="ACTION", required=True)
     get = command(flow_commands, "get", "draw a flow run's jobs as a tree with their states", cmd_flows_get)
     get.add_argument("flow_run", metavar="FLOW_RUN_ID", help="flow run id (the run id of the run that started it)")
+    flow_list = command(flow_commands, "list", "list flow runs, newest first", cmd_flows_list)
+    flow_list.add_argument("--job", metavar="JOB", help="only the flow runs this job started (name or id)")
+    flow_list.add_argument("--state", choices=FLOW_RUN_STATE.choices(), help="only flow runs in this state")
+    flow_list.add_argument("--limit", type=positive_int, default=50, help="at most this many (default 50)")
     cancel = command(flow_commands, "cancel", "cancel a flow run's queued, running and waiting jobs",
                      cmd_flows_cancel)  # fmt: skip
     cancel.add_argument("flow_run", metavar="FLOW_RUN_ID", help="flow run id")

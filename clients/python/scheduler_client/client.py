@@ -748,6 +748,38 @@ class SchedulerClient:
         )
         return response.flow_run
 
+    async def list_flow_runs(
+        self,
+        *,
+        root_job_id: str | None = None,
+        state: int | str | None = None,
+        page_size: int = 0,
+        page_token: str = "",
+        rpc_timeout: float | None = None,
+    ) -> Page[executions_pb2.FlowRun]:
+        """One page of flow runs (without their nodes), newest first, optionally started by one job
+        and in one state ("running", "succeeded", "failed", "cancelled")."""
+        request = executions_pb2.ListFlowRunsRequest(
+            page_size=page_size,
+            page_token=page_token,
+            root_job_id=root_job_id or "",
+            state=FLOW_RUN_STATE.name(state) if state is not None else "FLOW_RUN_STATE_UNSPECIFIED",
+        )
+        response = await self._call(
+            _EXECUTIONS + "ListFlowRuns", request, executions_pb2.ListFlowRunsResponse, rpc_timeout
+        )
+        return Page(list(response.flow_runs), response.next_page_token)
+
+    def iter_flow_runs(
+        self, *, root_job_id: str | None = None, state: int | str | None = None, page_size: int = 0
+    ) -> AsyncIterator[executions_pb2.FlowRun]:
+        """Every flow run, page after page, newest first."""
+        return _pages(
+            lambda token: self.list_flow_runs(
+                root_job_id=root_job_id, state=state, page_size=page_size, page_token=token
+            )
+        )
+
     async def cancel_flow_run(self, flow_run_id: str, *, rpc_timeout: float | None = None) -> executions_pb2.FlowRun:
         """Cancel a flow run: its queued and running runs, and the nodes still waiting."""
         response = await self._call(

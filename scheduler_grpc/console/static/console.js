@@ -67,6 +67,20 @@
     update();
   }
 
+  // The schedule's kind follows what is typed: a cron expression makes a cron job, a run time a
+  // one-shot job (the server applies the same rule, and refuses a contradiction under the field).
+  function setupKind() {
+    var kind = document.getElementById("f-schedule_kind");
+    if (!kind) return;
+    [["f-cron", "cron"], ["f-run_at", "once"]].forEach(function (pair) {
+      var input = document.getElementById(pair[0]);
+      if (!input) return;
+      input.addEventListener("input", function () {
+        if (input.value.trim() && kind.value !== "auto" && kind.value !== pair[1]) kind.value = pair[1];
+      });
+    });
+  }
+
   // Live executions: Server-Sent Events from the same fan-out as WatchExecutions.
   var STATUS = { created: "queued", started: "running", retrying: "failed" };
   function cell(text, href) {
@@ -112,10 +126,10 @@
         row.setAttribute("data-execution", event.execution_id);
         row.setAttribute("data-run", event.run_id);
         row.appendChild(cell((event.time || "").replace("T", " ").slice(0, 19), "/executions/" + event.execution_id));
-        row.appendChild(cell(event.job_id.slice(0, 8), "/jobs/" + event.job_id));
+        row.appendChild(cell(event.job_name || event.job_id, "/jobs/" + event.job_id));
         row.appendChild(cell(event.handler));
         row.appendChild(cell(String(event.attempt)));
-        row.appendChild(cell(""));
+        row.appendChild(cell(event.trigger || ""));
         var state = cell("");
         state.className = "state";
         row.appendChild(state);
@@ -136,6 +150,7 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     setupPreview();
+    setupKind();
     setupLive();
   });
 })();

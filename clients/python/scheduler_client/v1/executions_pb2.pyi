@@ -272,20 +272,26 @@ class FlowNode(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., upstream_job_ids: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., run_id: _Optional[str] = ..., execution_id: _Optional[str] = ..., state: _Optional[_Union[ExecutionState, str]] = ...) -> None: ...
 
 class FlowRun(_message.Message):
-    __slots__ = ("id", "root_job_id", "state", "create_time", "end_time", "nodes")
+    __slots__ = ("id", "root_job_id", "state", "create_time", "end_time", "nodes", "root_job_name", "node_count", "finished_node_count")
     ID_FIELD_NUMBER: _ClassVar[int]
     ROOT_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    ROOT_JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_NODE_COUNT_FIELD_NUMBER: _ClassVar[int]
     id: str
     root_job_id: str
     state: FlowRunState
     create_time: _timestamp_pb2.Timestamp
     end_time: _timestamp_pb2.Timestamp
     nodes: _containers.RepeatedCompositeFieldContainer[FlowNode]
-    def __init__(self, id: _Optional[str] = ..., root_job_id: _Optional[str] = ..., state: _Optional[_Union[FlowRunState, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[FlowNode, _Mapping]]] = ...) -> None: ...
+    root_job_name: str
+    node_count: int
+    finished_node_count: int
+    def __init__(self, id: _Optional[str] = ..., root_job_id: _Optional[str] = ..., state: _Optional[_Union[FlowRunState, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[FlowNode, _Mapping]]] = ..., root_job_name: _Optional[str] = ..., node_count: _Optional[int] = ..., finished_node_count: _Optional[int] = ...) -> None: ...
 
 class GetFlowRunRequest(_message.Message):
     __slots__ = ("id",)
@@ -310,3 +316,81 @@ class CancelFlowRunResponse(_message.Message):
     FLOW_RUN_FIELD_NUMBER: _ClassVar[int]
     flow_run: FlowRun
     def __init__(self, flow_run: _Optional[_Union[FlowRun, _Mapping]] = ...) -> None: ...
+
+class ExecutionFilter(_message.Message):
+    __slots__ = ("job_id", "job_name", "states", "handler", "queue", "start_time", "end_time", "error_contains")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CONTAINS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    job_name: str
+    states: _containers.RepeatedScalarFieldContainer[ExecutionState]
+    handler: str
+    queue: str
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    error_contains: str
+    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., states: _Optional[_Iterable[_Union[ExecutionState, str]]] = ..., handler: _Optional[str] = ..., queue: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_contains: _Optional[str] = ...) -> None: ...
+
+class BatchCancelExecutionsRequest(_message.Message):
+    __slots__ = ("ids", "filter", "validate_only")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    filter: ExecutionFilter
+    validate_only: bool
+    def __init__(self, ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[ExecutionFilter, _Mapping]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class BatchCancelExecutionsResponse(_message.Message):
+    __slots__ = ("matched_count", "run_ids")
+    MATCHED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    matched_count: int
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, matched_count: _Optional[int] = ..., run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchRetryExecutionsRequest(_message.Message):
+    __slots__ = ("ids", "filter", "validate_only", "dead_only")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    DEAD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    filter: ExecutionFilter
+    validate_only: bool
+    dead_only: bool
+    def __init__(self, ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[ExecutionFilter, _Mapping]] = ..., validate_only: _Optional[bool] = ..., dead_only: _Optional[bool] = ...) -> None: ...
+
+class BatchRetryExecutionsResponse(_message.Message):
+    __slots__ = ("matched_count", "run_ids")
+    MATCHED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    matched_count: int
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, matched_count: _Optional[int] = ..., run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListFlowRunsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "root_job_id", "state")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ROOT_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    root_job_id: str
+    state: FlowRunState
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., root_job_id: _Optional[str] = ..., state: _Optional[_Union[FlowRunState, str]] = ...) -> None: ...
+
+class ListFlowRunsResponse(_message.Message):
+    __slots__ = ("flow_runs", "next_page_token")
+    FLOW_RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    flow_runs: _containers.RepeatedCompositeFieldContainer[FlowRun]
+    next_page_token: str
+    def __init__(self, flow_runs: _Optional[_Iterable[_Union[FlowRun, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

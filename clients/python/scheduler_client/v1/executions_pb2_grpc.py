@@ -65,6 +65,21 @@ class ExecutionServiceStub:
                 request_serializer=scheduler_dot_v1_dot_executions__pb2.CancelFlowRunRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_executions__pb2.CancelFlowRunResponse.FromString,
                 _registered_method=True)
+        self.BatchCancelExecutions = channel.unary_unary(
+                '/scheduler.v1.ExecutionService/BatchCancelExecutions',
+                request_serializer=scheduler_dot_v1_dot_executions__pb2.BatchCancelExecutionsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_executions__pb2.BatchCancelExecutionsResponse.FromString,
+                _registered_method=True)
+        self.BatchRetryExecutions = channel.unary_unary(
+                '/scheduler.v1.ExecutionService/BatchRetryExecutions',
+                request_serializer=scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsResponse.FromString,
+                _registered_method=True)
+        self.ListFlowRuns = channel.unary_unary(
+                '/scheduler.v1.ExecutionService/ListFlowRuns',
+                request_serializer=scheduler_dot_v1_dot_executions__pb2.ListFlowRunsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_executions__pb2.ListFlowRunsResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutionServiceServicer:
@@ -117,6 +132,34 @@ class ExecutionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchCancelExecutions(self, request, context):
+        """Cancels the runs of many executions, given by id or by a filter, as CancelExecution does
+        each; finished runs are left as they are. Not atomic: it works in batches of 500, each
+        committed on its own. At most 10,000 executions per call (a filter matching more is
+        INVALID_ARGUMENT naming `filter`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchRetryExecutions(self, request, context):
+        """Gives the runs of many executions, given by id or by a filter, a new attempt: a run whose
+        latest attempt failed, timed out, was cancelled or abandoned is queued again, a dead one is
+        requeued from its dead-letter queue (with `dead_only`, only those). Runs still open or
+        succeeded are left as they are. Batches and limits as BatchCancelExecutions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListFlowRuns(self, request, context):
+        """Lists flow runs newest first, by the job that started them and by state (without their
+        nodes: GetFlowRun reads those).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +192,21 @@ def add_ExecutionServiceServicer_to_server(servicer, server):
                     servicer.CancelFlowRun,
                     request_deserializer=scheduler_dot_v1_dot_executions__pb2.CancelFlowRunRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_executions__pb2.CancelFlowRunResponse.SerializeToString,
+            ),
+            'BatchCancelExecutions': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchCancelExecutions,
+                    request_deserializer=scheduler_dot_v1_dot_executions__pb2.BatchCancelExecutionsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_executions__pb2.BatchCancelExecutionsResponse.SerializeToString,
+            ),
+            'BatchRetryExecutions': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchRetryExecutions,
+                    request_deserializer=scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsResponse.SerializeToString,
+            ),
+            'ListFlowRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListFlowRuns,
+                    request_deserializer=scheduler_dot_v1_dot_executions__pb2.ListFlowRunsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_executions__pb2.ListFlowRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -314,6 +372,87 @@ class ExecutionService:
             '/scheduler.v1.ExecutionService/CancelFlowRun',
             scheduler_dot_v1_dot_executions__pb2.CancelFlowRunRequest.SerializeToString,
             scheduler_dot_v1_dot_executions__pb2.CancelFlowRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchCancelExecutions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.ExecutionService/BatchCancelExecutions',
+            scheduler_dot_v1_dot_executions__pb2.BatchCancelExecutionsRequest.SerializeToString,
+            scheduler_dot_v1_dot_executions__pb2.BatchCancelExecutionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchRetryExecutions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.ExecutionService/BatchRetryExecutions',
+            scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsRequest.SerializeToString,
+            scheduler_dot_v1_dot_executions__pb2.BatchRetryExecutionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListFlowRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.ExecutionService/ListFlowRuns',
+            scheduler_dot_v1_dot_executions__pb2.ListFlowRunsRequest.SerializeToString,
+            scheduler_dot_v1_dot_executions__pb2.ListFlowRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -52,6 +52,22 @@ class ExecutionServiceStub:
     """Cancels a flow run: its queued and running runs are cancelled, its waiting nodes recorded
     CANCELLED. A flow run that has finished is FAILED_PRECONDITION.
     """
+    BatchCancelExecutions: _grpc.UnaryUnaryMultiCallable[_executions_pb2.BatchCancelExecutionsRequest, _executions_pb2.BatchCancelExecutionsResponse]
+    """Cancels the runs of many executions, given by id or by a filter, as CancelExecution does
+    each; finished runs are left as they are. Not atomic: it works in batches of 500, each
+    committed on its own. At most 10,000 executions per call (a filter matching more is
+    INVALID_ARGUMENT naming `filter`).
+    """
+    BatchRetryExecutions: _grpc.UnaryUnaryMultiCallable[_executions_pb2.BatchRetryExecutionsRequest, _executions_pb2.BatchRetryExecutionsResponse]
+    """Gives the runs of many executions, given by id or by a filter, a new attempt: a run whose
+    latest attempt failed, timed out, was cancelled or abandoned is queued again, a dead one is
+    requeued from its dead-letter queue (with `dead_only`, only those). Runs still open or
+    succeeded are left as they are. Batches and limits as BatchCancelExecutions.
+    """
+    ListFlowRuns: _grpc.UnaryUnaryMultiCallable[_executions_pb2.ListFlowRunsRequest, _executions_pb2.ListFlowRunsResponse]
+    """Lists flow runs newest first, by the job that started them and by state (without their
+    nodes: GetFlowRun reads those).
+    """
 
 @_typing.type_check_only
 class ExecutionServiceAsyncStub(ExecutionServiceStub):
@@ -76,6 +92,22 @@ class ExecutionServiceAsyncStub(ExecutionServiceStub):
     CancelFlowRun: _aio.UnaryUnaryMultiCallable[_executions_pb2.CancelFlowRunRequest, _executions_pb2.CancelFlowRunResponse]  # type: ignore[assignment]
     """Cancels a flow run: its queued and running runs are cancelled, its waiting nodes recorded
     CANCELLED. A flow run that has finished is FAILED_PRECONDITION.
+    """
+    BatchCancelExecutions: _aio.UnaryUnaryMultiCallable[_executions_pb2.BatchCancelExecutionsRequest, _executions_pb2.BatchCancelExecutionsResponse]  # type: ignore[assignment]
+    """Cancels the runs of many executions, given by id or by a filter, as CancelExecution does
+    each; finished runs are left as they are. Not atomic: it works in batches of 500, each
+    committed on its own. At most 10,000 executions per call (a filter matching more is
+    INVALID_ARGUMENT naming `filter`).
+    """
+    BatchRetryExecutions: _aio.UnaryUnaryMultiCallable[_executions_pb2.BatchRetryExecutionsRequest, _executions_pb2.BatchRetryExecutionsResponse]  # type: ignore[assignment]
+    """Gives the runs of many executions, given by id or by a filter, a new attempt: a run whose
+    latest attempt failed, timed out, was cancelled or abandoned is queued again, a dead one is
+    requeued from its dead-letter queue (with `dead_only`, only those). Runs still open or
+    succeeded are left as they are. Batches and limits as BatchCancelExecutions.
+    """
+    ListFlowRuns: _aio.UnaryUnaryMultiCallable[_executions_pb2.ListFlowRunsRequest, _executions_pb2.ListFlowRunsResponse]  # type: ignore[assignment]
+    """Lists flow runs newest first, by the job that started them and by state (without their
+    nodes: GetFlowRun reads those).
     """
 
 class ExecutionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -134,6 +166,40 @@ class ExecutionServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_executions_pb2.CancelFlowRunResponse, _abc.Awaitable[_executions_pb2.CancelFlowRunResponse]]:
         """Cancels a flow run: its queued and running runs are cancelled, its waiting nodes recorded
         CANCELLED. A flow run that has finished is FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def BatchCancelExecutions(
+        self,
+        request: _executions_pb2.BatchCancelExecutionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executions_pb2.BatchCancelExecutionsResponse, _abc.Awaitable[_executions_pb2.BatchCancelExecutionsResponse]]:
+        """Cancels the runs of many executions, given by id or by a filter, as CancelExecution does
+        each; finished runs are left as they are. Not atomic: it works in batches of 500, each
+        committed on its own. At most 10,000 executions per call (a filter matching more is
+        INVALID_ARGUMENT naming `filter`).
+        """
+
+    @_abc_1.abstractmethod
+    def BatchRetryExecutions(
+        self,
+        request: _executions_pb2.BatchRetryExecutionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executions_pb2.BatchRetryExecutionsResponse, _abc.Awaitable[_executions_pb2.BatchRetryExecutionsResponse]]:
+        """Gives the runs of many executions, given by id or by a filter, a new attempt: a run whose
+        latest attempt failed, timed out, was cancelled or abandoned is queued again, a dead one is
+        requeued from its dead-letter queue (with `dead_only`, only those). Runs still open or
+        succeeded are left as they are. Batches and limits as BatchCancelExecutions.
+        """
+
+    @_abc_1.abstractmethod
+    def ListFlowRuns(
+        self,
+        request: _executions_pb2.ListFlowRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executions_pb2.ListFlowRunsResponse, _abc.Awaitable[_executions_pb2.ListFlowRunsResponse]]:
+        """Lists flow runs newest first, by the job that started them and by state (without their
+        nodes: GetFlowRun reads those).
         """
 
 def add_ExecutionServiceServicer_to_server(servicer: ExecutionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -304,3 +304,73 @@ class BackfillJobResponse(_message.Message):
     EXECUTIONS_FIELD_NUMBER: _ClassVar[int]
     executions: _containers.RepeatedCompositeFieldContainer[_executions_pb2.Execution]
     def __init__(self, executions: _Optional[_Iterable[_Union[_executions_pb2.Execution, _Mapping]]] = ...) -> None: ...
+
+class JobFilter(_message.Message):
+    __slots__ = ("name_contains", "state", "handler", "queue")
+    NAME_CONTAINS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    name_contains: str
+    state: JobState
+    handler: str
+    queue: str
+    def __init__(self, name_contains: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., handler: _Optional[str] = ..., queue: _Optional[str] = ...) -> None: ...
+
+class BatchPauseJobsRequest(_message.Message):
+    __slots__ = ("ids", "filter", "validate_only")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    filter: JobFilter
+    validate_only: bool
+    def __init__(self, ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[JobFilter, _Mapping]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class BatchPauseJobsResponse(_message.Message):
+    __slots__ = ("matched_count", "job_ids")
+    MATCHED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    matched_count: int
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, matched_count: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchResumeJobsRequest(_message.Message):
+    __slots__ = ("ids", "filter", "validate_only")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    filter: JobFilter
+    validate_only: bool
+    def __init__(self, ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[JobFilter, _Mapping]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class BatchResumeJobsResponse(_message.Message):
+    __slots__ = ("matched_count", "job_ids")
+    MATCHED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    matched_count: int
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, matched_count: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchDeleteJobsRequest(_message.Message):
+    __slots__ = ("ids", "filter", "validate_only", "detach_dependents")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    DETACH_DEPENDENTS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    filter: JobFilter
+    validate_only: bool
+    detach_dependents: bool
+    def __init__(self, ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[JobFilter, _Mapping]] = ..., validate_only: _Optional[bool] = ..., detach_dependents: _Optional[bool] = ...) -> None: ...
+
+class BatchDeleteJobsResponse(_message.Message):
+    __slots__ = ("matched_count", "job_ids", "kept_ids")
+    MATCHED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    matched_count: int
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    kept_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, matched_count: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ..., kept_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -85,6 +85,21 @@ class JobServiceStub:
                 request_serializer=scheduler_dot_v1_dot_jobs__pb2.BackfillJobRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_jobs__pb2.BackfillJobResponse.FromString,
                 _registered_method=True)
+        self.BatchPauseJobs = channel.unary_unary(
+                '/scheduler.v1.JobService/BatchPauseJobs',
+                request_serializer=scheduler_dot_v1_dot_jobs__pb2.BatchPauseJobsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_jobs__pb2.BatchPauseJobsResponse.FromString,
+                _registered_method=True)
+        self.BatchResumeJobs = channel.unary_unary(
+                '/scheduler.v1.JobService/BatchResumeJobs',
+                request_serializer=scheduler_dot_v1_dot_jobs__pb2.BatchResumeJobsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_jobs__pb2.BatchResumeJobsResponse.FromString,
+                _registered_method=True)
+        self.BatchDeleteJobs = channel.unary_unary(
+                '/scheduler.v1.JobService/BatchDeleteJobs',
+                request_serializer=scheduler_dot_v1_dot_jobs__pb2.BatchDeleteJobsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_jobs__pb2.BatchDeleteJobsResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -162,6 +177,30 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchPauseJobs(self, request, context):
+        """Pauses many jobs, given by id or by a filter (jobs already paused are left as they are). Not
+        atomic: batches of 500, each committed on its own; at most 10,000 jobs per call (a filter
+        matching more is INVALID_ARGUMENT naming `filter`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchResumeJobs(self, request, context):
+        """Resumes many jobs from now, as ResumeJob does each; batches and limits as BatchPauseJobs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchDeleteJobs(self, request, context):
+        """Deletes many jobs and their history; a job another job (not deleted with it) depends on is
+        kept unless `detach_dependents`. Batches and limits as BatchPauseJobs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -214,6 +253,21 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.BackfillJob,
                     request_deserializer=scheduler_dot_v1_dot_jobs__pb2.BackfillJobRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_jobs__pb2.BackfillJobResponse.SerializeToString,
+            ),
+            'BatchPauseJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchPauseJobs,
+                    request_deserializer=scheduler_dot_v1_dot_jobs__pb2.BatchPauseJobsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_jobs__pb2.BatchPauseJobsResponse.SerializeToString,
+            ),
+            'BatchResumeJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchResumeJobs,
+                    request_deserializer=scheduler_dot_v1_dot_jobs__pb2.BatchResumeJobsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_jobs__pb2.BatchResumeJobsResponse.SerializeToString,
+            ),
+            'BatchDeleteJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchDeleteJobs,
+                    request_deserializer=scheduler_dot_v1_dot_jobs__pb2.BatchDeleteJobsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_jobs__pb2.BatchDeleteJobsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -487,6 +541,87 @@ class JobService:
             '/scheduler.v1.JobService/BackfillJob',
             scheduler_dot_v1_dot_jobs__pb2.BackfillJobRequest.SerializeToString,
             scheduler_dot_v1_dot_jobs__pb2.BackfillJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchPauseJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.JobService/BatchPauseJobs',
+            scheduler_dot_v1_dot_jobs__pb2.BatchPauseJobsRequest.SerializeToString,
+            scheduler_dot_v1_dot_jobs__pb2.BatchPauseJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchResumeJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.JobService/BatchResumeJobs',
+            scheduler_dot_v1_dot_jobs__pb2.BatchResumeJobsRequest.SerializeToString,
+            scheduler_dot_v1_dot_jobs__pb2.BatchResumeJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchDeleteJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.JobService/BatchDeleteJobs',
+            scheduler_dot_v1_dot_jobs__pb2.BatchDeleteJobsRequest.SerializeToString,
+            scheduler_dot_v1_dot_jobs__pb2.BatchDeleteJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

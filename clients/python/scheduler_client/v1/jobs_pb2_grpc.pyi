@@ -55,6 +55,17 @@ class JobServiceStub:
     """
     BackfillJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.BackfillJobRequest, _jobs_pb2.BackfillJobResponse]
     """Creates one run per slot of a cron job in a past time range (idempotent per slot)."""
+    BatchPauseJobs: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.BatchPauseJobsRequest, _jobs_pb2.BatchPauseJobsResponse]
+    """Pauses many jobs, given by id or by a filter (jobs already paused are left as they are). Not
+    atomic: batches of 500, each committed on its own; at most 10,000 jobs per call (a filter
+    matching more is INVALID_ARGUMENT naming `filter`).
+    """
+    BatchResumeJobs: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.BatchResumeJobsRequest, _jobs_pb2.BatchResumeJobsResponse]
+    """Resumes many jobs from now, as ResumeJob does each; batches and limits as BatchPauseJobs."""
+    BatchDeleteJobs: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.BatchDeleteJobsRequest, _jobs_pb2.BatchDeleteJobsResponse]
+    """Deletes many jobs and their history; a job another job (not deleted with it) depends on is
+    kept unless `detach_dependents`. Batches and limits as BatchPauseJobs.
+    """
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -83,6 +94,17 @@ class JobServiceAsyncStub(JobServiceStub):
     """
     BackfillJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.BackfillJobRequest, _jobs_pb2.BackfillJobResponse]  # type: ignore[assignment]
     """Creates one run per slot of a cron job in a past time range (idempotent per slot)."""
+    BatchPauseJobs: _aio.UnaryUnaryMultiCallable[_jobs_pb2.BatchPauseJobsRequest, _jobs_pb2.BatchPauseJobsResponse]  # type: ignore[assignment]
+    """Pauses many jobs, given by id or by a filter (jobs already paused are left as they are). Not
+    atomic: batches of 500, each committed on its own; at most 10,000 jobs per call (a filter
+    matching more is INVALID_ARGUMENT naming `filter`).
+    """
+    BatchResumeJobs: _aio.UnaryUnaryMultiCallable[_jobs_pb2.BatchResumeJobsRequest, _jobs_pb2.BatchResumeJobsResponse]  # type: ignore[assignment]
+    """Resumes many jobs from now, as ResumeJob does each; batches and limits as BatchPauseJobs."""
+    BatchDeleteJobs: _aio.UnaryUnaryMultiCallable[_jobs_pb2.BatchDeleteJobsRequest, _jobs_pb2.BatchDeleteJobsResponse]  # type: ignore[assignment]
+    """Deletes many jobs and their history; a job another job (not deleted with it) depends on is
+    kept unless `detach_dependents`. Batches and limits as BatchPauseJobs.
+    """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     """Job definitions: what runs, when, and with which policies."""
@@ -168,5 +190,34 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.BackfillJobResponse, _abc.Awaitable[_jobs_pb2.BackfillJobResponse]]:
         """Creates one run per slot of a cron job in a past time range (idempotent per slot)."""
+
+    @_abc_1.abstractmethod
+    def BatchPauseJobs(
+        self,
+        request: _jobs_pb2.BatchPauseJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.BatchPauseJobsResponse, _abc.Awaitable[_jobs_pb2.BatchPauseJobsResponse]]:
+        """Pauses many jobs, given by id or by a filter (jobs already paused are left as they are). Not
+        atomic: batches of 500, each committed on its own; at most 10,000 jobs per call (a filter
+        matching more is INVALID_ARGUMENT naming `filter`).
+        """
+
+    @_abc_1.abstractmethod
+    def BatchResumeJobs(
+        self,
+        request: _jobs_pb2.BatchResumeJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.BatchResumeJobsResponse, _abc.Awaitable[_jobs_pb2.BatchResumeJobsResponse]]:
+        """Resumes many jobs from now, as ResumeJob does each; batches and limits as BatchPauseJobs."""
+
+    @_abc_1.abstractmethod
+    def BatchDeleteJobs(
+        self,
+        request: _jobs_pb2.BatchDeleteJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.BatchDeleteJobsResponse, _abc.Awaitable[_jobs_pb2.BatchDeleteJobsResponse]]:
+        """Deletes many jobs and their history; a job another job (not deleted with it) depends on is
+        kept unless `detach_dependents`. Batches and limits as BatchPauseJobs.
+        """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
