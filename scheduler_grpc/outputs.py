@@ -33,6 +33,7 @@ MAX_ERROR_CHARS: Final = 8192
 """An error as stored: `char_length(error)` (the column's CHECK); events carry the same text."""
 MEASURE_AT_MOST: Final = 16 * MAX_STORED_BYTES
 """The bounding functions stop measuring past this size (a value that large is simply "more than")."""
+_LIMIT: Final = f"{MAX_STORED_BYTES:,}"
 
 _INT_MIN: Final = -(2**63)  # orjson encodes integers of 64 bits, signed or not
 _INT_MAX: Final = 2**64 - 1
@@ -122,39 +123,50 @@ def measure(value: Any, *, max_depth: int | None = None, max_size: int | None = 
         Unstorable: what PostgreSQL or orjson refuses (NUL, lone surrogates, integers outside
             64 bits, NaN and infinities, other types, keys that are not strings), or a limit passed.
     """
+    size, deepest = _walk(
+        value, math.inf if max_depth is None else max_depth, math.inf if max_size is None else max_size
+    )
+    return Measure(size, deepest)
+
+
+def _walk(value: Any, max_depth: float, max_size: float) -> tuple[int, int]:
+    """`measure`'s walk: (size, depth). Kept lean: every handler result goes through it on the
+    worker's hot path (a small result costs about a microsecond)."""
     size = 0
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 0)]
+    pop, push = stack.pop, stack.append
     while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):  # what orjson encodes (and subclasses): not any Mapping
-            items: Any = item.items()
-            keyed = True
-        elif isinstance(item, list | tuple):
-            items = item
-            keyed = False
-        else:
-            size += _scalar_size(item)
-            if max_size is not None and size > max_size:
-                raise _Oversized(f"more than {max_size:,} bytes as stored")
-            continue
-        level += 1
-        if max_depth is not None and level > max_depth:
-            raise Unstorable(f"nested deeper than {max_depth} objects or arrays")
-        deepest = max(deepest, level)
-        count = len(item)
-        size += 2 + 2 * max(count - 1, 0)  # brackets and ", " between entries
-        if keyed:
-            for key, child in items:
-                if not isinstance(key, str):
+        item, level = pop()
+        kind = type(item)
+        if kind is dict or (kind is not list and kind is not tuple and isinstance(item, dict)):
+            # what orjson encodes (and subclasses): not any Mapping
+            level += 1
+            if level > max_depth:
+                raise Unstorable(f"nested deeper than {max_depth} objects or arrays")
+            deepest = max(deepest, level)
+            size += 2 * len(item) or 2  # brackets and ", " between entries (net of the last)
+            for key, child in item.items():
+                if type(key) is not str and not isinstance(key, str):
                     raise Unstorable(f"an object key is a {type(key).__name__}, not a string")
                 size += _string_size(key) + 2  # the key and ": "
-                stack.append((child, level))
+                push((child, level))
+        elif kind is list or kind is tuple or isinstance(item, list | tuple):
+            level += 1
+            if level > max_depth:
+                raise Unstorable(f"nested deeper than {max_depth} objects or arrays")
+            deepest = max(deepest, level)
+            size += 2 * len(item) or 2
+            for child in item:
+                push((child, level))
         else:
-            stack.extend((child, level) for child in items)
-        if max_size is not None and size > max_size:
+            size += _scalar_size(item)
+            if size > max_size:
+                raise _Oversized(f"more than {max_size:,} bytes as stored")
+            continue
+        if size > max_size:
             raise _Oversized(f"more than {max_size:,} bytes as stored")
-    return Measure(size, deepest)
+    return size, deepest
 
 
 def locate_unstorable(value: Any) -> str:
@@ -229,15 +241,14 @@ _RESOLVED: Final = _Wording(
 
 
 def _bound(value: Any, wording: _Wording) -> None:
-    limit = f"{MAX_STORED_BYTES:,}"
     try:
-        found = measure(value, max_depth=MAX_DEPTH, max_size=MEASURE_AT_MOST)
+        size, _ = _walk(value, MAX_DEPTH, MEASURE_AT_MOST)
     except Unstorable as exc:
         if isinstance(exc, _Oversized):
-            raise Unstorable(wording.size.format(size=f"more than {MEASURE_AT_MOST:,}", limit=limit)) from None
+            raise Unstorable(wording.size.format(size=f"more than {MEASURE_AT_MOST:,}", limit=_LIMIT)) from None
         raise Unstorable(f"{wording.other}{exc}") from None
-    if found.size > MAX_STORED_BYTES:
-        raise Unstorable(wording.size.format(size=f"{found.size:,}", limit=limit))
+    if size > MAX_STORED_BYTES:
+        raise Unstorable(wording.size.format(size=f"{size:,}", limit=_LIMIT))
 
 
 def bound_result(value: Any) -> Any:
