@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import jinja2
+import markupsafe
 from aiohttp import web
 from redis.asyncio import Redis
 
@@ -81,11 +82,26 @@ def environment() -> jinja2.Environment:
         autoescape=jinja2.select_autoescape(["html"]),
         undefined=jinja2.StrictUndefined,
         enable_async=False,
+        # Every `{{ ... }}` output: bidi controls in user data shown as escapes, not applied.
+        finalize=_visible,
     )
     env.filters["ago"] = _ago
     env.filters["when"] = _when
     env.filters["secs"] = _secs
     return env
+
+
+def _visible(value: Any) -> Any:
+    """A template value with bidirectional-text controls made visible (`security.visible`).
+
+    In form fields too: the one free-text field that can hold them is the JSON payload, where the
+    escape is the same JSON string (the parsed payload is unchanged when the form is saved).
+    """
+    if isinstance(value, markupsafe.Markup):
+        return markupsafe.Markup(security.visible(str(value)))  # the escapes hold no markup characters
+    if isinstance(value, str):
+        return security.visible(value)
+    return value
 
 
 def _ago(moment: datetime | None) -> str:

@@ -16,15 +16,16 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from scheduler_grpc import stores
+from scheduler_grpc import redaction, stores
 from scheduler_grpc.auth import ResourceExhausted, Role, Unauthenticated
-from scheduler_grpc.console import charts, forms
+from scheduler_grpc.console import charts, forms, security
 from scheduler_grpc.console.context import CONSOLE, Console, render
 from scheduler_grpc.console.security import (
     PRINCIPAL,
     clear_session_cookie,
     rpc,
     set_session_cookie,
+    visible,
 )
 from scheduler_grpc.control import preview_fire_times
 from scheduler_grpc.errors import InvalidArgument, NotFound
@@ -58,23 +59,35 @@ async def _form(request: web.Request) -> dict[str, str]:
 
 def _back(request: web.Request, default: str) -> web.HTTPSeeOther:
     """A redirect to the page the action came from (same origin only), else `default`."""
-    target = request.query.get("next", "")
-    if not target.startswith("/") or target.startswith("//"):
-        target = default
-    return web.HTTPSeeOther(target)
+    return web.HTTPSeeOther(security.safe_next(request.query.get("next", ""), default))
 
 
 # -- login / logout ------------------------------------------------------------------------------
 
 
+async def _login_form(request: web.Request, error: str | None, username: str, status: int = 200) -> web.Response:
+    """The login form, with the browser's pre-session token (in a cookie and in the form)."""
+    token = security.login_token(request)
+    response = await render(
+        request, "login.html", {"error": error, "username": username, "login_token": token}, status=status
+    )
+    security.set_login_cookie(response, token, secure=_console(request).secure)
+    return response
+
+
 async def login_page(request: web.Request) -> web.StreamResponse:
-    return await render(request, "login.html", {"error": None, "username": ""})
+    return await _login_form(request, None, "")
 
 
 async def login(request: web.Request) -> web.StreamResponse:
     console = _console(request)
     form = await _form(request)
     username = form.get("username", "")
+    if not security.login_token_ok(request, form.get(security.LOGIN_FIELD)):
+        # Login CSRF: only a form this console served to this browser logs it in.
+        return await _login_form(
+            request, "the login form expired or did not come from this console; log in again", username, 403
+        )
     remote = request.remote or "unknown"
     # The same peer spelling gRPC uses, so the same address is throttled the same way on both.
     peer = f"ipv6:[{remote}]:0" if ":" in remote else f"ipv4:{remote}:0"
@@ -82,11 +95,11 @@ async def login(request: web.Request) -> web.StreamResponse:
         session = await console.api.auth.login(username, form.get("password", ""), peer)
     except Unauthenticated as exc:
         console.api.metrics.login_failed()
-        return await render(request, "login.html", {"error": str(exc), "username": username}, status=401)
+        return await _login_form(request, str(exc), username, 401)
     except ResourceExhausted as exc:
-        return await render(request, "login.html", {"error": str(exc), "username": username}, status=429)
+        return await _login_form(request, str(exc), username, 429)
     except InvalidArgument as exc:
-        return await render(request, "login.html", {"error": str(exc), "username": username}, status=400)
+        return await _login_form(request, str(exc), username, 400)
     response = web.Response(status=303, headers={"Location": "/"})
     max_age = max(1, int((session.expire_time - datetime.now(UTC)).total_seconds()))
     set_session_cookie(response, session.token, secure=console.secure, max_age=max_age)
@@ -264,6 +277,7 @@ async def update_job(request: web.Request) -> web.StreamResponse:
 async def job_detail(request: web.Request) -> web.StreamResponse:
     console = _console(request)
     job = await console.api.control.jobs.get(_uuid(request.match_info["id"]))
+    job = redaction.job_for(request[PRINCIPAL].role, job)
     slots = await console.queries.job_slots(job.id, SLOTS_SHOWN)
     finished = [
         e for e in slots if e.status.finished and e.status not in (ExecutionStatus.SKIPPED, ExecutionStatus.MISSED)
@@ -419,8 +433,11 @@ async def executions(request: web.Request) -> web.StreamResponse:
 @rpc(_V + "ExecutionService/GetExecution")
 async def execution_detail(request: web.Request) -> web.StreamResponse:
     console = _console(request)
-    execution = await console.api.control.executions.get(_uuid(request.match_info["id"]))
-    attempts = await console.queries.run_attempts(execution.run_id)
+    role = request[PRINCIPAL].role
+    execution = redaction.execution_for(role, await console.api.control.executions.get(_uuid(request.match_info["id"])))
+    attempts = [
+        redaction.execution_for(role, attempt) for attempt in await console.queries.run_attempts(execution.run_id)
+    ]
     job = None
     with contextlib.suppress(NotFound):  # deleted meanwhile (its history goes with it)
         job = await console.api.control.jobs.get(execution.job_id)
@@ -481,9 +498,10 @@ async def events(request: web.Request) -> web.StreamResponse:
                             "run_id": event.run_id,
                             "job_id": event.job_id,
                             "attempt": event.attempt,
-                            "handler": event.handler,
-                            "worker_id": event.worker_id,
-                            "error": event.error,
+                            # Shown by the page as text: bidi controls made visible here too.
+                            "handler": visible(event.handler),
+                            "worker_id": visible(event.worker_id),
+                            "error": visible(event.error),
                             "time": event.time.isoformat() if event.time else "",
                         }
                     )

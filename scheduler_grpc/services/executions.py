@@ -8,6 +8,8 @@ from typing import Any, Final
 import grpc
 from scheduler_client.v1 import executions_pb2, executions_pb2_grpc
 
+from scheduler_grpc import redaction
+from scheduler_grpc.auth import current_principal
 from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import EventFilter, SubscriberTooSlow
@@ -20,6 +22,11 @@ Context = grpc.aio.ServicerContext[Any, Any]
 CURSOR_METADATA: Final = "x-scheduler-cursor"
 """Initial metadata of WatchExecutions: where the stream starts (resume from it if no event came)."""
 MAX_JOB_FILTERS: Final = 1000
+
+
+def _shown(execution: Execution) -> executions_pb2.Execution:
+    """`execution` as the caller may read it (result secrets redacted below `redaction.SECRET_READER`)."""
+    return convert.execution_to_proto(redaction.execution_for(current_principal().role, execution))
 
 
 def _basic_execution(execution: Execution) -> executions_pb2.Execution:
@@ -71,7 +78,7 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
         self, request: executions_pb2.GetExecutionRequest, context: Context
     ) -> executions_pb2.GetExecutionResponse:
         execution = await self._control.executions.get(convert.resource_id(request.id))
-        return executions_pb2.GetExecutionResponse(execution=convert.execution_to_proto(execution))
+        return executions_pb2.GetExecutionResponse(execution=_shown(execution))
 
     async def ListExecutions(
         self, request: executions_pb2.ListExecutionsRequest, context: Context
@@ -85,7 +92,7 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
             with_output=not basic,
             flow_run_id=convert.resource_id(request.flow_run_id, "flow_run_id") if request.flow_run_id else None,
         )
-        executions, cut = convert.fill_page(page.executions, _basic_execution if basic else convert.execution_to_proto)
+        executions, cut = convert.fill_page(page.executions, _basic_execution if basic else _shown)
         token = page.token_after(page.executions[len(executions) - 1]) if cut else page.next_page_token
         return executions_pb2.ListExecutionsResponse(executions=executions, next_page_token=token)
 
@@ -93,7 +100,7 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
         self, request: executions_pb2.CancelExecutionRequest, context: Context
     ) -> executions_pb2.CancelExecutionResponse:
         execution = await self._control.cancel_execution(convert.resource_id(request.id))
-        return executions_pb2.CancelExecutionResponse(execution=convert.execution_to_proto(execution))
+        return executions_pb2.CancelExecutionResponse(execution=_shown(execution))
 
     async def GetFlowRun(
         self, request: executions_pb2.GetFlowRunRequest, context: Context
