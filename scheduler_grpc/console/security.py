@@ -221,10 +221,11 @@ class HostPolicy:
         """Whether a request's `Host` header names this console.
 
         IP addresses are always accepted: DNS rebinding needs a name the attacker controls, and a
-        page loaded from an address is that address's own origin.
+        page loaded from an address is that address's own origin. So is a request without `Host`
+        (HTTP/1.0 from a script or a probe): every browser sends one.
         """
         if header is None:
-            return False
+            return True
         parsed = _split_host(header)
         if parsed is None:
             return False
