@@ -388,12 +388,16 @@ async def test_the_server_restarts_on_its_ports_right_after_console_use(roles: R
     env = {"SCHEDULER_HTTP_PORT": str(http_port)}
     first = start_server(roles, grpc_port, **env)
     await wait_for_server(first)
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{http_port}") as http:
+    async with (
+        aiohttp.ClientSession(f"http://127.0.0.1:{http_port}") as http,
+        grpc.aio.insecure_channel(first.target) as channel,
+    ):
         await login(http)
         async with http.get("/jobs") as page:
             assert page.status == 200
-        # The keep-alive connection is still open: the server closes it when it stops, so the
-        # server's side of it waits in TIME_WAIT.
+        assert await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        # Both connections are still open when the server stops: it closes the console's, whose
+        # server side then waits in TIME_WAIT (gRPC core sets SO_REUSEADDR on its own sockets).
         first.server.stop()
         assert first.server.process.returncode == 0
     if sys.platform.startswith("linux"):
