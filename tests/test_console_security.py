@@ -36,8 +36,10 @@ from scheduler_client.v1 import executions_pb2, executions_pb2_grpc, jobs_pb2, j
 from scheduler_grpc import redaction
 from scheduler_grpc.auth import Role
 from scheduler_grpc.connections import redis_client
+from scheduler_grpc.console.limits import connection_limit
 from scheduler_grpc.console.security import CSP, HostPolicy, csrf_token, safe_next, visible
 from scheduler_grpc.errors import ConfigError
+from scheduler_grpc.events import EventType, ExecutionEvent, publish
 from scheduler_grpc.jobs import JobSpec
 from scheduler_grpc.server import preflight, serve
 from tests.api_helpers import free_port, start_server, wait_for_server
@@ -210,6 +212,14 @@ async def test_past_the_connection_limit_the_longest_waiting_connection_makes_ro
         finally:
             for _, writer in idle:
                 writer.close()
+
+
+def test_the_connection_limit_keeps_to_a_quarter_of_the_descriptors() -> None:
+    assert connection_limit(1000, soft=1024) == 256
+    assert connection_limit(1000, soft=20_000) == 1000
+    assert connection_limit(100, soft=20_000) == 100
+    assert connection_limit(1000, soft=40) == 16  # never below MIN_CONNECTIONS
+    assert connection_limit(1000, soft=resource.RLIM_INFINITY) == 1000
 
 
 # Opens `count` connections to the console, each sending a partial request line, and holds them.
@@ -511,6 +521,24 @@ async def test_the_event_stream_carries_the_security_headers(console: Console) -
             assert stream.headers["X-Content-Type-Options"] == "nosniff"
             assert stream.headers["X-Frame-Options"] == "DENY"
             assert stream.headers["Cache-Control"] == "no-store"
+
+
+async def test_the_event_stream_shows_bidi_controls_escaped(console: Console, redis: Redis) -> None:
+    job = await console.server.api.control.create_job(JobSpec(name="bidi-events", handler="test.echo"))
+    async with console.client() as http:
+        await login(http)
+        async with http.get(f"/events?job={job.id}", timeout=aiohttp.ClientTimeout(total=20)) as stream:
+            assert b"event: hello" in await stream.content.readuntil(b"\n\n")
+            # What a worker publishes when a handler fails with a message it does not control.
+            failed = ExecutionEvent(
+                EventType.FAILED, str(uuid.uuid4()), str(uuid.uuid4()), job.id, 1,
+                handler="test.echo", worker_id="w\u202e1", error="upstream said: txt.\u202eexe",
+            )  # fmt: skip
+            await publish(redis, [failed])
+            data = await stream.content.readuntil(b"\n\n")
+    text = data.decode()
+    assert "\u202e" not in text
+    assert "txt.\\\\u202Eexe" in text  # JSON of the six characters backslash-u-2-0-2-E
 
 
 # -- secrets -------------------------------------------------------------------------------------

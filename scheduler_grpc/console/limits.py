@@ -33,9 +33,11 @@ FD_SHARE: Final = 4
 MIN_CONNECTIONS: Final = 16
 
 
-def connection_limit(configured: int) -> int:
-    """`configured`, lowered to a quarter of this process's soft RLIMIT_NOFILE (at least MIN_CONNECTIONS)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+def connection_limit(configured: int, soft: int | None = None) -> int:
+    """`configured`, lowered to a quarter of the soft RLIMIT_NOFILE `soft` (default: this process's),
+    at least MIN_CONNECTIONS."""
+    if soft is None:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return configured
     return max(MIN_CONNECTIONS, min(configured, soft // FD_SHARE))
