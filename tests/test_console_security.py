@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import resource
+import socket
 import subprocess
 import sys
 import time
@@ -106,6 +107,20 @@ async def test_configured_host_names_are_accepted(redis_url: str, database_url: 
         c.client() as http,
     ):
         for host, status in [("console.example.com", 200), ("a.corp.example", 200), ("corp.example.evil", 421)]:
+            async with http.get("/login", headers={"Host": host}) as reply:
+                assert reply.status == status, host
+
+
+async def test_a_console_on_every_interface_answers_to_this_machines_name(
+    redis_url: str, database_url: str, pool: asyncpg.Pool
+) -> None:
+    async with (
+        running(
+            redis_url, database_url, pool, SCHEDULER_HTTP_HOST="0.0.0.0", SCHEDULER_ADMIN_PASSWORD="a-real-password-1"
+        ) as c,
+        c.client() as http,
+    ):
+        for host, status in [(socket.gethostname(), 200), ("127.0.0.1", 200), ("evil.example", 421)]:
             async with http.get("/login", headers={"Host": host}) as reply:
                 assert reply.status == status, host
 

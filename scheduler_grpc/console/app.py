@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 DEV_HOST: Final = "127.0.0.1"
 _PUBLIC: Final = ("/login", "/static/", "/healthz")
+MACHINE_NAMES_TIMEOUT: Final = 2.0
 
 
 async def _error(request: web.Request, status: int, message: str) -> web.StreamResponse:
@@ -305,7 +306,15 @@ async def serve_console(settings: Settings, api: Api, redis: Redis, pool: Pool) 
         secure=context is not None or settings.http_tls_proxy,
         templates=environment(),
     )
-    hosts = security.HostPolicy.build(host, settings.http_allowed_hosts, machine_names=security.machine_names())
+    machine: list[str] = []
+    if security.is_wildcard(host):
+        # getfqdn may ask DNS: off the loop, bounded (without an answer, the host name alone).
+        try:
+            async with asyncio.timeout(MACHINE_NAMES_TIMEOUT):
+                machine = await asyncio.to_thread(security.machine_names)
+        except TimeoutError:
+            machine = [socket.gethostname()]
+    hosts = security.HostPolicy.build(host, settings.http_allowed_hosts, machine_names=machine)
 
     def protocol() -> asyncio.Protocol:
         """aiohttp's protocol for one connection (the runner is set up before anything connects)."""

@@ -167,6 +167,11 @@ def _split_host(value: str) -> tuple[str, int | None] | None:
     return (host, int(port_text) if port_text else None) if host else None
 
 
+def is_wildcard(bind_host: str) -> bool:
+    """Whether `bind_host` is a wildcard address (every interface of this machine)."""
+    return bind_host.strip().strip("[]") in _WILDCARD_BINDS
+
+
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -197,7 +202,7 @@ class HostPolicy:
         names = set(_LOOPBACK_NAMES)
         suffixes = [".localhost"]  # RFC 6761: always loopback; browsers resolve it themselves
         bind = bind_host.strip().strip("[]").lower().rstrip(".")
-        if bind in _WILDCARD_BINDS or bind == "::":
+        if is_wildcard(bind):
             names.update(name.lower().rstrip(".") for name in machine_names if name)
         elif not _is_ip(bind):
             names.add(bind)
