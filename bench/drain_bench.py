@@ -47,9 +47,10 @@ from floors import (  # noqa: E402
 
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.control import Control  # noqa: E402
+from scheduler_grpc.db.executions import ExecutionRepository  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
-from scheduler_grpc.dispatch import enqueue_runs  # noqa: E402
+from scheduler_grpc.dispatch import Queues, enqueue_runs  # noqa: E402
 from scheduler_grpc.executions import Trigger  # noqa: E402
 from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
 from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
@@ -70,12 +71,13 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
     print(f"floors: {figures}", file=sys.stderr)
     registry = default_registry(HandlerSettings())
     control = Control(redis, pool, registry)
+    queues = Queues(redis)  # the bench enqueues its runs itself (no events)
     job = await control.create_job(JobSpec(name="drain", handler="test.echo", retry=RetryPolicy(max_retries=0)))
     base = datetime(2020, 1, 1, tzinfo=UTC)
     for start in range(0, args.runs, BATCH):
         slots = [base + timedelta(microseconds=i) for i in range(start, min(start + BATCH, args.runs))]
-        runs = await control.executions.trigger(job.id, Trigger.BACKFILL, slots)
-        await enqueue_runs(control.queues, runs)
+        runs = await ExecutionRepository(pool).trigger(job.id, Trigger.BACKFILL, slots)
+        await enqueue_runs(queues, runs)
     print(f"queued {args.runs} runs", file=sys.stderr)
     vpid, ppid = await valkey_pid(redis), await postgres_pid(pool)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},

@@ -143,7 +143,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
         if edit % 4 == 0:
             a, b = b, a  # b would depend on a later job: a cycle whenever a path b -> ... -> a exists
         job, upstream = str(ids[b]), str(ids[a])
-        current = await control.jobs.get(job)
+        current = await control.get_job(job)
         given = (*current.depends_on, upstream)
         began = time.perf_counter()
         async with pool.acquire() as conn, conn.transaction():

@@ -28,9 +28,10 @@ from benchlib import servers  # noqa: E402
 
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.control import Control  # noqa: E402
+from scheduler_grpc.db.executions import ExecutionRepository  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
-from scheduler_grpc.dispatch import enqueue_runs  # noqa: E402
+from scheduler_grpc.dispatch import Queues, enqueue_runs  # noqa: E402
 from scheduler_grpc.executions import Trigger  # noqa: E402
 from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
 from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
@@ -85,13 +86,14 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
     await redis.flushdb()
     registry = default_registry(HandlerSettings())
     control = Control(redis, pool, registry)
+    queues = Queues(redis)  # the bench enqueues its runs itself (no events)
     job = await control.create_job(JobSpec(name="noop", handler="test.echo", retry=RetryPolicy(max_retries=0)))
     base = datetime(2020, 1, 1, tzinfo=UTC)
     queued_at = time.perf_counter()
     for start in range(0, args.runs, BATCH):
         slots = [base + timedelta(microseconds=i) for i in range(start, min(start + BATCH, args.runs))]
-        runs = await control.executions.trigger(job.id, Trigger.BACKFILL, slots)
-        await enqueue_runs(control.queues, runs)
+        runs = await ExecutionRepository(pool).trigger(job.id, Trigger.BACKFILL, slots)
+        await enqueue_runs(queues, runs)
     print(f"queued {args.runs} runs in {time.perf_counter() - queued_at:.1f}s")
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
            "SCHEDULER_METRICS_PORT": "0"}  # fmt: skip

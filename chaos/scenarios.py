@@ -362,8 +362,9 @@ async def poison(stage: Stage) -> None:
 
 
 async def handler_kills_worker(stage: Stage) -> None:
-    """A handler that SIGKILLs its worker: dead-lettered as stalled after MAX_STALLS; the workers
-    it killed are restarted by the suite (by design) and everything else keeps flowing."""
+    """A handler that SIGKILLs its worker: dead-lettered as stalled at its second solo stall
+    (MAX_STALLS + 1 deaths, the last two alone on a worker, `SCHEDULER_SOLO_RETRY_DELAY` apart); the
+    workers it killed are restarted by the suite (by design) and everything else keeps flowing."""
     stage.may_die = ("worker",)
     crash = await stage.control.create_job(JobSpec(name="crash", handler="test.crash"))
     run = (await stage.control.trigger_job(crash.id))[0]
@@ -637,7 +638,7 @@ async def poison_outputs(stage: Stage) -> None:
         down = nodes.get("flow-down")
         error = ""
         if down is not None and down.execution_id is not None:
-            error = (await stage.control.executions.get(down.execution_id)).error or ""
+            error = (await stage.control.get_execution(down.execution_id)).error or ""
         stage.note(f"flow {flow.state}: flow-up {nodes['flow-up'].state}, flow-down "
                    f"{down.state if down else '-'}: {error[:100]}")  # fmt: skip
         if nodes["flow-up"].state != "succeeded" or down is None or down.state != "dead":
@@ -909,7 +910,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("pg-immediate", postgres_immediate, budget=60, description="PG immediate stop 5 s"),
     Scenario("pg-sigstop", postgres_sigstop, budget=60, description="SIGSTOP PG and its backends 10 s"),
     Scenario("poison", poison, budget=60, description="always-failing and always-hanging jobs"),
-    Scenario("handler-kills-worker", handler_kills_worker, env={**FAST_WORKERS, "SCHEDULER_MAX_STALLS": "2"},
+    Scenario("handler-kills-worker", handler_kills_worker,
+             env={**FAST_WORKERS, "SCHEDULER_MAX_STALLS": "2", "SCHEDULER_SOLO_RETRY_DELAY": "5s"},
              budget=90, description="test.crash SIGKILLs its worker"),
     Scenario("cancel-reconnect", cancel_while_reconnecting, budget=60,
              description="cancel a running run while its worker resubscribes"),

@@ -5,6 +5,13 @@
   the session; `Logout` deletes it. Sessions exist only in Redis: unlike the queue, they are not
   rebuilt from PostgreSQL, so a Redis that loses its data (FLUSHALL, a restart without
   persistence) ends every session and users log in again. API keys are unaffected.
+* Changes to a user take effect on its live sessions at once: each user has an index of its
+  sessions in Redis (`AuthKeys.user_sessions`), and a change of role rewrites the role held by each
+  of them, while disabling or deleting the user (or resetting its password) ends them (a password
+  reset keeps the session that made it). The per-call cost is unchanged (one GET of the session).
+  Each session remembers the user's `version` it holds, and only older sessions are rewritten, so
+  concurrent changes cannot leave a session with a superseded role; a login that raced a change
+  reads the user again once its session is indexed, and adopts the change or ends that session.
 * API keys: random secrets shown once; PostgreSQL keeps only their SHA-256.
 * Tokens carry a kind prefix (`st_` session, `sk_` API key) so a call is checked against one store,
   and secret scanners can recognise leaked keys.
@@ -28,8 +35,9 @@
   key) at most once per `PRINCIPAL_CACHE_TTL` per server process: a bounded in-process LRU of token
   hash -> principal (`PRINCIPAL_CACHE_SIZE` entries) answers the rest. The trade: a session ended or
   an API key revoked **on another server process** (or a session expiring, or deleted from Redis by
-  hand) is still accepted by this one for up to `PRINCIPAL_CACHE_TTL`; `Logout` and `RevokeApiKey`
-  drop the entry at once in the process that served them. Failures are never cached. An API key's
+  hand, or a user changed elsewhere) is still accepted as it was by this one for up to
+  `PRINCIPAL_CACHE_TTL`; `Logout`, `RevokeApiKey` and a change to a user drop the entries at once
+  in the process that served them. Failures are never cached. An API key's
   `last_used_at` is refreshed only when the key is looked up, so at most once per TTL per process.
 """
 
@@ -58,7 +66,8 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from scheduler_grpc import scripts
-from scheduler_grpc.db.api_keys import ApiKeyRecord, ApiKeyRepository
+from scheduler_grpc.db.api_keys import ApiKeyPage, ApiKeyRepository
+from scheduler_grpc.db.api_keys import ApiKeyRecord as ApiKeyRecord  # noqa: PLC0414 - re-exported: what key reads return
 from scheduler_grpc.db.users import User, UserRepository
 from scheduler_grpc.errors import ConfigError, InvalidArgument, SchedulerError
 from scheduler_grpc.keys import AuthKeys
@@ -93,6 +102,11 @@ MAX_PASSWORD_LENGTH: Final = 1024
 USERNAME: Final = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 DEV_ADMIN_PASSWORD: Final = "admin123"
 MIN_PRODUCTION_PASSWORD_LENGTH: Final = 12
+# A user whose sessions number more than this in its index has the index pruned of expired ones
+# on its next login (the index expires with the newest session; this bounds it in between).
+MAX_INDEXED_SESSIONS: Final = 256
+# Session keys per call of the re-scoping script (a user may have many sessions).
+SESSIONS_PER_SCRIPT: Final = 500
 _INVALID_CREDENTIALS: Final = "invalid username or password"
 # The per-process cache of authenticated tokens (see the module docstring for what it trades).
 # A few seconds: long enough that a busy client's calls skip the store lookup (which cost about a
@@ -176,6 +190,15 @@ METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "/scheduler.v1.ClusterService/ListWorkers": _V,
     "/scheduler.v1.ClusterService/GetSchedulerStatus": _V,
     "/scheduler.v1.ClusterService/ListHandlers": _V,
+    # Users: admins only, reading included (a list of who may log in helps an attacker choose).
+    "/scheduler.v1.UserService/CreateUser": _A,
+    "/scheduler.v1.UserService/GetUser": _A,
+    "/scheduler.v1.UserService/ListUsers": _A,
+    "/scheduler.v1.UserService/UpdateUser": _A,
+    "/scheduler.v1.UserService/DeleteUser": _A,
+    "/scheduler.v1.UserService/DisableUser": _A,
+    "/scheduler.v1.UserService/EnableUser": _A,
+    "/scheduler.v1.UserService/ResetUserPassword": _A,
 }
 
 
@@ -351,6 +374,7 @@ class Authenticator:
         self._dummy_hash: str | None = None
         self._reserve: AsyncScript = redis.register_script(scripts.source("login_reserve"))
         self._release: AsyncScript = redis.register_script(scripts.source("login_release"))
+        self._sessions: AsyncScript = redis.register_script(scripts.source("auth_sessions"))
         self._cache_ttl = cache_ttl.total_seconds()
         self._cache_size = cache_size
         # token hash -> (monotonic time the entry stops being trusted, principal); oldest use first.
@@ -387,9 +411,14 @@ class Authenticator:
         existing = await self._users.get_by_username(username)
         if existing is not None and await self._verify(existing.password_hash, password):
             if existing.role != Role.ADMIN.value or existing.disabled:
-                await self._users.set_role(existing.id, Role.ADMIN.value)
+                promoted = await self._users.set_role(existing.id, Role.ADMIN.value)
+                await self.rescope_sessions(promoted)
+                return promoted
             return existing
-        return await self._users.upsert(username, await self.hash_password(password), Role.ADMIN.value)
+        user = await self._users.upsert(username, await self.hash_password(password), Role.ADMIN.value)
+        if existing is not None:  # a new password from the environment: the old one's sessions end
+            await self.end_sessions(user.id, user.version)
+        return user
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -437,9 +466,33 @@ class Authenticator:
                 log.info("login failed", extra={"username": username[:64], "peer": address})
                 raise Unauthenticated(_INVALID_CREDENTIALS)
             await self._release_attempt(keys, username, address, succeeded=True)
+        verified = {user.password_hash}
         if self._hasher.check_needs_rehash(user.password_hash):
-            await self._users.set_password_hash(user.id, await self.hash_password(password))
-        return await self.open_session(user)
+            rehash = await self.hash_password(password)
+            await self._users.set_password_hash(user.id, rehash)
+            verified.add(rehash)
+        session = await self.open_session(user)
+        return await self._settle(session, user, verified)
+
+    async def _settle(self, session: Session, user: User, verified: set[str]) -> Session:
+        """`session` as the user now stands, read again once the session is in the user's index.
+
+        A change made while the password was being checked re-scoped the sessions indexed before it
+        (not this one, maybe): a change that came later than that read is seen here and applied.
+
+        Raises:
+            Unauthenticated: the user was meanwhile disabled or deleted, or its password reset.
+        """
+        fresh = await self._users.find(user.id)
+        if fresh is not None and fresh.version == user.version:
+            return session
+        digest = hash_token(session.token)
+        if fresh is None or fresh.disabled or fresh.password_hash not in verified:
+            async with asyncio.timeout(self._timeout):
+                await self._redis.delete(self._keys.session(digest))
+            raise Unauthenticated(_INVALID_CREDENTIALS)
+        await self._run_sessions(fresh.id, [digest.hex()], "role", fresh.version, role=fresh.role)
+        return Session(session.token, session.expire_time, Role(fresh.role))
 
     async def _reserve_attempt(self, keys: list[str], username: str, address: str) -> None:
         """Count the attempt as a failure before its password is checked, or refuse it."""
@@ -468,11 +521,72 @@ class Authenticator:
     async def open_session(self, user: User) -> Session:
         """A new session for `user` (after its password was checked)."""
         token = SESSION_PREFIX + secrets.token_urlsafe(32)
-        value = orjson.dumps({"user_id": user.id, "username": user.username, "role": user.role})
+        digest = hash_token(token)
+        value = orjson.dumps({"user_id": user.id, "username": user.username, "role": user.role, "v": user.version})
         ttl_ms = int(self._session_ttl.total_seconds() * 1000)
+        index = self._keys.user_sessions(user.id)
         async with asyncio.timeout(self._timeout):
-            await self._redis.set(self._keys.session(hash_token(token)), value, px=ttl_ms)
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(self._keys.session(digest), value, px=ttl_ms)
+                pipe.sadd(index, digest.hex())
+                # Every session lasts the same: the index outlives each one by living as long as the newest.
+                pipe.pexpire(index, ttl_ms)
+                pipe.scard(index)
+                indexed = (await pipe.execute())[-1]
+        if int(indexed) > MAX_INDEXED_SESSIONS:
+            await self._run_sessions(user.id, await self._indexed(user.id), "prune", 0)
         return Session(token, datetime.now(UTC) + self._session_ttl, Role(user.role))
+
+    # -- a user's sessions after a change -------------------------------------------------------
+
+    async def rescope_sessions(self, user: User) -> int:
+        """Give every live session of `user` its current role (at once: in this process's cache too).
+
+        Returns:
+            How many sessions were re-scoped (those already at `user.version` are not counted).
+        """
+        return await self._run_sessions(user.id, await self._indexed(user.id), "role", user.version, role=user.role)
+
+    async def end_sessions(self, user_id: str, version: int, *, keep: Principal | None = None) -> int:
+        """End every session of a user older than `version` (the user's version after the change),
+        except `keep`'s (the caller's own session, after it reset its own password).
+
+        Returns:
+            How many sessions were ended.
+        """
+        kept = self._keys.session(keep.token_hash) if keep is not None and keep.kind == "session" else ""
+        return await self._run_sessions(user_id, await self._indexed(user_id), "end", version, keep=kept)
+
+    async def _indexed(self, user_id: str) -> list[str]:
+        async with asyncio.timeout(self._timeout):
+            members = await self._redis.smembers(self._keys.user_sessions(user_id))
+        return sorted(scripts.text(member) for member in members)
+
+    async def _run_sessions(
+        self, user_id: str, members: list[str], mode: str, version: int, *, role: str = "", keep: str = ""
+    ) -> int:
+        """`auth_sessions.lua` over `members` (in bounded batches), then forget the user's cached
+        principals in this process, so its next call here reads the session as it now is."""
+        changed = 0
+        index = self._keys.user_sessions(user_id)
+        for start in range(0, len(members), SESSIONS_PER_SCRIPT):
+            batch = members[start : start + SESSIONS_PER_SCRIPT]
+            keys = [index, *(self._keys.session(bytes.fromhex(member)) for member in batch if _is_hex(member))]
+            async with asyncio.timeout(self._timeout):
+                changed += int(await self._sessions(keys=keys, args=[mode, version, role, keep]))
+        if mode != "prune":
+            self._forget_user(user_id)
+        return changed
+
+    def _forget_user(self, user_id: str) -> None:
+        """Drop this process's cached principals of the user's sessions (O(cache size): admin actions only)."""
+        stale = [
+            digest
+            for digest, (_, principal) in self._cache.items()
+            if principal.kind == "session" and principal.subject_id == user_id
+        ]
+        for digest in stale:
+            del self._cache[digest]
 
     async def logout(self, principal: Principal) -> None:
         """End the caller's session at once.
@@ -485,6 +599,14 @@ class Authenticator:
         self._cache.pop(principal.token_hash, None)
         async with asyncio.timeout(self._timeout):
             await self._redis.delete(self._keys.session(principal.token_hash))
+
+    async def list_api_keys(self, page_size: int, page_token: str) -> ApiKeyPage:
+        """A page of API keys, newest first (`next_page_token` resumes after it).
+
+        Raises:
+            InvalidArgument: `page_size` out of range or a malformed `page_token`.
+        """
+        return await self.api_keys.list_page(page_size, page_token)
 
     async def revoke_api_key(self, key_id: str) -> ApiKeyRecord:
         """Revoke an API key at once (in this process; elsewhere within `PRINCIPAL_CACHE_TTL`).
@@ -563,6 +685,14 @@ class Authenticator:
             expires_at=expires_at,
         )
         return NewApiKey(record, secret)
+
+
+def _is_hex(value: str) -> bool:
+    """Whether an index member is a token hash (anything else in the set is ignored)."""
+    try:
+        return len(bytes.fromhex(value)) == hashlib.sha256().digest_size
+    except ValueError:
+        return False
 
 
 def admin_password(

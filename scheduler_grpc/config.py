@@ -111,6 +111,13 @@ def _networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network,
         raise ValueError(f"expected comma-separated CIDRs: {exc}") from None
 
 
+def _parse_metrics_base(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise ValueError("must be a port number between 1 and 65535")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -272,9 +279,17 @@ SETTINGS: tuple[Setting, ...] = (
         "SCHEDULER_MAX_STALLS",
         _parse_positive_int,
         "3",
-        "Expired leases an item may suffer before it is dead-lettered as stalled; the last of them is a solo "
-        "delivery, alone on an idle worker, so runs that only shared a dying worker are never parked for it "
-        "(1: the first stall parks the run).",
+        "Expired leases after which a run's deliveries are solo (alone on an idle worker); it is dead-lettered "
+        "as stalled at its second solo stall (so after this many plus one), and runs that only shared a dying "
+        "worker are never parked for it (1: the first stall parks the run).",
+    ),
+    Setting(
+        "solo_retry_delay",
+        "SCHEDULER_SOLO_RETRY_DELAY",
+        parse_duration,
+        "30s",
+        "How long a run whose solo delivery stalled waits before its last solo delivery: longer than a burst "
+        "of outside kills (a rolling deploy), so only a run that kills its worker twice, that far apart, is parked.",
     ),
     Setting(
         "worker_concurrency",
@@ -348,7 +363,15 @@ SETTINGS: tuple[Setting, ...] = (
         _parse_port,
         None,
         "Port of this process's /metrics (0: any free port). Unset: server 9090, scheduler 9091, "
-        "worker 9100; under `up`, schedulers 9091+i and workers 9100+i.",
+        "worker 9100; under `up`, from `SCHEDULER_METRICS_BASE`.",
+    ),
+    Setting(
+        "metrics_base",
+        "SCHEDULER_METRICS_BASE",
+        _parse_metrics_base,
+        "9090",
+        "`up` only: /metrics port of its server; scheduler i listens on base+i, worker i on base+9+i "
+        "(`SCHEDULER_METRICS_BASE=19090 make run` moves them all off 9090-9102).",
     ),
     Setting(
         "metrics_host",
@@ -503,6 +526,7 @@ class Settings:
     fire_ahead: timedelta
     visibility_timeout: timedelta
     max_stalls: int
+    solo_retry_delay: timedelta
     worker_concurrency: int
     shutdown_grace: timedelta
     worker_reserve_ahead: timedelta
@@ -513,6 +537,7 @@ class Settings:
     breaker_failure_ratio: float
     breaker_reset_timeout: timedelta
     metrics_port: int | None
+    metrics_base: int
     metrics_host: str
     shell_enabled: bool
     grpc_host: str | None

@@ -15,10 +15,8 @@ from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from scheduler_grpc import stores
 from scheduler_grpc.config import Settings
 from scheduler_grpc.db.migrate import migrate
 from scheduler_grpc.db.pool import Pool, create_pool
@@ -60,7 +58,7 @@ def redis_client(url: str, connect_timeout: timedelta = timedelta(seconds=5)) ->
         health_check_interval=30,
         max_connections=256,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        retry_on_error=list(stores.REDIS_RETRYABLE),
     )
 
 
@@ -75,7 +73,9 @@ async def open_redis(url: str, settings: Settings) -> aioredis.Redis:
     try:
         async with asyncio.timeout(seconds * 2):
             await client.ping()
-    except (RedisError, OSError, TimeoutError) as exc:
+    except Exception as exc:
+        if not (stores.is_fault(exc) or stores.store_of(exc) == "redis"):
+            raise  # not Redis answering (or failing to): a bug
         await client.aclose()
         parts = urlsplit(url)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

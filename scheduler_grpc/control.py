@@ -12,22 +12,29 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 
 from scheduler_grpc import events, flowrun, metrics
-from scheduler_grpc.db.executions import ExecutionRepository, Queued, TriggerOutcome, TriggerResult
+from scheduler_grpc.db.console import ConsoleQueries, ExecutionRow, JobRow, Overview
+from scheduler_grpc.db.executions import ExecutionPage, ExecutionRepository, Queued, TriggerOutcome, TriggerResult
 from scheduler_grpc.db.flows import FlowRepository
-from scheduler_grpc.db.jobs import JobRepository
+from scheduler_grpc.db.jobs import JobPage, JobRepository
 from scheduler_grpc.db.pool import Pool
 from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_committed
 from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
-from scheduler_grpc.executions import Execution, Trigger
+from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
 from scheduler_grpc.flows import FlowRun
 from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
-from scheduler_grpc.queue import MAX_BATCH
+from scheduler_grpc.queue import MAX_BATCH, DeadPage, Queue, QueueStats
+from scheduler_grpc.queue import DeadItem as DeadItem  # noqa: PLC0414 - re-exported: what dead-letter pages hold
+from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.schedule import CronSchedule, FireTime, fire_times
 from scheduler_grpc.trigger_batch import TriggerBatcher
+
+if TYPE_CHECKING:
+    from scheduler_grpc.control_users import UserAdmin
 
 MAX_REQUEST_ID_LENGTH = 128
 MAX_BACKFILL_SLOTS = 1000
@@ -35,6 +42,7 @@ MAX_BACKFILL_SLOTS = 1000
 # between, the merge is redone on the new version ("last writer wins", not ABORTED).
 UPDATE_ATTEMPTS = 3
 DEFAULT_MISFIRE_GRACE = timedelta(seconds=60)  # SCHEDULER_MISFIRE_GRACE's default
+DEFAULT_READ_TIMEOUT = timedelta(seconds=5)  # the console's list and overview reads
 # Queue objects kept for the queue names requests mention (a few KB each; any valid name is asked).
 QUEUE_CACHE_SIZE = 512
 
@@ -85,10 +93,12 @@ async def preview_fire_times(schedule: CronSchedule, start: datetime, count: int
             for fire in itertools.islice(fire_times(schedule, start), count):
                 fires.append(fire)
         except (OverflowError, ValueError):
-            # datetime ends at 9999-12-31: a walk that runs past it (or starts at its edges) stops.
-            if not fires:
-                raise InvalidArgument("start_time", "no fire time between start_time and year 9999") from None
-            raise InvalidArgument("count", f"only {len(fires)} fire times before year 9999; ask for fewer") from None
+            pass  # datetime ends at 9999-12-31: a walk that runs past it (or starts at its edges) stops
+        # The walk ends (or overflows) only where datetime ends, at 9999-12-31.
+        if not fires:
+            raise InvalidArgument("start_time", "no fire time between start_time and year 9999")
+        if len(fires) < count:
+            raise InvalidArgument("count", f"only {len(fires)} fire times before year 9999; ask for fewer")
         return fires
 
     # Up to 1000 cron steps: CPU work kept off the event loop.
@@ -105,16 +115,33 @@ class Control:
         handlers: PayloadValidator,
         *,
         misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE,
+        users: UserAdmin | None = None,
+        read_timeout: timedelta = DEFAULT_READ_TIMEOUT,
     ) -> None:
         self._redis = redis
+        self._users = users
         self._misfire_grace = misfire_grace
         self._pool = pool
         self._handlers = handlers
-        self.jobs = JobRepository(pool)
-        self.executions = ExecutionRepository(pool)
-        self.flows = FlowRepository(pool)
-        self.queues = Queues(redis, capacity=QUEUE_CACHE_SIZE)
-        self._triggers = TriggerBatcher(self.executions, self._dispatch)
+        # Private: callers (the servicers, the console, embedding programs) go through the methods
+        # below, so every rule about jobs and runs is kept here (`tests/test_layout.py`).
+        self._jobs = JobRepository(pool)
+        self._executions = ExecutionRepository(pool)
+        self._flows = FlowRepository(pool)
+        self._reads = ConsoleQueries(pool, timeout=read_timeout)
+        self._queues = Queues(redis, capacity=QUEUE_CACHE_SIZE)
+        self._triggers = TriggerBatcher(self._executions, self._dispatch)
+
+    @property
+    def users(self) -> UserAdmin:
+        """User management (`control_users`): the server process passes it in.
+
+        Raises:
+            FailedPrecondition: this Control was built without it (a process that serves no users).
+        """
+        if self._users is None:
+            raise FailedPrecondition("user management is not available in this process")
+        return self._users
 
     async def create_job(self, spec: JobSpec, *, request_id: str | None = None) -> Job:
         """Validate and store a job; the same `request_id` returns the same job."""
@@ -123,13 +150,13 @@ class Control:
         now = datetime.now(UTC)
         self._check_run_at(spec, now)
         next_run = spec.first_run_time(now) if spec.status is JobStatus.ACTIVE else None
-        job = await self.jobs.create(spec, next_run, request_id)
+        job = await self._jobs.create(spec, next_run, request_id)
         metrics.JOBS_CREATED.inc()
         return job
 
     async def update_job(self, job_id: str, spec: JobSpec, expected_version: int | None = None) -> Job:
         """Replace a job's definition (optimistic concurrency on `expected_version` when given)."""
-        current = await self.jobs.get(job_id)
+        current = await self._jobs.get(job_id)
         spec = validate_job(spec, self._handlers)
         schedule_changed = (spec.schedule_kind, spec.cron, spec.time_zone, spec.run_at, spec.dst_gap_policy,
                             spec.dst_fold_policy, spec.status) != (
@@ -141,7 +168,7 @@ class Control:
         if schedule_changed:
             next_run = spec.first_run_time(datetime.now(UTC)) if spec.status is JobStatus.ACTIVE else None
         version = current.version if expected_version is None else expected_version
-        job = await self.jobs.update(job_id, spec, next_run, version)
+        job = await self._jobs.update(job_id, spec, next_run, version)
         metrics.JOBS_UPDATED.inc()
         return job
 
@@ -157,7 +184,7 @@ class Control:
             NotFound: no such job.
         """
         for attempt in range(1, UPDATE_ATTEMPTS + 1):
-            current = await self.jobs.get(job_id)
+            current = await self._jobs.get(job_id)
             if expected_version is not None and current.version != expected_version:
                 raise Aborted(f"etag: job changed meanwhile (now {current.etag}); read it again and retry")
             try:
@@ -184,15 +211,15 @@ class Control:
             )
 
     async def pause_job(self, job_id: str) -> Job:
-        job = await self.jobs.set_status(job_id, JobStatus.PAUSED, None)
+        job = await self._jobs.set_status(job_id, JobStatus.PAUSED, None)
         metrics.JOBS_UPDATED.inc()
         return job
 
     async def resume_job(self, job_id: str) -> Job:
         """Resume from now: slots passed while paused are not caught up."""
-        job = await self.jobs.get(job_id)
+        job = await self._jobs.get(job_id)
         next_run = replace(job, status=JobStatus.ACTIVE).first_run_time(datetime.now(UTC))
-        job = await self.jobs.set_status(job_id, JobStatus.ACTIVE, next_run)
+        job = await self._jobs.set_status(job_id, JobStatus.ACTIVE, next_run)
         metrics.JOBS_UPDATED.inc()
         return job
 
@@ -204,7 +231,7 @@ class Control:
             FailedPrecondition: other jobs depend on it and `detach_dependents` is not set (with it,
                 they simply lose that upstream).
         """
-        await self.jobs.delete(job_id, detach_dependents=detach_dependents)
+        await self._jobs.delete(job_id, detach_dependents=detach_dependents)
         metrics.JOBS_DELETED.inc()
 
     async def trigger_job(self, job_id: str, *, request_id: str | None = None) -> list[Queued]:
@@ -255,7 +282,7 @@ class Control:
             raise InvalidArgument("end_time", "must not be in the future")
         if end <= start:
             raise InvalidArgument("end_time", "must be after start_time")
-        job = await self.jobs.get(job_id)
+        job = await self._jobs.get(job_id)
         schedule = job.cron_schedule
         if schedule is None:
             raise FailedPrecondition("id: only cron jobs can be backfilled")
@@ -269,38 +296,38 @@ class Control:
                 "end_time", f"the range holds more than {MAX_BACKFILL_SLOTS} slots; backfill it in smaller ranges"
             )
         runs = await self.backfill_job(job.id, slots)
-        return await self.executions.get_many([run.run_id for run in runs])
+        return await self._executions.get_many([run.run_id for run in runs])
 
     async def backfill_job(self, job_id: str, slots: Sequence[datetime]) -> list[Queued]:
         """One run per past slot (idempotent per slot), trigger `backfill`."""
-        job = await self.jobs.get(job_id)
+        job = await self._jobs.get(job_id)
         if job.schedule_kind.value != "cron":
             raise FailedPrecondition("job: only cron jobs can be backfilled")
-        runs = await self.executions.trigger(job.id, Trigger.BACKFILL, list(slots))
+        runs = await self._executions.trigger(job.id, Trigger.BACKFILL, list(slots))
         await self._dispatch(runs)
         return runs
 
     async def requeue_dead_runs(self, queue: str, run_ids: Sequence[str] | None) -> list[Queued]:
         """Give dead runs a new attempt and move them from the dead-letter queue back to ready
         (None: every dead run of `queue`; items that are not runs, no UUID id, stay)."""
+        target = self._queue(queue)  # validated before anything is written
         if run_ids is not None:
-            return await self._requeue_dead(queue, run_ids)
+            return await self._requeue_dead(target, run_ids)
         requeued: list[Queued] = []
         token: str | None = None
-        target = self.queues.get(queue)
         while True:
             # Page through the dead set once (the page order is stable while items leave it), so
             # runs PostgreSQL refuses to requeue cannot keep the loop going.
             page = await target.list_dead(MAX_BATCH, token)
-            requeued += await self._requeue_dead(queue, [item.id for item in page.items if _is_uuid(item.id)])
+            requeued += await self._requeue_dead(target, [item.id for item in page.items if _is_uuid(item.id)])
             if page.next_page_token is None:
                 return requeued
             token = page.next_page_token
 
-    async def _requeue_dead(self, queue: str, run_ids: Sequence[str]) -> list[Queued]:
-        runs = await self.executions.requeue_runs(run_ids)
+    async def _requeue_dead(self, target: Queue, run_ids: Sequence[str]) -> list[Queued]:
+        runs = await self._executions.requeue_runs(run_ids)
         if runs:
-            await self.queues.get(queue).requeue_dead([run.run_id for run in runs])
+            await target.requeue_dead([run.run_id for run in runs])
         return runs
 
     async def purge_dead_runs(self, queue: str, run_ids: Sequence[str] | None) -> list[str]:
@@ -313,9 +340,9 @@ class Control:
         Returns:
             The ids purged from Redis.
         """
-        target = self.queues.get(queue)
+        target = self._queue(queue)
         if run_ids is not None:
-            await self.executions.mark_dead_letters_purged([i for i in run_ids if _is_uuid(i)])
+            await self._executions.mark_dead_letters_purged([i for i in run_ids if _is_uuid(i)])
             return await target.purge_dead(run_ids)
         purged: list[str] = []
         token: str | None = None
@@ -323,7 +350,7 @@ class Control:
             # One page at a time: the page order is stable while items leave the dead set.
             page = await target.list_dead(MAX_BATCH, token)
             ids = [item.id for item in page.items]
-            await self.executions.mark_dead_letters_purged([i for i in ids if _is_uuid(i)])
+            await self._executions.mark_dead_letters_purged([i for i in ids if _is_uuid(i)])
             purged += await target.purge_dead(ids)
             if page.next_page_token is None:
                 return purged
@@ -337,9 +364,9 @@ class Control:
             NotFound: no such execution.
             FailedPrecondition: the run has already finished.
         """
-        execution = await self.executions.get(execution_id)
-        job = await self.jobs.get(execution.job_id)
-        latest = await cancel_runs(self._redis, self.queues, self.executions, job.queue, [execution.run_id])
+        execution = await self._executions.get(execution_id)
+        job = await self._jobs.get(execution.job_id)
+        latest = await cancel_runs(self._redis, self._queues, self._executions, job.queue, [execution.run_id])
         if not latest:
             raise FailedPrecondition(f"id: the run of execution {execution_id} has already finished")
         return latest[0]
@@ -350,7 +377,7 @@ class Control:
         Raises:
             NotFound: no such flow run.
         """
-        return await self.flows.get(flow_run_id)
+        return await self._flows.get(flow_run_id)
 
     async def cancel_flow_run(self, flow_run_id: str) -> FlowRun:
         """Cancel a flow run: its waiting nodes are recorded `cancelled`, and its queued and running
@@ -360,15 +387,195 @@ class Control:
             NotFound: no such flow run.
             FailedPrecondition: it has already finished.
         """
-        started, recorded = await self.flows.cancel(flow_run_id)
+        started, recorded = await self._flows.cancel(flow_run_id)
         await events.publish(self._redis, flowrun.recorded_events(recorded))
         by_queue: dict[str, list[str]] = {}
         for run_id, queue in started:
             by_queue.setdefault(queue, []).append(run_id)
         for queue, run_ids in by_queue.items():
-            await cancel_runs(self._redis, self.queues, self.executions, queue, run_ids)
-        return await self.flows.get(flow_run_id)
+            await cancel_runs(self._redis, self._queues, self._executions, queue, run_ids)
+        return await self._flows.get(flow_run_id)
 
     async def _dispatch(self, runs: Sequence[Queued]) -> None:
         # Committed already: the caller gets its runs even if Redis fails now (reconcile enqueues them).
-        await dispatch_committed(self._redis, self.queues, runs)
+        await dispatch_committed(self._redis, self._queues, runs)
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    async def get_job(self, job_id: str) -> Job:
+        """A job by id.
+
+        Raises:
+            NotFound: no such job.
+        """
+        return await self._jobs.get(job_id)
+
+    async def get_job_by_name(self, name: str) -> Job:
+        """A job by its unique name.
+
+        Raises:
+            NotFound: no job of that name.
+        """
+        return await self._jobs.get_by_name(name)
+
+    async def list_jobs(
+        self,
+        *,
+        page_size: int = 100,
+        page_token: str = "",
+        status: JobStatus | None = None,
+        handler: str | None = None,
+        with_payload: bool = True,
+    ) -> JobPage:
+        """A page of jobs ordered by name (`next_page_token`, or `token_after` a job to cut it short).
+
+        Raises:
+            InvalidArgument: `page_size` out of range or a `page_token` of another listing.
+        """
+        return await self._jobs.list_page(
+            page_size=page_size, page_token=page_token, status=status, handler=handler, with_payload=with_payload
+        )
+
+    async def queue_names(self) -> list[str]:
+        """Every queue some job names."""
+        return await self._jobs.queue_names()
+
+    async def get_execution(self, execution_id: str) -> Execution:
+        """One attempt by id.
+
+        Raises:
+            NotFound: no such execution.
+        """
+        return await self._executions.get(execution_id)
+
+    async def list_executions(
+        self,
+        *,
+        job_id: str | None = None,
+        statuses: Sequence[ExecutionStatus] = (),
+        page_size: int = 100,
+        page_token: str = "",
+        with_output: bool = True,
+        flow_run_id: str | None = None,
+    ) -> ExecutionPage:
+        """A page of attempts, newest first, by job, states and flow run (without `with_output`, no
+        error and no result are read).
+
+        Raises:
+            InvalidArgument: `page_size` out of range or a `page_token` of another listing.
+        """
+        return await self._executions.list_page(
+            job_id=job_id,
+            statuses=statuses,
+            page_size=page_size,
+            page_token=page_token,
+            with_output=with_output,
+            flow_run_id=flow_run_id,
+        )
+
+    async def flow_members(self, flow_run_id: str) -> FlowMembers:
+        """Which runs belong to a flow run, for a watcher that filters events by it.
+
+        Raises:
+            NotFound: no such flow run.
+        """
+        return FlowMembers(self._flows, await self._flows.get(flow_run_id))
+
+    def _queue(self, name: str) -> Queue:
+        """The queue named `name` ("" is `default`).
+
+        Raises:
+            InvalidArgument: not a queue name (field `queue`).
+        """
+        name = name or "default"
+        if not is_queue_name(name):
+            raise InvalidArgument("queue", QUEUE_NAME_RULE)
+        return self._queues.get(name)
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """How many items of `queue` are ready, leased, delayed and dead (read atomically)."""
+        return await self._queue(queue).stats()
+
+    async def list_dead_letters(self, queue: str, page_size: int, page_token: str | None = None) -> DeadPage:
+        """A page of `queue`'s dead-letter queue, oldest first."""
+        return await self._queue(queue).list_dead(page_size, page_token)
+
+    # The console's reads: lists with its filters and the overview's aggregates, each bounded by
+    # `read_timeout` (`db/console.py`).
+
+    async def search_jobs(
+        self,
+        *,
+        search: str | None,
+        status: str | None,
+        handler: str | None,
+        queue: str | None,
+        after: str | None,
+        limit: int,
+    ) -> list[JobRow]:
+        """Jobs by name after `after` whose name contains `search`, with their latest run's status."""
+        return await self._reads.jobs(
+            search=search, status=status, handler=handler, queue=queue, after=after, limit=limit
+        )
+
+    async def search_executions(
+        self,
+        *,
+        job_id: str | None,
+        statuses: Sequence[str],
+        handler: str | None,
+        since: datetime | None,
+        until: datetime | None,
+        before: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[ExecutionRow]:
+        """Attempts newest first, before the keyset cursor `before`, with the console's filters."""
+        return await self._reads.executions(
+            job_id=job_id, statuses=statuses, handler=handler, since=since, until=until, before=before, limit=limit
+        )
+
+    async def run_attempts(self, run_id: str) -> list[Execution]:
+        """Every attempt of a run, first attempt first."""
+        return await self._reads.run_attempts(run_id)
+
+    async def job_slots(self, job_id: str, limit: int) -> list[Execution]:
+        """The job's most recent attempts, newest slot first."""
+        return await self._reads.job_slots(job_id, limit)
+
+    async def overview(self, now: datetime) -> Overview:
+        """The overview page's aggregates of the last hour."""
+        return await self._reads.overview(now)
+
+    async def handlers_and_queues(self) -> tuple[list[str], list[str]]:
+        """The handler and queue names jobs use (the filters' choices; cached a few seconds)."""
+        return await self._reads.handlers_and_queues()
+
+
+_MAX_OUTSIDERS = 10_000
+
+
+class FlowMembers:
+    """Which runs belong to one flow run: its nodes' runs as read at the start, and runs created
+    later, looked up once on their first event (a run's row and its flow node commit before its
+    first event is published) and remembered either way."""
+
+    def __init__(self, flows: FlowRepository, flow: FlowRun) -> None:
+        self._flows = flows
+        self._flow_run_id = flow.id
+        self.job_ids = frozenset(node.job_id for node in flow.nodes)
+        self._members = {node.run_id for node in flow.nodes if node.run_id}
+        self._outsiders: set[str] = set()
+
+    async def contains(self, run_id: str) -> bool:
+        """Whether run `run_id` belongs to the flow run."""
+        if run_id in self._members:
+            return True
+        if run_id in self._outsiders:
+            return False
+        if await self._flows.flow_of_run(run_id) == self._flow_run_id:
+            self._members.add(run_id)
+            return True
+        if len(self._outsiders) >= _MAX_OUTSIDERS:  # bounded: forget, and look up again if need be
+            self._outsiders.clear()
+        self._outsiders.add(run_id)
+        return False

@@ -2,7 +2,8 @@
 
 1. Observe: one structured log line per call (method, code, duration, principal, peer) and the
    metrics hooks, recorded before the call's status is sent.
-2. Errors: the ONE place exceptions become status codes (`status_for`); unexpected ones are logged
+2. Errors: exceptions become status codes by the one mapping (`statuses.status_of`, shared with
+   the console, applied in `status_for`); unexpected ones are logged
    with their traceback and answered INTERNAL with a generic message. Unary calls are bounded by a
    per-call deadline here, so no servicer await can hang a call for ever (a call past it ends
    DEADLINE_EXCEEDED: the server's bound ran out, not a store).
@@ -32,18 +33,8 @@ from typing import Any, Final
 
 import grpc
 
-from scheduler_grpc import auth, stores
-from scheduler_grpc.auth import Authenticator, PermissionDenied, ResourceExhausted, Unauthenticated
-from scheduler_grpc.errors import (
-    Aborted,
-    AlreadyExists,
-    FailedPrecondition,
-    Fenced,
-    InvalidArgument,
-    LeaseLost,
-    NotFound,
-)
-from scheduler_grpc.events import FanoutClosed, SubscriberTooSlow
+from scheduler_grpc import auth, statuses
+from scheduler_grpc.auth import Authenticator, ResourceExhausted
 from scheduler_grpc.logs import TRACE
 from scheduler_grpc.metrics import Metrics
 
@@ -53,50 +44,16 @@ Context = grpc.aio.ServicerContext[Any, Any]
 Invoke = Callable[[], Awaitable[Any]]
 Iterate = Callable[[], AsyncIterator[Any]]
 
-UNAVAILABLE_MESSAGE: Final = "a backing server (Redis or PostgreSQL) is unavailable right now; retry"
-INTERNAL_MESSAGE: Final = "internal error; the server logged the details"
 CALL_TIMEOUT_MESSAGE: Final = "the call ran past the server's own time limit for one call; retry later"
 _QUIET_METHODS: Final = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 _EXEMPT_FROM_LIMIT: Final = frozenset({"/grpc.health.v1.Health/Check"})
 
-# Domain errors -> status codes. The first matching class wins (subclasses before their bases).
-_STATUS: Final[tuple[tuple[type[BaseException], grpc.StatusCode], ...]] = (
-    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
-    (NotFound, grpc.StatusCode.NOT_FOUND),
-    (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
-    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
-    (Aborted, grpc.StatusCode.ABORTED),
-    (Fenced, grpc.StatusCode.ABORTED),
-    (LeaseLost, grpc.StatusCode.ABORTED),
-    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
-    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
-    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (SubscriberTooSlow, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (FanoutClosed, grpc.StatusCode.UNAVAILABLE),
-)
-# Messages of these are safe and useful to send as they are (they name a field or a cursor).
-_SEND_MESSAGE: Final = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.ALREADY_EXISTS,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-    }
-)
-
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status code and message a call that raised `exc` ends with (the one mapping)."""
-    for kind, code in _STATUS:
-        if isinstance(exc, kind):
-            return code, str(exc) if code in _SEND_MESSAGE else str(exc) or UNAVAILABLE_MESSAGE
-    if stores.is_unavailable(exc):
-        return grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_MESSAGE
-    return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+    """The status code and message a call that raised `exc` ends with (`statuses.status_of`, the
+    mapping the console shares)."""
+    code, message = statuses.status_of(exc)
+    return grpc.StatusCode[code.name], message
 
 
 @dataclass

@@ -159,6 +159,11 @@ class AuthKeys:
         """STRING: the session's principal as JSON, expiring with the session."""
         return f"{{auth}}:session:{token_hash.hex()}"
 
+    def user_sessions(self, user_id: str) -> str:
+        """SET of the hex token hashes of a user's sessions (members may outlive their session),
+        expiring with the newest one: what a change to the user re-scopes or ends."""
+        return f"{{auth}}:user-sessions:{user_id}"
+
     def failures_by_username(self, username: str) -> str:
         """STRING counter of failed logins for one username, expiring after the window."""
         return f"{{auth}}:login-failures:user:{username.lower()}"

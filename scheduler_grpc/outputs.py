@@ -157,6 +157,35 @@ def measure(value: Any, *, max_depth: int | None = None, max_size: int | None = 
     return Measure(size, deepest)
 
 
+def locate_unstorable(value: Any) -> str:
+    """Where in `value` the first element PostgreSQL or orjson refuses is, as a field path suffix
+    (`.argv[1]`, `["odd key"]`, or "" for `value` itself): for naming the field in an error.
+
+    Walks with paths, so it is slower than `measure`: call it only once `measure` has refused `value`.
+    """
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                if not isinstance(key, str):
+                    return path
+                try:
+                    _string_size(key)
+                except Unstorable:
+                    return path
+                name = f".{key}" if key.isidentifier() else f"[{orjson.dumps(key).decode()}]"
+                stack.append((child, path + name))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, f"{path}[{index}]") for index, child in reversed(list(enumerate(item))))
+        else:
+            try:
+                _scalar_size(item)
+            except Unstorable:
+                return path
+    return ""
+
+
 def depth(value: Any, *, stop_above: int | None = None) -> int:
     """How many objects and arrays are nested in `value` (0 for a scalar), by an iterative walk;
     once past `stop_above`, that depth plus one (a cheap "too deep")."""

@@ -53,10 +53,8 @@ from typing import Any, Final
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scheduler_grpc import pagetokens, resend
+from scheduler_grpc import pagetokens, resend, stores
 from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
 from scheduler_grpc.keys import QueueKeys
 from scheduler_grpc.rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RULE, is_queue_name
@@ -91,6 +89,9 @@ DEFAULT_MAX_DELIVERIES: Final = DEFAULT_MAX_STALLS
 MAX_BATCH: Final = 1000
 """Most items one dequeue, recover, promote or dead-letter batch moves, so no script stalls Redis."""
 STALLED: Final = "stalled"
+SOLO_RETRY_DELAY: Final = timedelta(seconds=30)
+"""How long a run whose solo delivery stalled waits before its last one (`recover_expired`): longer
+than a burst of outside kills (a rolling deploy, a chaos run), short beside a poison job's damage."""
 """Dead-letter reason of an item whose leases expired `max_deliveries` times, the last one alone."""
 
 _MS: Final = timedelta(milliseconds=1)
@@ -343,7 +344,9 @@ class Queue:
         self._nack = op("nack", "processing ready delayed priority deliveries lease owner seq marker solo")
         self._extend = op("extend", "processing lease")
         self._recover = op(
-            "recover", "processing ready dead priority deliveries lease owner dead_reason seq marker solo", once=True
+            "recover",
+            "processing ready dead priority deliveries lease owner dead_reason seq marker solo delayed",
+            once=True,
         )
         self._promote = op("promote", "delayed ready priority seq marker")
         self._dead_letter = op("dead_letter", "processing ready delayed dead lease owner dead_reason solo")
@@ -372,7 +375,9 @@ class Queue:
         try:
             async with asyncio.timeout(self._call_timeout_s):
                 return await call
-        except (TimeoutError, RedisConnectionError, RedisTimeoutError) as exc:
+        except Exception as exc:
+            if not stores.is_unreachable(exc):
+                raise
             raise Unavailable(f"Redis did not answer for queue {self.name!r}: {exc or 'timed out'}") from exc
 
     # -- adding work ----------------------------------------------------------------------------
@@ -544,7 +549,9 @@ class Queue:
             with contextlib.suppress(Exception):
                 await self._run(self._rearm, ())
             raise
-        except (TimeoutError, RedisConnectionError, RedisTimeoutError) as exc:
+        except Exception as exc:
+            if not stores.is_unreachable(exc):
+                raise
             raise Unavailable(f"Redis did not answer a blocking wait on queue {self.name!r}") from exc
         return popped is not None
 
@@ -740,22 +747,31 @@ class Queue:
 
     # -- maintenance (the leader's loops) -------------------------------------------------------
 
-    async def recover_expired(self, limit: int = MAX_BATCH, *, max_deliveries: int | None = None) -> Recovered:
+    async def recover_expired(
+        self,
+        limit: int = MAX_BATCH,
+        *,
+        max_deliveries: int | None = None,
+        solo_retry_delay: timedelta = SOLO_RETRY_DELAY,
+    ) -> Recovered:
         """Requeue up to `limit` items whose lease deadline passed (Redis clock), atomically.
 
         Each loses its lease (a later ack/nack/extend under the old token fails) and goes back to
-        ready with its priority, unless its deliveries have reached `max_deliveries` and this was a
+        ready with its priority, unless its deliveries have passed `max_deliveries` and this was a
         solo delivery (it ran alone on its worker, see `dequeue(idle=)`): then it is dead-lettered
         with reason "stalled", so a job that kills every worker taking it is parked after a bounded
         number of stalls, and the runs that merely shared a worker with it are not. An item
         requeued with `max_deliveries - 1` deliveries (or more: a delivery that was not solo) waits
-        in the solo set, so its next delivery is solo. With `max_deliveries` 1 no earlier delivery
-        could be solo: every stall parks its item.
+        in the solo set, so its next delivery is solo. The first solo delivery that stalls goes to
+        the delayed set for `solo_retry_delay` (still solo): one kill from outside of a worker that
+        ran it alone parks nothing, two solo deaths that far apart do. With `max_deliveries` 1 no
+        earlier delivery could be solo: every stall parks its item.
 
         Args:
             limit: Most items to move in this call (1..MAX_BATCH); call again while it returns a full
                 batch.
             max_deliveries: SCHEDULER_MAX_STALLS; None: this queue's `max_stalls`.
+            solo_retry_delay: How long an item whose solo delivery stalled waits before the next one.
 
         Returns:
             The ids requeued and the ids dead-lettered, for the scheduler to record.
@@ -764,7 +780,8 @@ class Queue:
         if max_deliveries is None:
             max_deliveries = self.max_stalls
         _check_max_stalls(max_deliveries, "max_deliveries")
-        requeued, dead = await self._run(self._recover, (limit, max_deliveries, STALLED))
+        delay_ms = round(solo_retry_delay.total_seconds() * 1000)
+        requeued, dead = await self._run(self._recover, (limit, max_deliveries, STALLED, delay_ms))
         return Recovered(requeued=_texts(requeued), dead=_texts(dead))
 
     async def promote_due(self, limit: int = MAX_BATCH) -> list[str]:

@@ -60,14 +60,15 @@ from scheduler_grpc.events import EventType, ExecutionEvent, publish
 from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.jobs import ConcurrencyPolicy, Job, MisfirePolicy, ScheduleKind
 from scheduler_grpc.leader import LeaderElector, Term
-from scheduler_grpc.queue import MAX_BATCH, ItemState
+from scheduler_grpc.queue import MAX_BATCH, SOLO_RETRY_DELAY, ItemState
 from scheduler_grpc.schedule import count_fires, instants, last_fire_before
 
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_PORT = 9091
 METRICS_INTERVAL = timedelta(seconds=2)
-STALLED_REASON = "stalled: its lease expired {limit} times, the last alone on its worker (the job kills or hangs it)"
+STALLED_REASON = "stalled: its lease expired {times} times, the last two alone on its worker (it kills or hangs it)"
+STALLED_AT_ONCE_REASON = "stalled: its lease expired (SCHEDULER_MAX_STALLS=1)"
 # A failing loop step is retried after 0.1 s, doubling up to 5 s; a step that does not finish
 # within _STEP_TIMEOUT_S (a store that accepts but never answers) counts as failed.
 _BACKOFF_FIRST_S = 0.1
@@ -159,6 +160,7 @@ class LoopSettings:
     reconcile_interval: timedelta = timedelta(seconds=10)  # [10 s]
     reconcile_grace: timedelta = timedelta(seconds=2)  # rows younger than this may be mid-enqueue [2 s]
     max_stalls: int = 3  # [3]
+    solo_retry_delay: timedelta = SOLO_RETRY_DELAY  # [30s]
     stale_running_grace: timedelta = timedelta(seconds=30)  # running past timeout + this: worker gone [30 s]
     # A leader whose scan has made no progress this long hands over [2 x leader TTL, at least 3 scans].
     step_down_after: timedelta = timedelta(seconds=5)
@@ -172,6 +174,7 @@ class LoopSettings:
             misfire_grace=settings.misfire_grace,
             reconcile_interval=settings.reconcile_interval,
             max_stalls=settings.max_stalls,
+            solo_retry_delay=settings.solo_retry_delay,
             stale_running_grace=settings.visibility_timeout,
             step_down_after=max(2 * settings.leader_ttl, 3 * settings.scan_interval),
         )
@@ -517,7 +520,9 @@ class LeaderLoops:
     async def _recover(self, term: Term) -> None:
         for queue in self._queues.known():
             while True:
-                recovered = await queue.recover_expired(MAX_BATCH, max_deliveries=self._loop.max_stalls)
+                recovered = await queue.recover_expired(
+                    MAX_BATCH, max_deliveries=self._loop.max_stalls, solo_retry_delay=self._loop.solo_retry_delay
+                )
                 if recovered.requeued:
                     metrics.LEASE_RECOVERIES.labels(queue.name).inc(len(recovered.requeued))
                     log.warning(
@@ -539,7 +544,9 @@ class LeaderLoops:
 
     async def _record_stalled_dead(self, term: Term, run_ids: Sequence[str]) -> None:
         """Record runs Redis dead-lettered as stalled `dead` in PostgreSQL (fenced), and announce them."""
-        reason = STALLED_REASON.format(limit=self._loop.max_stalls)
+        limit = self._loop.max_stalls
+        # Parked at the second solo stall (`Queue.recover_expired`): one more than the limit.
+        reason = STALLED_REASON.format(times=limit + 1) if limit > 1 else STALLED_AT_ONCE_REASON
         async with self._executions.fenced(term.token) as fenced:
             dead = await fenced.mark_runs_dead(run_ids, reason)
         metrics.DEAD_LETTERED.labels("stalled").inc(len(dead))

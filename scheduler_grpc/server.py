@@ -1,10 +1,11 @@
 """`scheduler-grpc server`: the gRPC control plane.
 
-One process serves the five `scheduler.v1` services, `grpc.health.v1.Health` and server reflection,
+One process serves the six `scheduler.v1` services, `grpc.health.v1.Health` and server reflection,
 on grpc.aio (on uvloop under the CLI). Everything is created inside the running loop. Around it:
 
 * health: a background task pings Redis and PostgreSQL about every second (each ping bounded);
-  while either does not answer, every service reports NOT_SERVING, and SERVING again once both do;
+  while either does not answer, every service reports NOT_SERVING, and SERVING again once both do
+  (the console's outage banner shows the same answers, `Api.health`);
 * one reader of the execution event stream shared by every WatchExecutions call (`EventFanout`);
 * interceptors: request log and metrics, error mapping, authentication and the role table;
 * limits: `SCHEDULER_MAX_CONCURRENT_RPCS` concurrent calls (beyond: RESOURCE_EXHAUSTED; gRPC core's
@@ -37,11 +38,13 @@ from grpc_reflection.v1alpha._async import ReflectionServicer
 from redis.asyncio import Redis
 
 from scheduler_grpc import metrics
+from scheduler_grpc.application import Api, StoreHealth
 from scheduler_grpc.auth import DEV_ADMIN_PASSWORD, Authenticator, admin_password
 from scheduler_grpc.cluster import ClusterView
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.control import Control
+from scheduler_grpc.control_users import UserAdmin
 from scheduler_grpc.db.api_keys import ApiKeyRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.pool import Pool, ping
@@ -50,7 +53,7 @@ from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.events import EventFanout
 from scheduler_grpc.handlers import HandlerSettings, default_registry
 from scheduler_grpc.interceptors import ApiInterceptor
-from scheduler_grpc.services import Api, add_services
+from scheduler_grpc.services import add_services
 from scheduler_grpc.services.decode import GenericOnly
 
 log = logging.getLogger(__name__)
@@ -160,12 +163,21 @@ class HealthMonitor:
         redis: Pinged with PING.
         pool: Pinged with `db.pool.ping`.
         metrics: Records which backend answered.
+        stores: Where the last answers are kept for the console (`Api.health`).
     """
 
     def __init__(
-        self, health: HealthServicer, services: Sequence[str], redis: Redis, pool: Pool, metrics_: metrics.Metrics
+        self,
+        health: HealthServicer,
+        services: Sequence[str],
+        redis: Redis,
+        pool: Pool,
+        metrics_: metrics.Metrics,
+        *,
+        stores: StoreHealth | None = None,
     ) -> None:
         self._health = health
+        self.stores = stores or StoreHealth()
         self._services = ["", *services]
         self._redis = redis
         self._pool = pool
@@ -191,6 +203,7 @@ class HealthMonitor:
         )
         self._metrics.backend_up("redis", redis_up)
         self._metrics.backend_up("postgres", postgres_up)
+        self.stores.redis_up, self.stores.postgres_up = redis_up, postgres_up
         serving = redis_up and postgres_up
         if serving != self.serving:
             status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -301,9 +314,10 @@ async def serve(
     timeout = settings.connect_timeout
     registry = default_registry(HandlerSettings.from_settings(settings))
     try:
+        users = UserRepository(pool, timeout=timeout)
         authenticator = Authenticator(
             redis,
-            UserRepository(pool, timeout=timeout),
+            users,
             ApiKeyRepository(pool, timeout=timeout),
             session_ttl=settings.session_ttl,
             timeout=timeout,
@@ -312,12 +326,20 @@ async def serve(
         await authenticator.ensure_admin(settings.admin_username, password)
         fanout = EventFanout(redis, buffer=settings.watch_buffer, timeout=timeout)
         api = Api(
-            control=Control(redis, pool, registry, misfire_grace=settings.misfire_grace),
+            control=Control(
+                redis,
+                pool,
+                registry,
+                misfire_grace=settings.misfire_grace,
+                read_timeout=timeout,
+                users=UserAdmin(users, authenticator),
+            ),
             auth=authenticator,
             fanout=fanout,
             cluster=ClusterView(redis, LeadershipRepository(pool, timeout=timeout), timeout=timeout),
             handlers=registry,
             metrics=recorder,
+            health=StoreHealth(),
         )
         server = grpc.aio.server(
             interceptors=[
@@ -340,7 +362,7 @@ async def serve(
             ),
             generic,
         )
-        monitor = HealthMonitor(health, services, redis, pool, recorder)
+        monitor = HealthMonitor(health, services, redis, pool, recorder, stores=api.health)
         await monitor.check()  # the first answer is a real one, not the library's default SERVING
         bind = (
             f"[{host}]:{settings.grpc_port}"
@@ -367,7 +389,7 @@ async def serve(
                 if settings.http_enabled:
                     from scheduler_grpc.console.app import serve_console  # aiohttp.web and Jinja2 only when served
 
-                    console = await stack.enter_async_context(serve_console(settings, api, redis, pool))
+                    console = await stack.enter_async_context(serve_console(settings, api))
                     console_url = console.url
                 try:
                     yield RunningServer(address=address, port=port, api=api, health=health, console_url=console_url)

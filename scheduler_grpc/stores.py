@@ -1,10 +1,12 @@
 """Which errors are a store failing: the one classification of Redis and PostgreSQL faults.
 
-Every role asks the same three questions of an exception and asks them here: which store raised it
-(`store_of`, for `scheduler_store_errors_total`), whether it is a store failing that a loop rides
-out rather than a bug that ends the role (`is_fault`), and whether a gRPC call that raised it ends
-UNAVAILABLE (`is_unavailable`). Redis's exception classes are recognised here; PostgreSQL's SQLSTATEs
-and asyncpg's classes in `db.faults`, which this module asks.
+Every role asks the same questions of an exception and asks them here: which store raised it
+(`store_of`, for `scheduler_store_errors_total`), whether the store could not be reached
+(`is_unreachable`: the queue then raises `Unavailable`), whether it is a store failing that a loop
+rides out rather than a bug that ends the role (`is_fault`), and whether a request that raised it
+ends UNAVAILABLE (`is_unavailable`, for `statuses`). Redis's exception classes are recognised here
+(and the ones the client retries on, `REDIS_RETRYABLE`); PostgreSQL's SQLSTATEs and asyncpg's
+classes in `db.faults`, which this module asks. No other module classifies store errors.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ _REDIS_CANNOT_SERVE_PREFIXES: Final = ("BUSY", "LOADING", "MISCONF", "NOREPLICAS
 # redis-py's errors of the connection itself: lost, refused, reset, timed out (BusyLoadingError and
 # AuthenticationError are ConnectionErrors too), or a reply cut off mid-stream.
 _REDIS_CONNECTION: Final = (RedisConnectionError, RedisTimeoutError, InvalidResponse)
+REDIS_RETRYABLE: Final = (RedisConnectionError, RedisTimeoutError)
+"""The errors of a Redis connection itself, on which the client retries a command on a new
+connection (`connections.redis_client`)."""
 _STORE_LIBRARIES: Final = (("redis", "redis"), ("asyncpg", "postgres"))
 
 
@@ -79,8 +84,8 @@ def is_fault(exc: BaseException) -> bool:
     as redis-py's DataError (a bad argument), a Redis answer that the request is wrong, PostgreSQL
     refusing a request, asyncpg refusing a misuse ("another operation is in progress").
     """
-    if isinstance(exc, (Unavailable, TimeoutError, ConnectionError, *_REDIS_CONNECTION)):
-        return True  # (TimeoutError and ConnectionError: the builtins, e.g. ConnectionResetError)
+    if is_unreachable(exc):
+        return True
     if isinstance(exc, ResponseError):
         return isinstance(exc, _REDIS_CANNOT_SERVE) or str(exc).startswith(_REDIS_CANNOT_SERVE_PREFIXES)
     if isinstance(exc, RedisError):
@@ -95,6 +100,15 @@ def is_fault(exc: BaseException) -> bool:
     return False
 
 
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether `exc` means a store could not be reached or did not answer in time: a lost, refused
+    or reset connection, a timeout (redis-py's, asyncpg's, the socket's or our own `asyncio.timeout`),
+    PostgreSQL restarting or out of connections, or `Unavailable` (which a call raises for these)."""
+    if isinstance(exc, (Unavailable, TimeoutError, ConnectionError, *_REDIS_CONNECTION)):
+        return True  # (TimeoutError and ConnectionError: the builtins, e.g. ConnectionResetError)
+    return postgres.is_unreachable(exc)
+
+
 def is_request_error(exc: BaseException) -> bool:
     """Whether a store refused `exc`'s request as wrong: PostgreSQL's data, integrity or syntax
     errors (perhaps one request's data in a batch, not an outage)."""
@@ -102,8 +116,8 @@ def is_request_error(exc: BaseException) -> bool:
 
 
 def is_unavailable(exc: BaseException) -> bool:
-    """Whether `exc` means Redis or PostgreSQL could not be reached or did not answer in time (a
-    gRPC call ends UNAVAILABLE; other store errors are INTERNAL)."""
-    if isinstance(exc, Unavailable | RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
-        return True
-    return postgres.is_unreachable(exc)
+    """Whether a request that raised `exc` failed for want of a store (the API answers UNAVAILABLE,
+    the console 503; `statuses.status_of`): a store fault (`is_fault`: unreachable, timing out, or
+    answering that it cannot serve now, such as a Redis replica's READONLY), or a socket error.
+    Other store errors are bugs (INTERNAL)."""
+    return is_fault(exc) or isinstance(exc, OSError)

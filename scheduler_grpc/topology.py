@@ -40,6 +40,8 @@ RESTART_MAX_S = 30.0
 RESTART_RESET_S = 60.0
 """A role that stayed up this long is healthy again: its next exit restarts it after RESTART_FIRST_S."""
 READY_TIMEOUT_SECONDS = 120.0
+DEFAULT_SCHEDCTL_TARGET = "127.0.0.1:50051"
+"""Where schedctl connects without `--server` or `SCHEDCTL_SERVER` (scheduler_client.client.DEFAULT_TARGET)."""
 _POLL_SECONDS = 0.2
 
 
@@ -51,22 +53,26 @@ class Child:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # `--metrics-base` is a setting (SCHEDULER_METRICS_BASE), added with the others by config.add_flags.
     parser.add_argument("--schedulers", type=int, default=2, help="scheduler processes (1 leader + standbys)")
     parser.add_argument("--workers", type=int, default=3, help="worker processes")
-    parser.add_argument(
-        "--metrics-base",
-        type=int,
-        default=9090,
-        help="/metrics port of the server; schedulers use base+i, workers base+9+i (default 9090)",
-    )
 
 
-def _children(args: argparse.Namespace) -> list[Child]:
+def _children(settings: Settings, args: argparse.Namespace) -> list[Child]:
+    """The roles to run, each with its /metrics port counted from SCHEDULER_METRICS_BASE.
+
+    Raises:
+        ConfigError: the last worker's port would pass 65535.
+    """
     # The role commands of `scheduler-grpc` (cli.COMMANDS); not imported from cli, which imports
     # this module for `up`.
     script = [sys.executable, "-m", "scheduler_grpc"]
-    base = args.metrics_base
-    children: list[Child] = []
+    base = settings.metrics_base
+    if base + 9 + args.workers > 65535 or base + args.schedulers > 65535:
+        raise ConfigError(
+            f"SCHEDULER_METRICS_BASE (--metrics-base) {base} is too high: worker {args.workers} would listen "
+            f"on {base + 9 + args.workers}, past port 65535"
+        )
     children = [Child("server", [*script, "server"], base)]
     children += [Child(f"scheduler-{i}", [*script, "scheduler"], base + i) for i in range(1, args.schedulers + 1)]
     children += [Child(f"worker-{i}", [*script, "worker"], base + 9 + i) for i in range(1, args.workers + 1)]
@@ -77,6 +83,7 @@ async def run_topology(settings: Settings, args: argparse.Namespace, stop: async
     """Run until `stop` is set, restarting any role that exits; return the exit code."""
     if settings.production and not (settings.redis_url and settings.database_url):
         raise ConfigError("SCHEDULER_ENV=production needs REDIS_URL and DATABASE_URL: embedded servers are for dev")
+    children = _children(settings, args)
     with embedded_servers(
         settings.data_dir,
         redis_url=settings.redis_url,
@@ -87,7 +94,6 @@ async def run_topology(settings: Settings, args: argparse.Namespace, stop: async
         async with connect(settings):
             pass  # proves both servers answer and applies migrations once, before the roles race
         env = {**os.environ, "REDIS_URL": urls.redis_url, "DATABASE_URL": urls.database_url}
-        children = _children(args)
         env_file = _write_env_file(settings, urls.redis_url, urls.database_url)
         print(f"scheduler-grpc: starting {len(children)} roles ...", file=sys.stderr, flush=True)
 
@@ -107,8 +113,27 @@ def _write_env_file(settings: Settings, redis_url: str, database_url: str) -> Pa
     """Where other shells (the README's snippets, schedctl) find this topology's servers."""
     path = settings.data_dir.resolve() / "dev" / "env"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"REDIS_URL={redis_url}\nDATABASE_URL={database_url}\n")
+    path.write_text(
+        f"REDIS_URL={redis_url}\nDATABASE_URL={database_url}\nSCHEDCTL_SERVER={_schedctl_target(settings)}\n"
+    )
     return path
+
+
+def _schedctl_target(settings: Settings) -> str:
+    """The address schedctl reaches this topology's gRPC server at."""
+    return f"{_local(settings.grpc_host or '')}:{settings.grpc_port}"
+
+
+def schedctl_line(settings: Settings) -> str:
+    """The schedctl command that logs in to this topology: `SCHEDCTL_SERVER` set when schedctl's
+    default (127.0.0.1:50051) is not where the server listens, `--tls` with TLS, the dev password
+    only when it is the dev default."""
+    target = _schedctl_target(settings)
+    words = [] if target == DEFAULT_SCHEDCTL_TARGET else [f"export SCHEDCTL_SERVER={target};"]
+    words += ["schedctl", *(["--tls"] if settings.tls_cert else []), "login", "--username", settings.admin_username]
+    if not settings.admin_password:
+        words += ["--password", "admin123"]
+    return " ".join(words)
 
 
 def _banner(settings: Settings, children: list[Child], redis_url: str, database_url: str, env_file: Path) -> None:
@@ -122,8 +147,7 @@ def _banner(settings: Settings, children: list[Child], redis_url: str, database_
             f"  gRPC:         {address}  (reflection + grpc.health.v1)",
             f"  login:        {login}",
             *([f"  web console:  {_console_url(settings)}"] if settings.http_enabled else []),
-            "  try:          npx --yes @bufbuild/buf@1.75.0 curl --protocol grpc --http2-prior-knowledge "
-            f"--list-methods http://{address}",
+            f"  schedctl:     {schedctl_line(settings)}",
         ]
     lines = [
         "",

@@ -15,7 +15,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 from redis.asyncio import Redis
-from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
+from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2, users_pb2
 
 from scheduler_grpc import auth
 from scheduler_grpc.auth import METHOD_ROLES, PUBLIC, Authenticator, Role
@@ -33,7 +33,7 @@ from tests.test_api_support import (  # noqa: F401 - `api` is a fixture
     bearer,
 )
 
-API_MODULES = (auth_pb2, jobs_pb2, executions_pb2, queue_pb2, cluster_pb2)
+API_MODULES = (auth_pb2, jobs_pb2, executions_pb2, queue_pb2, cluster_pb2, users_pb2)
 
 
 def methods(*modules: object) -> Iterator[MethodDescriptor]:
@@ -97,7 +97,7 @@ async def test_every_rpc_refuses_a_role_too_small(api: Harness) -> None:  # noqa
             codes.setdefault(full_name(method), []).append(await call(api, method, metadata))
     restricted = {full_name(m) for m in methods(*API_MODULES) if METHOD_ROLES[full_name(m)] in too_small}
     assert codes.keys() == restricted
-    assert len(restricted) == 14  # CancelFlowRun (operator) included
+    assert len(restricted) == 22  # CancelFlowRun (operator) and the 8 of UserService (admin) included
     assert {code for found in codes.values() for code in found} == {grpc.StatusCode.PERMISSION_DENIED}, codes
 
 
@@ -167,7 +167,7 @@ async def attempt(authenticator: Authenticator, username: str, password: str, pe
 def wide_admission(harness: Harness) -> Authenticator:
     """An authenticator on the harness's stores that admits any number of logins at once, so only
     the failure limits (not the shedding of a flood) decide which attempts are checked."""
-    pool = harness.server.api.control.jobs._pool
+    pool = harness.server.api.control._pool
     return Authenticator(harness.server.api.control._redis, UserRepository(pool), ApiKeyRepository(pool),
                          session_ttl=timedelta(hours=1), hasher=FAST_HASHER, max_queued_logins=10_000)  # fmt: skip
 
@@ -283,7 +283,7 @@ async def test_api_keys_are_shown_once_stored_hashed_and_revocable(api: Harness)
     secret = created.secret
     assert secret.startswith("sk_")
     assert secret.startswith(created.api_key.key_prefix)
-    pool = api.server.api.control.jobs._pool
+    pool = api.server.api.control._pool
     stored = await pool.fetchval("SELECT key_hash FROM api_keys WHERE id = $1::uuid", created.api_key.id)
     assert bytes(stored) == hashlib.sha256(secret.encode()).digest()
     me = await api.auth.WhoAmI(auth_pb2.WhoAmIRequest(), metadata=bearer(secret))
@@ -304,7 +304,7 @@ async def test_api_keys_are_shown_once_stored_hashed_and_revocable(api: Harness)
 
 def cached_authenticator(harness: Harness, ttl: timedelta, size: int = 100) -> Authenticator:
     """Another server process's authenticator on the harness's stores, with its own token cache."""
-    pool = harness.server.api.control.jobs._pool
+    pool = harness.server.api.control._pool
     return Authenticator(
         harness.server.api.control._redis,
         UserRepository(pool),
@@ -329,7 +329,7 @@ async def test_a_revoked_key_or_ended_session_is_refused_here_at_once_and_elsewh
 ) -> None:
     ttl = timedelta(seconds=1)
     here, elsewhere = cached_authenticator(api, ttl), cached_authenticator(api, ttl)
-    admin = await UserRepository(api.server.api.control.jobs._pool).get_by_username("admin")
+    admin = await UserRepository(api.server.api.control._pool).get_by_username("admin")
     assert admin is not None
     session = await here.open_session(admin)
     creator = await here.authenticate(session.token)
@@ -351,7 +351,7 @@ async def test_a_revoked_key_or_ended_session_is_refused_here_at_once_and_elsewh
 
 async def test_the_token_cache_is_bounded_and_drops_the_least_recently_used(api: Harness) -> None:  # noqa: F811
     cache = cached_authenticator(api, timedelta(minutes=5), size=3)
-    admin = await UserRepository(api.server.api.control.jobs._pool).get_by_username("admin")
+    admin = await UserRepository(api.server.api.control._pool).get_by_username("admin")
     assert admin is not None
     tokens = [(await cache.open_session(admin)).token for _ in range(5)]
     for token in tokens[:3]:

@@ -18,7 +18,7 @@ from tests.test_api_support import Harness, api, echo_job  # noqa: F401 - `api` 
 
 
 async def job_count(harness: Harness) -> int:
-    count: int = await harness.server.api.control.jobs._pool.fetchval("SELECT count(*) FROM jobs")
+    count: int = await harness.server.api.control._pool.fetchval("SELECT count(*) FROM jobs")
     return count
 
 
@@ -210,7 +210,7 @@ async def test_a_cursor_from_the_future_is_refused_not_silent(
 
 async def test_concurrent_retries_of_one_create_all_get_the_created_job(api: Harness) -> None:  # noqa: F811
     # Straight on the repository (10 pooled connections) for many races a second; then once over gRPC.
-    jobs = api.server.api.control.jobs
+    jobs = api.server.api.control._jobs
     for round_ in range(40):
         spec = JobSpec(name=f"race-{round_}", handler="test.echo")
         answers = await asyncio.gather(

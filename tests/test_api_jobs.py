@@ -36,7 +36,7 @@ def status_of(caught: pytest.ExceptionInfo[grpc.aio.AioRpcError]) -> tuple[grpc.
 
 
 async def job_count(harness: Harness) -> int:
-    count: int = await harness.server.api.control.jobs._pool.fetchval("SELECT count(*) FROM jobs")
+    count: int = await harness.server.api.control._pool.fetchval("SELECT count(*) FROM jobs")
     return count
 
 
@@ -210,7 +210,7 @@ async def test_pause_resume_and_trigger_idempotently(api: Harness) -> None:  # n
     assert first.execution.id == again.execution.id != other.execution.id
     assert first.execution.trigger == executions_pb2.TRIGGER_MANUAL
     assert first.execution.state == executions_pb2.EXECUTION_STATE_QUEUED
-    runs = await api.server.api.control.jobs._pool.fetchval("SELECT count(*) FROM job_executions")
+    runs = await api.server.api.control._pool.fetchval("SELECT count(*) FROM job_executions")
     assert runs == 2
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await api.jobs.TriggerJob(jobs_pb2.TriggerJobRequest(id=str(uuid.uuid4())), metadata=api.operator)
@@ -221,7 +221,7 @@ async def test_pause_resume_and_trigger_idempotently(api: Harness) -> None:  # n
 
 
 async def test_pagination_over_1000_jobs_has_no_gaps_or_repeats(api: Harness) -> None:  # noqa: F811
-    await api.server.api.control.jobs._pool.execute(
+    await api.server.api.control._pool.execute(
         """INSERT INTO jobs (name, handler, schedule_kind)
            SELECT 'job-' || lpad(i::text, 4, '0'), 'test.echo', 'manual' FROM generate_series(1, 1000) AS i"""
     )

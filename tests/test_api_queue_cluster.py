@@ -30,7 +30,7 @@ async def dead_run(harness: Harness, redis: Redis, job_id: str) -> str:
     (lease,) = await Queue(redis).dequeue("test-worker", timedelta(seconds=30), 1)
     assert lease.id == run.run_id
     await Queue(redis).dead_letter(lease.id, lease.token, "retry budget spent")
-    await harness.server.api.control.executions.mark_runs_dead([run.run_id], "retry budget spent")
+    await harness.server.api.control._executions.mark_runs_dead([run.run_id], "retry budget spent")
     return run.run_id
 
 
@@ -141,7 +141,7 @@ async def test_list_workers_does_not_write(api: Harness, redis: Redis) -> None: 
 async def test_scheduler_status_reports_the_leader_and_its_term(api: Harness, redis: Redis) -> None:  # noqa: F811
     status = await api.cluster.GetSchedulerStatus(cluster_pb2.GetSchedulerStatusRequest(), metadata=api.viewer)
     assert (status.has_leader, status.leader, status.term) == (False, "", 0)
-    record = await LeadershipRepository(api.server.api.control.jobs._pool).begin_term("scheduler", "sched-1:42")
+    record = await LeadershipRepository(api.server.api.control._pool).begin_term("scheduler", "sched-1:42")
     assert record is not None
     await redis.set(LeaderKeys().lock, "sched-1:42:0123abcd", px=10_000)
     status = await api.cluster.GetSchedulerStatus(cluster_pb2.GetSchedulerStatusRequest(), metadata=api.viewer)

@@ -38,9 +38,10 @@ from scheduler_grpc import server as server_module
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.embedded import free_port
 from scheduler_grpc.errors import InvalidArgument, NotFound, Unavailable
-from scheduler_grpc.interceptors import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE, status_for
+from scheduler_grpc.interceptors import status_for
 from scheduler_grpc.server import serve
 from scheduler_grpc.services import SERVICE_NAMES
+from scheduler_grpc.statuses import INTERNAL_MESSAGE, UNAVAILABLE_MESSAGE
 from tests.api_helpers import start_server, wait_for_server
 from tests.engine_helpers import Roles, eventually, make_settings
 from tests.test_api_support import ADMIN_PASSWORD, FAST_HASHER, Harness, api, bearer, running_api  # noqa: F401 - `api` is a fixture
@@ -147,13 +148,13 @@ async def test_unexpected_errors_are_internal_without_details(
     async def unreachable(job_id: str) -> None:
         raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(api.server.api.control.jobs, "get", explode)
+    monkeypatch.setattr(api.server.api.control._jobs, "get", explode)
     with caplog.at_level(logging.ERROR, logger="scheduler_grpc.rpc"), pytest.raises(grpc.aio.AioRpcError) as caught:
         await api.jobs.GetJob(jobs_pb2.GetJobRequest(id=str(uuid.uuid4())), metadata=api.viewer)
     assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
     assert "secret detail" not in str(caught.value.debug_error_string())
     assert any(record.exc_info and "secret detail" in str(record.exc_info[1]) for record in caplog.records)
-    monkeypatch.setattr(api.server.api.control.jobs, "get", unreachable)
+    monkeypatch.setattr(api.server.api.control._jobs, "get", unreachable)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await api.jobs.GetJob(jobs_pb2.GetJobRequest(id=str(uuid.uuid4())), metadata=api.viewer)
     assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_MESSAGE)
@@ -168,7 +169,7 @@ async def test_a_call_past_the_servers_own_limit_is_deadline_exceeded_not_a_stor
         async def stuck(**kwargs: Any) -> None:
             await asyncio.Event().wait()  # e.g. queued behind a login flood; both stores are fine
 
-        monkeypatch.setattr(harness.server.api.control.jobs, "list_page", stuck)
+        monkeypatch.setattr(harness.server.api.control._jobs, "list_page", stuck)
         store_errors = sum(metrics.STORE_ERRORS.labels(store)._value.get() for store in ("redis", "postgres"))
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await harness.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=harness.viewer, timeout=10)
@@ -360,7 +361,7 @@ async def test_a_graceful_stop_finishes_in_flight_calls_and_refuses_new_ones(
     stopping: asyncio.Task[bool | None] | None = None
     try:
         running = await server.__aenter__()
-        jobs = running.api.control.jobs
+        jobs = running.api.control._jobs
         list_page = jobs.list_page
 
         async def held_list_page(**kwargs: Any) -> Any:

@@ -75,7 +75,7 @@ class Harness:
 
     async def token_for(self, username: str, role: Role) -> Metadata:
         """A session for a user with `role` (created directly: no password check needed)."""
-        users = UserRepository(self.server.api.control.jobs._pool)
+        users = UserRepository(self.server.api.control._pool)
         user = await users.upsert(username, FAST_HASHER.hash("irrelevant-password"), role.value)
         session = await self.server.api.auth.open_session(user)
         return bearer(session.token)

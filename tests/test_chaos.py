@@ -128,7 +128,7 @@ async def test_checker_reports_a_planted_duplicate_hole_stuck_run_and_stale_writ
     await row(slots[11], "succeeded")
 
     try:
-        report = await check(pool, jobs=[await control.jobs.get(job.id)], start=slots[0], end=slots[-1])
+        report = await check(pool, jobs=[await control.get_job(job.id)], start=slots[0], end=slots[-1])
     finally:  # the session database is shared: leave leader_state as the other tests expect it
         await pool.execute("DROP TRIGGER chaos_term_history ON leader_state; DROP TABLE chaos_term_history")
 

@@ -39,6 +39,7 @@ from scheduler_client.v1 import (
     jobs_pb2,
     jobs_pb2_grpc,
     queue_pb2,
+    users_pb2,
 )
 
 from tests.api_helpers import free_port
@@ -247,7 +248,7 @@ def test_local_argument_errors_are_invalid_argument() -> None:
 def test_every_rpc_has_a_client_method() -> None:
     import re
 
-    modules = (auth_pb2, jobs_pb2, executions_pb2, queue_pb2, cluster_pb2)
+    modules = (auth_pb2, jobs_pb2, executions_pb2, queue_pb2, cluster_pb2, users_pb2)
     missing = []
     for module in modules:
         for service in module.DESCRIPTOR.services_by_name.values():

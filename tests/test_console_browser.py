@@ -384,6 +384,62 @@ def test_a_viewer_cannot_see_a_webhook_secret(page: Page, browser: Browser, topo
         viewer_context.close()
 
 
+def test_an_admin_creates_a_user_and_changes_its_role_which_its_live_session_gets_at_once(
+    page: Page, browser: Browser, topology: Topology
+) -> None:
+    page.on("dialog", lambda dialog: dialog.accept())  # the confirmations
+    page.goto(f"{topology.url}/")
+    page.click("header nav a[href='/users']")
+    expect(page.locator("h1")).to_have_text("Users")
+    # A refused form keeps what was typed and says why under it.
+    page.fill("#u-username", "nora")
+    page.fill("#u-password", "too-short")
+    page.select_option("#u-role", "operator")
+    # The server's rule, not the browser's: without the attribute the form is sent.
+    page.evaluate("document.querySelector('#u-password').removeAttribute('minlength')")
+    page.click("#create-user")
+    expect(page.locator("#u-password-error")).to_contain_text("at least 12 characters")
+    expect(page.locator("#u-username")).to_have_value("nora")
+    expect(page.locator("#u-role")).to_have_value("operator")
+    page.fill("#u-password", "nora-password-123")
+    page.click("#create-user")
+    expect(page.locator("#users-notice")).to_have_text("created nora (operator)")
+    row = page.locator("#users tr[data-user=nora]")
+    expect(row.locator("td.role select")).to_have_value("operator")
+    expect(row.locator("td.state")).to_have_text("active")
+    shot(page, "users")
+
+    nora_context = browser.new_context(viewport={"width": 1280, "height": 800})
+    nora_context.set_default_timeout(TIMEOUT_MS)
+    try:
+        nora = log_in(nora_context, topology, "nora", "nora-password-123")
+        expect(nora.locator("header .who")).to_have_text("nora (operator)")
+        expect(nora.locator("header nav a[href='/users']")).to_have_count(0)
+        assert nora.request.get(f"{topology.url}/users", max_redirects=0).status == 403
+        # Demoted to viewer in the admin's tab: her open session is a viewer's on its next page.
+        row.locator("td.role select").select_option("viewer")
+        row.locator("button.set-role").click()
+        expect(page.locator("#users-notice")).to_have_text("nora is now viewer")
+        expect(page.locator("#users tr[data-user=nora] td.role select")).to_have_value("viewer")
+        nora.reload()
+        expect(nora.locator("header .who")).to_have_text("nora (viewer)")
+        # Disabled: her session ends at once.
+        page.locator("#users tr[data-user=nora] button.disable").click()
+        expect(page.locator("#users-notice")).to_have_text("disabled nora (its sessions ended)")
+        expect(page.locator("#users tr[data-user=nora] td.state")).to_have_text("disabled")
+        nora.reload()
+        expect(nora).to_have_url(re.compile(r"/login$"))
+    finally:
+        nora_context.close()
+    # The last enabled admin cannot demote itself; the refusal is shown by its row.
+    admin_row = page.locator("#users tr[data-user=admin]")
+    admin_row.locator("td.role select").select_option("viewer")
+    admin_row.locator("button.set-role").click()
+    expect(page.locator("#user-error")).to_contain_text("last enabled admin")
+    expect(page.locator("#users tr[data-user=admin] td.role select")).to_have_value("admin")
+    shot(page, "users-last-admin")
+
+
 def test_redis_stopped_shows_the_warning(page: Page, topology: Topology) -> None:
     """Last in the module: it stops the topology's Redis."""
     page.goto(f"{topology.url}/")

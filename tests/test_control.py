@@ -30,7 +30,7 @@ async def test_a_merge_is_redone_on_the_version_a_concurrent_write_left(
         seen.append(current.version)
         return replace(current, priority=current.priority + 1)
 
-    update = control.jobs.update
+    update = control._jobs.update
     interfered = False
 
     async def update_after_someone_else(job_id: str, spec: JobSpec, next_run: datetime | None, version: int) -> Job:
@@ -38,11 +38,11 @@ async def test_a_merge_is_redone_on_the_version_a_concurrent_write_left(
         nonlocal interfered
         if not interfered:
             interfered = True
-            current = await control.jobs.get(job_id)
+            current = await control.get_job(job_id)
             await update(job_id, replace(current, payload={"by": "someone else"}), current.next_run_time, version)
         return await update(job_id, spec, next_run, version)
 
-    monkeypatch.setattr(control.jobs, "update", update_after_someone_else)
+    monkeypatch.setattr(control._jobs, "update", update_after_someone_else)
     updated = await control.merge_job(job.id, raise_priority)
     assert seen == [1, 2], "the merge must run again on the version the other write left"
     assert (updated.version, updated.priority, updated.payload) == (3, 1, {"by": "someone else"})
@@ -50,7 +50,7 @@ async def test_a_merge_is_redone_on_the_version_a_concurrent_write_left(
     # With an expected version the caller asked for that version: a stale one is refused.
     with pytest.raises(Aborted):
         await control.merge_job(job.id, raise_priority, expected_version=1)
-    assert (await control.jobs.get(job.id)).version == 3
+    assert (await control.get_job(job.id)).version == 3
 
 
 async def test_a_trigger_with_a_request_id_answers_its_first_run_again(control: Control) -> None:
@@ -60,7 +60,7 @@ async def test_a_trigger_with_a_request_id_answers_its_first_run_again(control: 
     other = await control.trigger_execution(job.id)
     assert again.id == first.id
     assert other.id != first.id
-    assert [e.trigger for e in await control.executions.history(job.id)] == [Trigger.MANUAL, Trigger.MANUAL]
+    assert [e.trigger for e in await control._executions.history(job.id)] == [Trigger.MANUAL, Trigger.MANUAL]
 
 
 async def test_a_backfill_creates_each_missing_slot_once_in_slot_order(control: Control) -> None:
@@ -83,7 +83,7 @@ async def test_requeue_all_moves_every_dead_run_back_and_leaves_foreign_items(
 ) -> None:
     job = await control.create_job(replace(minutely("requeued"), schedule_kind=ScheduleKind.MANUAL, cron=None))
     runs = [(await control.trigger_job(job.id))[0] for _ in range(3)]
-    await control.executions.mark_runs_dead([run.run_id for run in runs], "test")
+    await control._executions.mark_runs_dead([run.run_id for run in runs], "test")
     queue = Queue(redis, "default")
     await queue.enqueue_many([NewItem("not-a-run", 0, "", None)])  # a foreign item: it stays
     for lease in await queue.dequeue("test-worker", timedelta(seconds=30), count=10):
@@ -92,5 +92,5 @@ async def test_requeue_all_moves_every_dead_run_back_and_leaves_foreign_items(
     requeued = await control.requeue_dead_runs("default", None)
     assert sorted(run.run_id for run in requeued) == sorted(run.run_id for run in runs)
     assert [item.id for item in (await queue.list_dead()).items] == ["not-a-run"]
-    latest = {e.run_id: e for e in await control.executions.history(job.id)}
+    latest = {e.run_id: e for e in await control._executions.history(job.id)}
     assert {e.trigger for e in latest.values()} == {Trigger.DLQ_REQUEUE}

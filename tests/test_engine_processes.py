@@ -106,9 +106,11 @@ async def test_kill_9_of_a_worker_mid_job_completes_elsewhere(
 async def test_a_job_that_kills_its_workers_is_dead_lettered_while_others_flow(
     roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:
-    for _ in range(3):
-        roles.start("worker", SCHEDULER_MAX_STALLS="2")
-    roles.start("scheduler", SCHEDULER_MAX_STALLS="2")
+    # Parked at its second solo stall (`queue_recover.lua`): three deaths with a limit of 2.
+    stalls = {"SCHEDULER_MAX_STALLS": "2", "SCHEDULER_SOLO_RETRY_DELAY": "1s"}
+    for _ in range(4):
+        roles.start("worker", **stalls)
+    roles.start("scheduler", **stalls)
     crash = await control.create_job(manual("crash", "test.crash"))
     echo = await control.create_job(manual("echo", "test.echo"))
     run = (await control.trigger_job(crash.id))[0]
@@ -118,11 +120,11 @@ async def test_a_job_that_kills_its_workers_is_dead_lettered_while_others_flow(
         return history if history and history[-1][1] == "dead" else []
 
     history = await eventually(dead, within=40)
-    assert [status for _, status in history] == ["abandoned", "dead"], history
+    assert [status for _, status in history] == ["abandoned", "abandoned", "dead"], history
     dead_page = await Queue(redis).list_dead()
     assert [item.id for item in dead_page.items] == [run.run_id]
     assert "stalled" in dead_page.items[0].reason
-    assert sum(role.process.poll() is not None for role in roles.started) == 2, "exactly two workers died"
+    assert sum(role.process.poll() is not None for role in roles.started) == 3, "exactly three workers died"
     for _ in range(20):
         await control.trigger_job(echo.id)
 
@@ -501,7 +503,7 @@ async def latest_statuses(pool: asyncpg.Pool, job_id: str) -> dict[str, str]:
 async def test_runs_that_shared_a_worker_with_a_poison_run_are_not_dead_lettered_with_it(
     roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:
-    stalls = {"SCHEDULER_MAX_STALLS": "2"}
+    stalls = {"SCHEDULER_MAX_STALLS": "2", "SCHEDULER_SOLO_RETRY_DELAY": "1s"}
     roles.start("scheduler", **stalls)
     workers = [roles.start("worker", **stalls)]
     sleep = await control.create_job(manual("innocent", "test.delay", {"seconds": 2}))
@@ -528,4 +530,4 @@ async def test_runs_that_shared_a_worker_with_a_poison_run_are_not_dead_lettered
     assert await latest_statuses(pool, sleep.id) == dict.fromkeys(innocent, "succeeded")
     dead_page = await Queue(redis).list_dead()
     assert [item.id for item in dead_page.items] == [poison.run_id]
-    assert sum(worker.process.poll() is not None for worker in workers) == 2, "the poison run killed two workers"
+    assert sum(worker.process.poll() is not None for worker in workers) == 3, "the poison run killed three workers"

@@ -42,7 +42,7 @@ def spec(name: str, *depends_on: str, rule: TriggerRule = TriggerRule.ALL_SUCCEE
 
 
 async def depend(control: Control, name: str, *upstreams: str) -> None:
-    job = await control.jobs.get_by_name(name)
+    job = await control.get_job_by_name(name)
     await control.update_job(job.id, replace(job, depends_on=tuple(upstreams)))
 
 
@@ -53,8 +53,8 @@ async def test_depends_on_by_name_or_id_is_stored_as_ids_in_order(control: Contr
         spec("c", "b", a.id, "b"),
     )
     assert c.depends_on == (b.id, a.id)
-    assert (await control.jobs.get(c.id)).depends_on == (b.id, a.id)
-    assert (await control.jobs.get(a.id)).depends_on == ()
+    assert (await control.get_job(c.id)).depends_on == (b.id, a.id)
+    assert (await control.get_job(a.id)).depends_on == ()
 
 
 async def test_unknown_upstream_is_refused_naming_the_index(control: Control) -> None:
@@ -64,7 +64,7 @@ async def test_unknown_upstream_is_refused_naming_the_index(control: Control) ->
     assert error.value.field == "depends_on[1]"
     assert "nope" in error.value.message
     with pytest.raises(NotFound):  # nothing was stored
-        await control.jobs.get_by_name("c")
+        await control.get_job_by_name("c")
 
 
 async def test_from_references_must_name_an_upstream(control: Control) -> None:
@@ -101,7 +101,7 @@ async def test_a_cycle_of_length_2_is_refused_with_its_path(control: Control) ->
         await depend(control, "a", "b")
     assert error.value.field == "depends_on"
     assert error.value.message == "would create a cycle: a → b → a"
-    assert (await control.jobs.get_by_name("a")).depends_on == ()
+    assert (await control.get_job_by_name("a")).depends_on == ()
 
 
 async def test_the_issue_example_names_the_path(control: Control) -> None:
@@ -132,7 +132,7 @@ async def test_deleting_an_upstream_needs_detach(control: Control, pool: asyncpg
         await control.delete_job(a.id)
     assert "b" in str(error.value)
     await control.delete_job(a.id, detach_dependents=True)
-    assert (await control.jobs.get(b.id)).depends_on == ()
+    assert (await control.get_job(b.id)).depends_on == ()
     assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 0
 
 
@@ -297,9 +297,9 @@ async def test_a_fired_slot_starts_a_flow_run_over_its_own_descendants_only(
     flow = await control.get_flow_run(run.run_id)
     assert flow.root_job_id == middle.id
     assert {node.job_name: node.state for node in flow.nodes} == {"middle": "queued", "lower": "pending"}
-    assert (await control.executions.get(run.run_id)).flow_run_id == run.run_id
+    assert (await control.get_execution(run.run_id)).flow_run_id == run.run_id
     # A job without dependents starts none.
     lone = await control.create_job(spec("lone"))
     (alone,) = await control.trigger_job(lone.id)
-    assert (await control.executions.get(alone.run_id)).flow_run_id is None
+    assert (await control.get_execution(alone.run_id)).flow_run_id is None
     assert await pool.fetchval("SELECT count(*) FROM flow_runs") == 1

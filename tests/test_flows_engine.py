@@ -97,7 +97,7 @@ async def test_a_diamond_runs_its_join_once_per_flow_run_with_both_results_and_r
         assert states(flow) == {"A": "succeeded", "B": "succeeded", "C": "succeeded", "D": "succeeded"}
         d_run = next(node.run_id for node in flow.nodes if node.job_name == "D")
         assert d_run is not None
-        d = await control.executions.get(d_run)
+        d = await control.get_execution(d_run)
         assert d.flow_run_id == flow_id
         # D's payload took B's result and C's rows (`$from`); its handler's context carried both
         # upstream results (test.echo returns them as "upstream"), and B's and C's carried A's.
@@ -108,7 +108,7 @@ async def test_a_diamond_runs_its_join_once_per_flow_run_with_both_results_and_r
     assert await runs_per_flow(pool, "D") == dict.fromkeys(flow_ids, 1)
     assert await FlowRepository(pool).upstream_results(d_run) == {"B": b_result, "C": c_result}
     # Every run of the flow runs is listed by flow run.
-    page = await control.executions.list_page(flow_run_id=flow_ids[0])
+    page = await control.list_executions(flow_run_id=flow_ids[0])
     assert sorted(e.job_id for e in page.executions) == sorted(node.job_id for node in flow.nodes)
     # The same engine: a retried upstream (the flow waits for the run's final state).
     await check_a_retried_upstream_lets_the_flow_go_on_once_it_succeeds(control)
@@ -136,7 +136,7 @@ async def test_failure_records_dependents_upstream_failed_rules_decide_and_from_
     }  # fmt: skip
     # Every node has its history row (never silently absent), each created once.
     for node in flow.nodes:
-        history = await control.executions.history(node.job_id)
+        history = await control._executions.history(node.job_id)
         assert len(history) == 1, (node.job_name, history)
         assert history[0].flow_run_id == flow.id
     # The same engine: a `$from` path the upstream's result lacks.
@@ -151,8 +151,8 @@ async def check_a_retried_upstream_lets_the_flow_go_on_once_it_succeeds(control:
     await control.create_job(job("next", "flaky", payload={"attempt": {"$from": "flaky.result.attempt"}}))
     flow = await finished(control, (await control.trigger_job(a.id))[0].run_id)
     assert states(flow) == {"flaky": "succeeded", "next": "succeeded"}
-    assert [e.status.value for e in await control.executions.history(a.id)] == ["failed", "succeeded"]
-    downstream = await control.executions.get(next(n.run_id for n in flow.nodes if n.job_name == "next") or "")
+    assert [e.status.value for e in await control._executions.history(a.id)] == ["failed", "succeeded"]
+    downstream = await control.get_execution(next(n.run_id for n in flow.nodes if n.job_name == "next") or "")
     assert downstream.result == {"echo": {"attempt": 2}, "upstream": {"flaky": {"attempt": 2, "failed_attempts": 1}}}
 
 
@@ -161,7 +161,7 @@ async def check_a_missing_from_path_fails_the_downstream_run_with_the_reference_
     b = await control.create_job(job("down", "up", payload={"y": {"$from": "up.result.echo.nope"}}))
     flow = await finished(control, (await control.trigger_job(a.id))[0].run_id)
     assert states(flow) == {"up": "succeeded", "down": "dead"}
-    (row,) = await control.executions.history(b.id)
+    (row,) = await control._executions.history(b.id)
     assert row.error == """payload: {"$from": "up.result.echo.nope"}: up.result.echo has no 'nope'"""
 
 
@@ -175,7 +175,7 @@ async def test_cancelling_a_flow_run_cancels_its_running_run_and_records_the_res
     flow_id = (await control.trigger_job(a.id))[0].run_id
 
     async def running() -> bool:
-        return bool((await control.executions.get(flow_id)).status.value == "running")
+        return bool((await control.get_execution(flow_id)).status.value == "running")
 
     await eventually(running, within=15)
     flow = await control.cancel_flow_run(flow_id)
@@ -184,7 +184,7 @@ async def test_cancelling_a_flow_run_cancels_its_running_run_and_records_the_res
     assert states(flow)["then-too"] == "cancelled"
 
     async def slow_cancelled() -> bool:
-        return (await control.executions.get(flow_id)).status.value == "cancelled"
+        return (await control.get_execution(flow_id)).status.value == "cancelled"
 
     await eventually(slow_cancelled, within=15)
     assert states(await control.get_flow_run(flow_id)) == {"slow": "cancelled", "then": "cancelled",
@@ -229,7 +229,7 @@ async def test_a_downstream_run_committed_but_never_enqueued_is_enqueued_by_reco
     flow_id = (await control.trigger_job(a.id))[0].run_id
 
     async def first_done() -> bool:
-        return (await control.executions.get(flow_id)).status.value == "succeeded"
+        return (await control.get_execution(flow_id)).status.value == "succeeded"
 
     await eventually(first_done, within=15)
     async with pool.acquire() as conn, conn.transaction():
@@ -238,7 +238,7 @@ async def test_a_downstream_run_committed_but_never_enqueued_is_enqueued_by_reco
     roles.start("scheduler")
     flow = await finished(control, flow_id)
     assert states(flow) == {"first": "succeeded", "second": "succeeded"}
-    assert [e.status.value for e in await control.executions.history(b.id)] == ["succeeded"]
+    assert [e.status.value for e in await control._executions.history(b.id)] == ["succeeded"]
 
 
 async def test_kill_9_of_the_leader_mid_flows_loses_and_duplicates_nothing(

@@ -158,3 +158,17 @@ def test_error_text_loses_nul_and_lone_surrogates_and_keeps_its_end() -> None:
     long = "x" * 20_000 + " (retry budget of 3 spent)"
     assert outputs.bound_error(long).endswith("x (retry budget of 3 spent)")
     assert "[11,8" in outputs.bound_error(long)
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({"argv": ["ls", "a\x00b"]}, ".argv[1]"),
+        ({"a": {"b c": [1, {"d": float("nan")}]}}, '.a["b c"][1].d'),
+        ({"ok": 1, "bad\x00key": 2}, ""),
+        ([1, 2, {3}], "[2]"),
+        ({"fine": [1, "x"]}, ""),
+    ],
+)
+def test_the_unstorable_element_is_located_by_its_path(value: Any, path: str) -> None:
+    assert outputs.locate_unstorable(value) == path

@@ -37,5 +37,5 @@ async def test_open_control_creates_and_reads_a_job(
     async with open_control(settings) as control:
         spec = JobSpec(name="tick", handler="test.echo", schedule_kind=ScheduleKind.CRON, cron="*/5 * * * *")
         job = await control.create_job(spec)
-        assert (await control.jobs.get(job.id)).name == "tick"
+        assert (await control.get_job(job.id)).name == "tick"
         assert job.next_run_time is not None

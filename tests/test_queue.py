@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -55,7 +56,7 @@ async def item_fields(redis: aioredis.Redis, queue: Queue, item_id: str) -> dict
     return found
 
 
-async def expire_leases(queue: Queue, ids: set[str], deadline: Deadline, **kwargs: int) -> tuple[set, set]:
+async def expire_leases(queue: Queue, ids: set[str], deadline: Deadline, **kwargs: Any) -> tuple[set, set]:
     """Poll recover_expired until every id in `ids` came out; returns (requeued, dead)."""
     requeued: set[str] = set()
     dead: set[str] = set()
@@ -400,11 +401,21 @@ async def test_recover_dead_letters_after_max_deliveries(redis: aioredis.Redis, 
     assert await queue.dequeue("busy", TINY) == []  # its third delivery is solo: idle callers only
     [lease] = await queue.dequeue("victim-3", TINY, idle=True)
     assert (lease.deliveries, lease.solo) == (3, True)
+    # Its first solo stall parks nothing (an outside kill may land on a worker running one run
+    # alone): it waits out the pause in the delayed set, still solo.
+    pause = timedelta(milliseconds=300)
+    recovered = await expire_leases(queue, {"poison"}, deadline, max_deliveries=3, solo_retry_delay=pause)
+    assert recovered == ({"poison"}, set())
+    assert await queue.states(["poison"]) == {"poison": ItemState.DELAYED}
+    assert await promote_all(queue, redis, deadline) == ["poison"]
+    assert await queue.dequeue("busy", TINY) == []
+    [lease] = await queue.dequeue("victim-4", TINY, idle=True)
+    assert (lease.deliveries, lease.solo) == (4, True)
     assert await expire_leases(queue, {"poison"}, deadline, max_deliveries=3) == (set(), {"poison"})
     assert await queue.states(["poison"]) == {"poison": ItemState.DEAD}
     page = await queue.list_dead()
     [item] = page.items
-    assert (item.id, item.reason, item.priority, item.deliveries, item.data) == ("poison", "stalled", 2, 3, b"boom")
+    assert (item.id, item.reason, item.priority, item.deliveries, item.data) == ("poison", "stalled", 2, 4, b"boom")
     assert await queue.dequeue("w", VT, idle=True) == []
     assert not await queue.ack("poison", lease.token)
     assert await redis.scard(queue.keys.solo) == 0
@@ -511,6 +522,23 @@ async def test_recover_dead_letters_only_a_solo_delivery(redis: aioredis.Redis, 
     [lease] = await queue.dequeue("w", TINY, idle=True)
     assert (lease.deliveries, lease.solo) == (4, True)
     assert await expire_leases(queue, {"a"}, deadline, max_deliveries=2) == (set(), {"a"})
+
+
+async def test_a_first_solo_stall_waits_out_a_pause_and_parks_nothing(
+    redis: aioredis.Redis, deadline: Deadline
+) -> None:
+    # A burst of outside kills (the one chaos's worker-kill9 makes) may land on an idle worker
+    # running a solo delivery: that alone must not park an innocent run.
+    queue = Queue(redis)
+    await queue.enqueue("innocent")
+    await stall(queue, {"innocent"}, deadline, times=2)
+    [lease] = await queue.dequeue("idle", TINY, idle=True)
+    assert lease.solo
+    assert await expire_leases(queue, {"innocent"}, deadline) == ({"innocent"}, set())
+    due = await redis.zscore(queue.keys.delayed, "innocent")
+    assert due is not None
+    assert await queue.promote_due() == []  # the default pause is long
+    assert await redis.smembers(queue.keys.solo) == {b"innocent"}
 
 
 async def test_recover_with_a_limit_of_one_parks_at_the_first_stall(redis: aioredis.Redis, deadline: Deadline) -> None:

@@ -25,7 +25,7 @@ from scheduler_grpc.control import Control
 from scheduler_grpc.db.executions import Claim, ExecutionRepository, Queued
 from scheduler_grpc.dispatch import Queues, enqueue_runs
 from scheduler_grpc.errors import ConfigError
-from scheduler_grpc.executions import Trigger
+from scheduler_grpc.executions import ExecutionStatus, Trigger
 from scheduler_grpc.handlers import ExecutionContext, Handler, HandlerRegistry, JSONValue
 from scheduler_grpc.jobs import JobSpec
 from scheduler_grpc.queue import ItemState, NewItem, Queue
@@ -311,11 +311,36 @@ async def test_a_cancelled_reservation_never_runs(
         await control.cancel_execution(runs[0].run_id)
         [row] = await eventually(lambda: all_with(pool, runs, "cancelled"), within=5)
         assert await Queue(redis).states([runs[0].run_id]) == {runs[0].run_id: None}, "its item is gone"
-        await eventually(lambda: _true(not worker._running))
+        await eventually(lambda: _true(worker.idle))
         # Past its due time: it never ran.
         await eventually(lambda: _true(datetime.now(UTC) > runs[0].due_at + timedelta(milliseconds=200)), within=5)
     assert (row["attempt"], row["started_at"]) == (1, None)
     assert not clock.began
+
+
+class _BuggyUnclaim(ExecutionRepository):
+    async def unclaim(self, items: Sequence[tuple[str, str]]) -> dict[str, ExecutionStatus]:
+        raise RuntimeError("a bug in the hand-back of a held run")
+
+
+async def test_a_bug_in_a_runs_own_task_ends_the_worker(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str, clocked: Clocked
+) -> None:
+    # Issue 19, defect 5: a held run's task ran outside the role's task group; a bug in it (here in
+    # the hand-back of a cancelled reservation) vanished into "Task exception was never retrieved"
+    # and the worker went on. It must end the role, like a bug anywhere else.
+    _, registry, control = clocked
+    job = await control.create_job(JobSpec(name="buggy-held", handler="test.clock"))
+    env = {"SCHEDULER_WORKER_RESERVE_AHEAD": "3s"}
+    executions = _BuggyUnclaim(pool)
+    async with worker_running(redis_url, database_url, executions, registry, **env) as (_, _, task):
+        runs = await delayed_runs(pool, redis, job.id, 1, ahead=2.0)
+        await eventually(lambda: held(pool, runs), within=5)
+        await control.cancel_execution(runs[0].run_id)
+        await eventually(lambda: _true(task.done()), within=5)
+        with pytest.raises(ExceptionGroup) as raised:
+            task.result()
+        assert raised.group_contains(RuntimeError, match="a bug in the hand-back of a held run")
 
 
 async def test_reserve_ahead_zero_keeps_the_claim_at_the_due_time(

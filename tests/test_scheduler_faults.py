@@ -358,7 +358,7 @@ async def test_reconcile_rebuilds_a_flushed_dead_letter_queue_but_not_what_was_p
     for name in ("kept", "purged", "requeued"):
         [run] = await control.trigger_job(job.id)
         reason = f"permanent: {name} failed"
-        await control.executions.mark_runs_dead([run.run_id], reason)
+        await control._executions.mark_runs_dead([run.run_id], reason)
         assert await queue.dead_letter(run.run_id, None, reason)
         runs[name] = run.run_id
     assert await control.purge_dead_runs("default", [runs["purged"]]) == [runs["purged"]]

@@ -3,6 +3,7 @@ a role that dies is started again, and only a signal to `up` stops the roles."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -16,10 +17,15 @@ from pathlib import Path
 
 import asyncpg
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis.asyncio import Redis
 
+from scheduler_grpc import cli, config
+from scheduler_grpc.config import Settings
 from scheduler_grpc.embedded import ServerUrls
+from scheduler_grpc.errors import ConfigError
+from scheduler_grpc.topology import _banner, _children
 from tests.api_helpers import free_port
 
 
@@ -72,11 +78,10 @@ async def test_the_banner_comes_when_every_role_is_ready(
         "SCHEDULER_HTTP_PORT": str(http_port),
         "SCHEDULER_DATA_DIR": str(tmp_path),
         "SCHEDULER_LOG_FORMAT": "json",
+        "SCHEDULER_METRICS_BASE": str(base),  # as `make run` takes it (no flag)
     }
     argv = [sys.executable, "-m", "scheduler_grpc", "up", "--schedulers", "1", "--workers", "1"]
-    process = await asyncio.create_subprocess_exec(
-        *argv, "--metrics-base", str(base), env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL
-    )
+    process = await asyncio.create_subprocess_exec(*argv, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
     assert process.stderr is not None
     lines: list[bytes] = []
 
@@ -87,6 +92,14 @@ async def test_the_banner_comes_when_every_role_is_ready(
             if b"scheduler-grpc is up" in line:
                 return
         raise AssertionError("up exited without a banner")
+
+    async def until_banner_ends() -> None:
+        assert process.stderr is not None
+        while line := await process.stderr.readline():
+            lines.append(line)
+            if not line.strip():
+                return
+        raise AssertionError("up exited in its banner")
 
     async def drain() -> None:  # the roles log to the same pipe: keep it flowing
         assert process.stderr is not None
@@ -99,6 +112,9 @@ async def test_the_banner_comes_when_every_role_is_ready(
             await asyncio.wait_for(until_banner(), 90)
         except TimeoutError:
             raise AssertionError("no banner:\n" + b"".join(lines[-30:]).decode(errors="replace")) from None
+        banner_start = len(lines) - 1
+        await asyncio.wait_for(until_banner_ends(), 10)
+        banner = b"".join(lines[banner_start:]).decode()
         drainer = asyncio.create_task(drain())
         # At the moment of the banner: the gRPC server answers SERVING and every /metrics answers.
         async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
@@ -108,6 +124,21 @@ async def test_the_banner_comes_when_every_role_is_ready(
         assert [port for port in (base, base + 1, base + 10) if not _metrics_answer(port)] == []
         # ... and so does the web console.
         assert _http_status(http_port, "/login") == 200
+        # What the banner says to run from a shell works as it is: schedctl finds this server.
+        assert "npx" not in banner
+        [line] = [line for line in banner.splitlines() if line.lstrip().startswith("schedctl:")]
+        command = line.split("schedctl:", 1)[1].strip()
+        assert command.startswith(f"export SCHEDCTL_SERVER=127.0.0.1:{grpc_port}; schedctl login ")
+        shell_env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDCTL_")}
+        shell_env["PATH"] = f"{Path(sys.executable).parent}:{shell_env.get('PATH', '')}"
+        shell_env["SCHEDCTL_CONFIG"] = str(tmp_path / "schedctl")
+        shell = await asyncio.create_subprocess_exec(
+            "sh", "-c", f"{command} && schedctl whoami", env=shell_env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(shell.communicate(), 60)
+        assert shell.returncode == 0, err.decode()
+        assert out.decode().splitlines()[-1] == f"admin (role admin) on 127.0.0.1:{grpc_port}"
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -197,3 +228,45 @@ async def test_up_restarts_a_role_that_dies_and_stops_every_role_on_sigterm(
     assert code == 0
     assert not _alive(second)
     assert not _alive(scheduler_pid)
+
+
+def _settings(**environ: str) -> Settings:
+    return config.load({"SCHEDULER_DATA_DIR": "/tmp/unused", **environ})
+
+
+def test_metrics_ports_count_from_scheduler_metrics_base() -> None:
+    args = argparse.Namespace(schedulers=2, workers=3)
+    ports = {child.name: child.metrics_port for child in _children(_settings(), args)}
+    assert ports == {"server": 9090, "scheduler-1": 9091, "scheduler-2": 9092,
+                     "worker-1": 9100, "worker-2": 9101, "worker-3": 9102}  # fmt: skip
+    moved = {child.name: child.metrics_port for child in _children(_settings(SCHEDULER_METRICS_BASE="19090"), args)}
+    assert moved == {name: port + 10000 for name, port in ports.items()}
+    # The flag of `up` is the same setting, and beats the environment.
+    parsed = cli.build_parser().parse_args(["up", "--metrics-base", "29090"])
+    flagged = config.load({"SCHEDULER_METRICS_BASE": "19090"}, vars(parsed))
+    assert _children(flagged, parsed)[0].metrics_port == 29090
+    with pytest.raises(ConfigError, match="SCHEDULER_METRICS_BASE"):
+        _children(_settings(SCHEDULER_METRICS_BASE="65530"), args)
+    with pytest.raises(ConfigError, match="SCHEDULER_METRICS_BASE"):
+        _settings(SCHEDULER_METRICS_BASE="0")
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, "schedctl login --username admin --password admin123"),
+        ({"SCHEDULER_GRPC_PORT": "50052"},
+         "export SCHEDCTL_SERVER=127.0.0.1:50052; schedctl login --username admin --password admin123"),
+        ({"SCHEDULER_GRPC_HOST": "0.0.0.0", "SCHEDULER_ADMIN_PASSWORD": "a-strong-passphrase",
+          "SCHEDULER_ADMIN_USERNAME": "ops"}, "schedctl login --username ops"),
+    ],
+)  # fmt: skip
+def test_the_banner_says_how_schedctl_reaches_the_server(
+    environ: dict[str, str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = _settings(**environ)
+    _banner(settings, _children(settings, argparse.Namespace(schedulers=1, workers=1)), "redis://r", "postgresql://p",
+            Path("/tmp/env"))  # fmt: skip
+    banner = capsys.readouterr().err
+    assert f"  schedctl:     {expected}\n" in banner
+    assert "npx" not in banner

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
@@ -27,8 +28,9 @@ from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.executions import Advance, Claim, ExecutionRepository, Outcome, PlannedSlot
 from scheduler_grpc.db.pool import create_pool
+from scheduler_grpc.dispatch import Queues, enqueue_runs
 from scheduler_grpc.events import EventType
-from scheduler_grpc.executions import ExecutionStatus
+from scheduler_grpc.executions import ExecutionStatus, Trigger
 from scheduler_grpc.handlers import (
     ExecutionContext,
     Handler,
@@ -91,14 +93,20 @@ def gated(redis: aioredis.Redis, pool: asyncpg.Pool) -> Gated:
 
 @asynccontextmanager
 async def running_worker(
-    redis_url: str, database_url: str, executions: ExecutionRepository, registry: HandlerRegistry, **env: str
+    redis_url: str,
+    database_url: str,
+    executions: ExecutionRepository,
+    registry: HandlerRegistry,
+    *,
+    concurrency: int = 4,
+    **env: str,
 ) -> AsyncIterator[tuple[Worker, asyncio.Task[None]]]:
     """An in-process worker on a production-like Redis client (auto-retry and all)."""
     settings = make_settings(
         redis_url, database_url, SCHEDULER_VISIBILITY_TIMEOUT="1s", SCHEDULER_SHUTDOWN_GRACE="1s", **env
     )
     client = redis_client(redis_url)
-    worker = Worker(client, executions, registry, settings, worker_id="in-process", concurrency=4)
+    worker = Worker(client, executions, registry, settings, worker_id="in-process", concurrency=concurrency)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
@@ -448,6 +456,30 @@ async def test_a_bug_ends_the_worker(
         assert raised.group_contains(RuntimeError, match="a bug in the cancel poll")
 
 
+class _BuggyLookup(HandlerRegistry):
+    def get(self, name: str) -> Handler:
+        if name == "test.echo":
+            raise RuntimeError("a bug in the handler lookup")
+        return super().get(name)
+
+
+async def test_a_bug_in_a_runs_task_ends_the_worker(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    # Issue 19, defect 5: the task that runs a claimed attempt was created outside the role's task
+    # group and nothing read its exception: the bug vanished ("Task exception was never retrieved")
+    # and the run stayed `running` on a worker that went on. A bug there ends the role.
+    registry = _BuggyLookup(_SETTINGS, default_registry(_SETTINGS))
+    control = Control(redis, pool, default_registry(_SETTINGS))
+    job = await control.create_job(JobSpec(name="buggy-lookup", handler="test.echo"))
+    async with running_worker(redis_url, database_url, ExecutionRepository(pool), registry) as (_, task):
+        await control.trigger_job(job.id)
+        await eventually(lambda: _true(task.done()), within=5)
+        with pytest.raises(ExceptionGroup) as raised:
+            task.result()
+        assert raised.group_contains(RuntimeError, match="a bug in the handler lookup")
+
+
 async def test_a_claim_waiting_on_an_abandon_does_not_fail_on_the_attempt_it_added(
     control: Control, pool: asyncpg.Pool
 ) -> None:
@@ -528,6 +560,102 @@ async def test_a_slot_is_freed_when_its_handler_returns_not_when_its_outcome_is_
         await eventually(all_succeeded)
         assert worker.stats.completed == 6
         assert not task.done()
+
+
+async def _has(items: list[str], count: int) -> bool:
+    return len(items) >= count
+
+
+class MarkHandler(Handler):
+    """Returns at once, noting which attempts' handlers have returned."""
+
+    name: ClassVar[str] = "test.mark"
+    description: ClassVar[str] = "note the return"
+    extra_fields: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.returned: list[str] = []
+
+    async def run(self, ctx: ExecutionContext, payload: dict[str, Any]) -> JSONValue:
+        self.returned.append(ctx.execution_id)
+        return None
+
+
+async def test_a_cancel_while_the_outcome_waits_for_the_completion_stage_never_strands_the_run(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    # Issue 19, defect 4. Recording is held back; one slot, so the completion buffer holds 4
+    # outcomes: the first run's outcome is being recorded, the next four fill the buffer, and the
+    # sixth run's handler returns with no room for its outcome. A cancel then reaches that run.
+    # Before: its task was cancelled inside the hand-off, the outcome dropped, and the run stayed
+    # `running` forever, its lease renewed until the worker restarted.
+    mark = MarkHandler()
+    registry = registry_with(mark)
+    control = Control(redis, pool, registry)
+    job = await control.create_job(JobSpec(name="hand-off", handler="test.mark"))
+    executions = _HeldCompletions(pool)
+    async with running_worker(redis_url, database_url, executions, registry, concurrency=1) as (worker, task):
+        runs = []
+        for _ in range(6):  # one at a time: the last one is the one whose outcome finds no room
+            runs.append((await control.trigger_job(job.id))[0])
+            await eventually(functools.partial(_has, mark.returned, len(runs)))
+        last = runs[-1]
+        execution = await control.cancel_execution(last.run_id)
+        assert execution.status == "running"
+        # The cancel reached the worker (pub/sub at once, else the 1 s poll) while the outcome waited.
+        await eventually(lambda: _true(worker.active == 0), within=5)
+        executions.release.set()
+
+        async def none_running() -> list[str]:
+            found = [(await statuses(pool, run.run_id))[-1] for run in runs]
+            return found if "running" not in found else []
+
+        found = await eventually(none_running, within=10)
+        assert found[:5] == ["succeeded"] * 5
+        assert found[5] in {"succeeded", "cancelled"}  # its handler had returned: either is honest
+        await eventually(lambda: _true(worker.idle), within=5)
+        assert not task.done()
+
+
+async def _started_and_finished(pool: asyncpg.Pool, run_ids: Sequence[str]) -> list[asyncpg.Record]:
+    rows = await pool.fetch(
+        "SELECT run_id::text, status, started_at, finished_at FROM job_executions WHERE run_id = ANY($1::uuid[])",
+        list(run_ids),
+    )
+    return rows if len(rows) == len(run_ids) and all(row["status"] == "succeeded" for row in rows) else []
+
+
+async def test_a_solo_delivery_runs_alone_after_the_worker_drains(
+    redis: aioredis.Redis, pool: asyncpg.Pool, redis_url: str, database_url: str, gated: Gated
+) -> None:
+    # Issue 19, defect 12 (the worker's side): told that a solo item waits, a busy worker leases
+    # nothing more until it holds no run, then takes the solo delivery alone and runs nothing
+    # beside it until it is recorded.
+    gate, registry, control = gated
+    busy_job = await control.create_job(JobSpec(name="busy", handler="test.gate"))
+    echo = await control.create_job(JobSpec(name="echo", handler="test.echo"))
+    queue = Queue(redis)
+    async with running_worker(redis_url, database_url, ExecutionRepository(pool), registry, concurrency=2) as (_, task):
+        [busy] = await control.trigger_job(busy_job.id)
+        await eventually(lambda: _true(gate.started.is_set()))  # one slot busy, one free
+        # A run whose next delivery is solo (as after max_stalls - 1 stalls), enqueued as the API does.
+        [solo] = await ExecutionRepository(pool).trigger(echo.id, Trigger.MANUAL, [datetime.now(UTC)])
+        await redis.sadd(queue.keys.solo, solo.run_id)
+        await enqueue_runs(Queues(redis), [solo])
+
+        async def draining() -> bool:
+            return await redis.get(queue.keys.drainer) == b"in-process"
+
+        await eventually(draining, within=5)
+        others = [(await control.trigger_job(echo.id))[0].run_id for _ in range(3)]
+        gate.gate.set()
+        rows = await eventually(lambda: _started_and_finished(pool, [busy.run_id, solo.run_id, *others]), within=10)
+        assert not task.done()
+    by_run = {row["run_id"]: row for row in rows}
+    assert by_run[solo.run_id]["started_at"] >= by_run[busy.run_id]["finished_at"], "it did not wait to be alone"
+    for run_id in others:
+        # Not leased beside the busy run while draining, nor beside the solo run.
+        assert by_run[run_id]["started_at"] >= by_run[solo.run_id]["finished_at"], "something ran beside it"
 
 
 async def test_runs_claimed_together_time_out_each_by_its_own_job_timeout(

@@ -3,9 +3,9 @@
 The middleware, for every request: sets the security headers; lets the login page and static files
 through; otherwise authenticates the session cookie (a Login session token) with the API's
 `Authenticator`, checks the CSRF token of every POST, and checks the role the route's RPC needs in
-`auth.METHOD_ROLES`. Domain errors become pages with the same meaning as the API's status codes
-(INVALID_ARGUMENT 400, NOT_FOUND 404, FAILED_PRECONDITION/ABORTED 409, RESOURCE_EXHAUSTED 429,
-PERMISSION_DENIED 403); a store that does not answer is a 503 page saying which one is down.
+`auth.METHOD_ROLES`. Errors become pages by the API's own mapping (`statuses.status_of`, as HTTP
+statuses: INVALID_ARGUMENT 400, NOT_FOUND 404, ALREADY_EXISTS/FAILED_PRECONDITION/ABORTED 409,
+RESOURCE_EXHAUSTED 429, PERMISSION_DENIED 403, UNAVAILABLE 503 saying a store is down).
 """
 
 from __future__ import annotations
@@ -20,23 +20,21 @@ from dataclasses import dataclass
 from typing import Final
 
 from aiohttp import web
-from redis.asyncio import Redis
 
-from scheduler_grpc import stores
-from scheduler_grpc.auth import PermissionDenied, ResourceExhausted, Unauthenticated
+from scheduler_grpc import statuses
+from scheduler_grpc.application import Api
+from scheduler_grpc.auth import Unauthenticated
 from scheduler_grpc.config import Settings
-from scheduler_grpc.console import security, views
-from scheduler_grpc.console.context import CONSOLE, STATIC, Console, StoreHealth, environment, render
+from scheduler_grpc.console import security, users, views
+from scheduler_grpc.console.context import CONSOLE, STATIC, Console, environment, render
 from scheduler_grpc.console.limits import ConnectionGuard, connection_limit
-from scheduler_grpc.db.console import ConsoleQueries
-from scheduler_grpc.db.pool import Pool
-from scheduler_grpc.errors import Aborted, AlreadyExists, ConfigError, FailedPrecondition, InvalidArgument, NotFound
-from scheduler_grpc.services import Api
+from scheduler_grpc.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 DEV_HOST: Final = "127.0.0.1"
 _PUBLIC: Final = ("/login", "/static/", "/healthz")
+STORES_DOWN: Final = "Redis or PostgreSQL did not answer; try again when both are up"
 MACHINE_NAMES_TIMEOUT: Final = 2.0
 
 
@@ -95,10 +93,7 @@ async def _guarded(request: web.Request, handler: security.Handler) -> web.Strea
         try:
             response: web.StreamResponse = await handler(request)
         except Exception as exc:
-            if not stores.is_fault(exc):
-                raise
-            log.warning("console: a store did not answer", extra={"path": request.path, "error": repr(exc)})
-            return await _error(request, 503, "Redis or PostgreSQL did not answer; try again when both are up")
+            return await _failed(request, exc)
         return response
     console = request.app[CONSOLE]
     token = request.cookies.get(security.COOKIE, "")
@@ -108,10 +103,7 @@ async def _guarded(request: web.Request, handler: security.Handler) -> web.Strea
     except Unauthenticated:
         principal = None
     except Exception as exc:
-        if not stores.is_fault(exc):
-            raise
-        log.warning("console: a store did not answer", extra={"path": request.path, "error": repr(exc)})
-        return await _error(request, 503, "Redis or PostgreSQL did not answer; try again when both are up")
+        return await _failed(request, exc)
     if principal is None:
         if request.method == "GET" and not request.path.startswith("/api/") and request.path != "/events":
             raise web.HTTPSeeOther("/login") from None
@@ -133,22 +125,21 @@ async def _guarded(request: web.Request, handler: security.Handler) -> web.Strea
         )
     try:
         answer: web.StreamResponse = await handler(request)
-    except InvalidArgument as exc:
-        return await _error(request, 400, str(exc))
-    except NotFound as exc:
-        return await _error(request, 404, str(exc))
-    except (FailedPrecondition, Aborted, AlreadyExists) as exc:
-        return await _error(request, 409, str(exc))
-    except ResourceExhausted as exc:
-        return await _error(request, 429, str(exc))
-    except PermissionDenied as exc:
-        return await _error(request, 403, str(exc))
     except Exception as exc:
-        if not stores.is_fault(exc):
-            raise
-        log.warning("console: a store did not answer", extra={"path": request.path, "error": repr(exc)})
-        return await _error(request, 503, "Redis or PostgreSQL did not answer; try again when both are up")
+        return await _failed(request, exc)
     return answer
+
+
+async def _failed(request: web.Request, exc: Exception) -> web.StreamResponse:
+    """The page for a handler that raised `exc`: the API's status for it (`statuses.status_of`) as
+    an HTTP status; an unexpected error propagates (a 500, logged with its traceback)."""
+    code, message = statuses.status_of(exc)
+    if code is statuses.Code.INTERNAL:
+        raise exc
+    if code is statuses.Code.UNAVAILABLE:
+        log.warning("console: a store did not answer", extra={"path": request.path, "error": repr(exc)})
+        message = STORES_DOWN
+    return await _error(request, statuses.HTTP_STATUS[code], message)
 
 
 async def healthz(request: web.Request) -> web.StreamResponse:
@@ -203,6 +194,7 @@ def build_app(
             web.get("/api-keys", v.api_keys),
             web.post("/api-keys", v.create_api_key),
             web.post("/api-keys/{id}/revoke", v.revoke_api_key),
+            *users.ROUTES,
             web.static("/static", STATIC, append_version=False),
         ]
     )
@@ -291,7 +283,7 @@ class _GuardedSite(web.BaseSite):
 
 
 @contextlib.asynccontextmanager
-async def serve_console(settings: Settings, api: Api, redis: Redis, pool: Pool) -> AsyncIterator[RunningConsole]:
+async def serve_console(settings: Settings, api: Api) -> AsyncIterator[RunningConsole]:
     """Serve the console on SCHEDULER_HTTP_HOST:PORT until the block exits.
 
     Raises:
@@ -301,8 +293,6 @@ async def serve_console(settings: Settings, api: Api, redis: Redis, pool: Pool) 
     context = _ssl_context(settings)
     console = Console(
         api=api,
-        queries=ConsoleQueries(pool, timeout=settings.connect_timeout),
-        health=StoreHealth(redis, pool),
         secure=context is not None or settings.http_tls_proxy,
         templates=environment(),
     )

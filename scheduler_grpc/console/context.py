@@ -1,10 +1,8 @@
-"""What every console page needs: its dependencies, store health, and template rendering."""
+"""What every console page needs: its dependencies and template rendering."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -12,49 +10,12 @@ from typing import Any, Final
 import jinja2
 import markupsafe
 from aiohttp import web
-from redis.asyncio import Redis
 
+from scheduler_grpc.application import Api
 from scheduler_grpc.console import security
-from scheduler_grpc.db.console import ConsoleQueries
-from scheduler_grpc.db.pool import Pool, ping
-from scheduler_grpc.services import Api
 
 TEMPLATES: Final = Path(__file__).parent / "templates"
 STATIC: Final = Path(__file__).parent / "static"
-# A page asks each store for a sign of life at most this often (every page shows an outage banner).
-HEALTH_CACHE: Final = 1.0
-HEALTH_TIMEOUT: Final = 1.0
-
-
-@dataclass
-class StoreHealth:
-    """Whether Redis and PostgreSQL answer, asked at most every HEALTH_CACHE seconds."""
-
-    redis: Redis
-    pool: Pool
-    redis_up: bool = True
-    postgres_up: bool = True
-    _checked: float = 0.0
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    async def _answers(self, check: Any) -> bool:
-        try:
-            async with asyncio.timeout(HEALTH_TIMEOUT):
-                await check()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            return False
-        return True
-
-    async def check(self) -> tuple[bool, bool]:
-        async with self._lock:
-            if time.monotonic() - self._checked >= HEALTH_CACHE:
-                self.redis_up, self.postgres_up = await asyncio.gather(
-                    self._answers(self.redis.ping), self._answers(lambda: ping(self.pool))
-                )
-                self._checked = time.monotonic()
-        return self.redis_up, self.postgres_up
 
 
 @dataclass
@@ -62,16 +23,13 @@ class Console:
     """The console's dependencies (one per server process).
 
     Attributes:
-        api: What the servicers use (Control, Authenticator, fan-out, cluster view, handlers).
-        queries: The console's list and overview reads.
-        health: Store liveness for the outage banner.
+        api: The application layer the servicers use too (Control, Authenticator, fan-out,
+            cluster view, handlers, and the server's store health for the outage banner).
         secure: Whether the session cookie is `Secure` (TLS here, or at a proxy in front).
         templates: The Jinja2 environment (autoescaped).
     """
 
     api: Api
-    queries: ConsoleQueries
-    health: StoreHealth
     secure: bool
     templates: jinja2.Environment
 
@@ -125,14 +83,14 @@ def _secs(value: timedelta | float | None) -> str:
 async def render(request: web.Request, template: str, values: dict[str, Any], status: int = 200) -> web.Response:
     """`template` rendered with `values` and what every page shows (user, CSRF token, store health)."""
     console = request.app[CONSOLE]
-    redis_up, postgres_up = await console.health.check()
+    health = console.api.health  # the server's own checks (about every second), not a ping per page
     principal = request.get(security.PRINCIPAL)
     context = {
         "principal": principal,
         "csrf": request.get(security.CSRF, ""),
         "can": (lambda method: security.can(principal.role, method)) if principal else (lambda method: False),
-        "redis_up": redis_up,
-        "postgres_up": postgres_up,
+        "redis_up": health.redis_up,
+        "postgres_up": health.postgres_up,
         "path": request.path_qs,
         **values,
     }

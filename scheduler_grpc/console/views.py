@@ -16,7 +16,7 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from scheduler_grpc import redaction, stores
+from scheduler_grpc import redaction, statuses
 from scheduler_grpc.auth import ResourceExhausted, Role, Unauthenticated
 from scheduler_grpc.console import charts, forms, security
 from scheduler_grpc.console.context import CONSOLE, Console, render
@@ -46,6 +46,11 @@ def _uuid(value: str, field: str = "id") -> str:
         return str(uuid.UUID(value))
     except ValueError:
         raise InvalidArgument(field, "must be a UUID") from None
+
+
+def _status(exc: Exception) -> int:
+    """The HTTP status of an error the page answers itself (the API's mapping, `statuses`)."""
+    return statuses.HTTP_STATUS[statuses.status_of(exc)[0]]
 
 
 def _console(request: web.Request) -> Console:
@@ -93,13 +98,10 @@ async def login(request: web.Request) -> web.StreamResponse:
     peer = f"ipv6:[{remote}]:0" if ":" in remote else f"ipv4:{remote}:0"
     try:
         session = await console.api.auth.login(username, form.get("password", ""), peer)
-    except Unauthenticated as exc:
-        console.api.metrics.login_failed()
-        return await _login_form(request, str(exc), username, 401)
-    except ResourceExhausted as exc:
-        return await _login_form(request, str(exc), username, 429)
-    except InvalidArgument as exc:
-        return await _login_form(request, str(exc), username, 400)
+    except (Unauthenticated, ResourceExhausted, InvalidArgument) as exc:
+        if isinstance(exc, Unauthenticated):
+            console.api.metrics.login_failed()
+        return await _login_form(request, str(exc), username, _status(exc))
     response = web.Response(status=303, headers={"Location": "/"})
     max_age = max(1, int((session.expire_time - datetime.now(UTC)).total_seconds()))
     set_session_cookie(response, session.token, secure=console.secure, max_age=max_age)
@@ -123,7 +125,7 @@ async def _stores_down_safe(coro: Any) -> Any:
     try:
         return await coro
     except Exception as exc:
-        if not stores.is_fault(exc):
+        if statuses.status_of(exc)[0] is not statuses.Code.UNAVAILABLE:
             raise  # a bug is a bug: a 500 with its traceback logged, not an "unknown" figure
         return None
 
@@ -137,11 +139,11 @@ async def overview(request: web.Request) -> web.StreamResponse:
         _stores_down_safe(api.cluster.leader()),
         _stores_down_safe(api.cluster.electors()),
         _stores_down_safe(api.cluster.workers()),
-        _stores_down_safe(console.queries.overview(now)),
-        _stores_down_safe(console.queries.handlers_and_queues()),
+        _stores_down_safe(api.control.overview(now)),
+        _stores_down_safe(api.control.handlers_and_queues()),
     )
     names = sorted({"default", *(queues[1] if queues else [])})
-    stats_of = await asyncio.gather(*(_stores_down_safe(api.control.queues.get(name).stats()) for name in names))
+    stats_of = await asyncio.gather(*(_stores_down_safe(api.control.queue_stats(name)) for name in names))
     depths = list(zip(names, stats_of, strict=True))
     bars, tallest = charts.per_minute(stats.per_minute if stats else [], now)
     breakers = [
@@ -178,7 +180,7 @@ async def jobs(request: web.Request) -> web.StreamResponse:
     status = query.get("state") or None
     if status is not None and status not in (JobStatus.ACTIVE.value, JobStatus.PAUSED.value):
         raise InvalidArgument("state", "must be active or paused")
-    rows = await console.queries.jobs(
+    rows = await console.api.control.search_jobs(
         search=query.get("q") or None,
         status=status,
         handler=query.get("handler") or None,
@@ -186,7 +188,7 @@ async def jobs(request: web.Request) -> web.StreamResponse:
         after=query.get("after") or None,
         limit=PAGE_SIZE + 1,
     )
-    handlers, queues = await console.queries.handlers_and_queues()
+    handlers, queues = await console.api.control.handlers_and_queues()
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]
     next_query = None
@@ -244,14 +246,14 @@ async def create_job(request: web.Request) -> web.StreamResponse:
         spec = forms.job_spec(form)
         job = await console.api.control.create_job(spec, request_id=form.get("request_id") or None)
     except InvalidArgument as exc:
-        return await _job_form(request, None, form, _field_errors(exc), status=400)
+        return await _job_form(request, None, form, _field_errors(exc), status=_status(exc))
     raise web.HTTPSeeOther(f"/jobs/{job.id}")
 
 
 @rpc(_V + "JobService/UpdateJob")
 async def edit_job(request: web.Request) -> web.StreamResponse:
     console = _console(request)
-    job = await console.api.control.jobs.get(_uuid(request.match_info["id"]))
+    job = await console.api.control.get_job(_uuid(request.match_info["id"]))
     values = forms.form_values(job)
     values["version"] = str(job.version)
     return await _job_form(request, job.id, values, {})
@@ -264,21 +266,21 @@ async def update_job(request: web.Request) -> web.StreamResponse:
     form = await _form(request)
     version = form.get("version", "")
     try:
-        current = await console.api.control.jobs.get(job_id)
+        current = await console.api.control.get_job(job_id)
         spec = forms.job_spec(form, status=current.status)
         # The version the form was read at: an edit made meanwhile by someone else is not overwritten.
         await console.api.control.update_job(job_id, spec, expected_version=int(version) if version.isdigit() else None)
     except InvalidArgument as exc:
-        return await _job_form(request, job_id, form, _field_errors(exc), status=400)
+        return await _job_form(request, job_id, form, _field_errors(exc), status=_status(exc))
     raise web.HTTPSeeOther(f"/jobs/{job_id}")
 
 
 @rpc(_V + "JobService/GetJob")
 async def job_detail(request: web.Request) -> web.StreamResponse:
     console = _console(request)
-    job = await console.api.control.jobs.get(_uuid(request.match_info["id"]))
-    job = redaction.job_for(request[PRINCIPAL].role, job)
-    slots = await console.queries.job_slots(job.id, SLOTS_SHOWN)
+    role = request[PRINCIPAL].role
+    job = redaction.job_for(role, await console.api.control.get_job(_uuid(request.match_info["id"])))
+    slots = await console.api.control.job_slots(job.id, SLOTS_SHOWN)
     finished = [
         e for e in slots if e.status.finished and e.status not in (ExecutionStatus.SKIPPED, ExecutionStatus.MISSED)
     ]
@@ -360,7 +362,7 @@ async def preview(request: web.Request) -> web.StreamResponse:
         )
         fires = await preview_fire_times(schedule, datetime.now(UTC), PREVIEW_COUNT)
     except InvalidArgument as exc:
-        return web.json_response({"field": exc.field, "error": exc.message}, status=400)
+        return web.json_response({"field": exc.field, "error": exc.message}, status=_status(exc))
     return web.json_response(
         {
             "fire_times": [
@@ -392,7 +394,7 @@ async def executions(request: web.Request) -> web.StreamResponse:
     # Where the live stream starts: the fan-out's position before the list is read, so no event
     # between the read and the subscription is lost (the page applies each one it already shows).
     cursor = console.api.fanout.position
-    rows = await console.queries.executions(
+    rows = await console.api.control.search_executions(
         job_id=job_id,
         statuses=states,
         handler=query.get("handler") or None,
@@ -410,7 +412,7 @@ async def executions(request: web.Request) -> web.StreamResponse:
             **{k: v for k, v in query.items() if k != "before"},
             "before": f"{last.created_at.isoformat()}_{last.id}",
         }
-    handlers, _ = await console.queries.handlers_and_queues()
+    handlers, _ = await console.api.control.handlers_and_queues()
     return await render(
         request,
         "executions.html",
@@ -434,13 +436,13 @@ async def executions(request: web.Request) -> web.StreamResponse:
 async def execution_detail(request: web.Request) -> web.StreamResponse:
     console = _console(request)
     role = request[PRINCIPAL].role
-    execution = redaction.execution_for(role, await console.api.control.executions.get(_uuid(request.match_info["id"])))
+    execution = redaction.execution_for(role, await console.api.control.get_execution(_uuid(request.match_info["id"])))
     attempts = [
-        redaction.execution_for(role, attempt) for attempt in await console.queries.run_attempts(execution.run_id)
+        redaction.execution_for(role, attempt) for attempt in await console.api.control.run_attempts(execution.run_id)
     ]
     job = None
     with contextlib.suppress(NotFound):  # deleted meanwhile (its history goes with it)
-        job = await console.api.control.jobs.get(execution.job_id)
+        job = await console.api.control.get_job(execution.job_id)
     return await render(
         request,
         "execution.html",
@@ -543,12 +545,11 @@ async def workers(request: web.Request) -> web.StreamResponse:
 @rpc(_V + "QueueService/ListDeadLetters")
 async def dead_letters(request: web.Request) -> web.StreamResponse:
     console = _console(request)
-    names = sorted({"default", *(await console.api.control.jobs.queue_names())})
+    names = sorted({"default", *(await console.api.control.queue_names())})
     queue = request.query.get("queue") or "default"
     if queue not in names:
         names.append(queue)
-    target = console.api.control.queues.get(queue)
-    page = await target.list_dead(PAGE_SIZE, request.query.get("token") or None)
+    page = await console.api.control.list_dead_letters(queue, PAGE_SIZE, request.query.get("token") or None)
     return await render(
         request,
         "dead_letters.html",
@@ -583,7 +584,7 @@ async def purge_dead(request: web.Request) -> web.StreamResponse:
 @rpc(_V + "AuthService/ListApiKeys")
 async def api_keys(request: web.Request) -> web.StreamResponse:
     console = _console(request)
-    page = await console.api.auth.api_keys.list_page(100, request.query.get("token", ""))
+    page = await console.api.auth.list_api_keys(100, request.query.get("token", ""))
     return await render(request, "api_keys.html", {"page": page, "created": None, "roles": [r.value for r in Role]})
 
 
@@ -602,7 +603,7 @@ async def create_api_key(request: web.Request) -> web.StreamResponse:
         except (ValueError, OverflowError):
             raise InvalidArgument("expire_time", "give a number of days") from None
     created = await console.api.auth.create_api_key(request[PRINCIPAL], form.get("display_name", ""), role, expires)
-    page = await console.api.auth.api_keys.list_page(100, "")
+    page = await console.api.auth.list_api_keys(100, "")
     # The secret is in this response only (it is stored hashed): shown once, never again.
     return await render(request, "api_keys.html", {"page": page, "created": created, "roles": [r.value for r in Role]})
 

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from scheduler_grpc.db.attempts import latest_attempt
 from scheduler_grpc.db.executions import _COLUMNS as _EXECUTION_COLUMNS_FULL
 from scheduler_grpc.db.executions import _COLUMNS_WITHOUT_OUTPUT as _EXECUTION_COLUMNS
 from scheduler_grpc.db.executions import execution_from_row
@@ -95,8 +96,10 @@ class ConsoleQueries:
             pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = await self._pool.fetch(
             f"""SELECT {_JOB_COLUMNS},
-                       (SELECT e.status FROM job_executions e WHERE e.job_id = jobs.id
-                        ORDER BY e.scheduled_for DESC, e.attempt DESC LIMIT 1) AS last_status
+                       (SELECT x.status FROM job_executions r
+                        CROSS JOIN LATERAL {latest_attempt("r.run_id", "a.status")} x
+                        WHERE r.job_id = jobs.id AND r.attempt = 1
+                        ORDER BY r.scheduled_for DESC LIMIT 1) AS last_status
                 FROM jobs
                 WHERE ($1::text IS NULL OR name > $1) AND ($2::text IS NULL OR status = $2)
                   AND ($3::text IS NULL OR handler = $3) AND ($4::text IS NULL OR queue = $4)

@@ -26,6 +26,7 @@ import orjson
 
 from scheduler_grpc import outputs, pagetokens
 from scheduler_grpc.db import faults
+from scheduler_grpc.db.attempts import latest_attempt
 from scheduler_grpc.db.leadership import Connection, assert_current_term
 from scheduler_grpc.errors import Fenced, InvalidArgument, NotFound
 from scheduler_grpc.executions import DeadReason, Execution, ExecutionStatus, Trigger
@@ -63,16 +64,6 @@ def _snapshot_of_run(alias: str) -> str:
 
 
 _SNAPSHOT_COLUMNS = ", ".join(_SNAPSHOT)
-
-
-def _latest_attempt(run_id: str, columns: str = "*", *, lock: bool = False) -> str:
-    """The one definition of a run's current attempt: a subquery (for a `CROSS JOIN LATERAL`) of
-    the attempt of run `run_id` (an SQL expression) with the highest number, locked `FOR UPDATE`
-    when the statement changes it. Served by the (run_id, attempt DESC) index."""
-    locking = " FOR UPDATE" if lock else ""
-    return (
-        f"(SELECT {columns} FROM job_executions a WHERE a.run_id = {run_id} ORDER BY a.attempt DESC LIMIT 1{locking})"
-    )
 
 
 _LOW_62 = (1 << 62) - 1
@@ -569,12 +560,11 @@ class ExecutionRepository:
         if not run_ids:
             return {}
         rows = await self._pool.fetch(
-            """SELECT me.run_id, j.name, x.result
+            f"""SELECT me.run_id, j.name, x.result
                FROM flow_nodes me JOIN flow_nodes u ON u.flow_run_id = me.flow_run_id
                                                    AND u.job_id = ANY(me.upstream_ids)
                JOIN jobs j ON j.id = u.job_id
-               LEFT JOIN LATERAL (SELECT a.result FROM job_executions a WHERE a.run_id = u.run_id
-                                  ORDER BY a.attempt DESC LIMIT 1) x ON true
+               LEFT JOIN LATERAL {latest_attempt("u.run_id", "a.result")} x ON true
                WHERE me.run_id = ANY($1::uuid[])""",
             _ids(run_ids),
         )
@@ -619,7 +609,7 @@ class ExecutionRepository:
                 SELECT x.id, x.run_id, x.job_id, x.scheduled_for, x.attempt, x.status, x.claim_token,
                        x.priority, x.started_at, x.due_at, x.trigger, x.cancel_requested_at, i.token, i.reserve,
                        {_snapshot("x")}
-                FROM items i CROSS JOIN LATERAL {_latest_attempt("i.run_id", lock=True)} x
+                FROM items i CROSS JOIN LATERAL {latest_attempt("i.run_id", lock=True)} x
             ), started AS (
                 UPDATE job_executions e SET status = 'running', claim_token = l.token, worker_id = $3,
                        started_at = CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at) ELSE now() END
@@ -936,7 +926,7 @@ class ExecutionRepository:
             f"""
             WITH latest AS (
                 SELECT x.id, x.status
-                FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL {_latest_attempt("r.run_id", lock=True)} x
+                FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL {latest_attempt("r.run_id", lock=True)} x
                 WHERE x.status IN ('queued', 'running')
             ), cancelled AS (
                 UPDATE job_executions e SET status = 'cancelled', finished_at = now(), error = 'cancelled'
@@ -980,7 +970,7 @@ class ExecutionRepository:
             f"""
             WITH latest AS (
                 SELECT x.id
-                FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL {_latest_attempt("r.run_id", lock=True)} x
+                FROM unnest($1::uuid[]) AS r(run_id) CROSS JOIN LATERAL {latest_attempt("r.run_id", lock=True)} x
                 WHERE x.status IN ('queued', 'running', 'abandoned')
             )
             UPDATE job_executions e SET status = 'dead', finished_at = now(), error = $2
@@ -1000,7 +990,7 @@ class ExecutionRepository:
             f"""
             WITH latest AS (
                 SELECT x.* FROM unnest($1::uuid[]) AS r(run_id)
-                CROSS JOIN LATERAL {_latest_attempt("r.run_id", lock=True)} x
+                CROSS JOIN LATERAL {latest_attempt("r.run_id", lock=True)} x
                 WHERE x.status IN ('dead', 'failed', 'timed_out', 'abandoned', 'cancelled')
             )
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
@@ -1063,7 +1053,7 @@ class ExecutionRepository:
             SELECT e.run_id, e.job_id, e.priority, e.due_at, e.error, {_snapshot_of_run("e")}
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.final_status = 'dead' AND e.dlq_purged_at IS NULL AND ($1::uuid IS NULL OR e.run_id > $1)
-              AND e.id = {_latest_attempt("e.run_id", "a.id")}
+              AND e.id = {latest_attempt("e.run_id", "a.id")}
             ORDER BY e.run_id LIMIT $2
             """,
             uuid.UUID(after_run_id) if after_run_id else None,

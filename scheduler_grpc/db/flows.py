@@ -19,6 +19,7 @@ import asyncpg
 
 from scheduler_grpc import outputs
 from scheduler_grpc.db import faults
+from scheduler_grpc.db.attempts import latest_attempt
 from scheduler_grpc.db.executions import ExecutionRepository, Queued, new_execution_id
 from scheduler_grpc.db.leadership import Connection, assert_current_term
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -29,13 +30,11 @@ REFUSED_ERROR = "the store refused this node's run"
 _SNAPSHOT = ("handler", "payload", "queue", "timeout", "max_retries", "initial_backoff", "max_backoff", "retry_jitter")
 
 # Every node of the given flow runs with the latest attempt of its run (if any).
-_NODES = """
+_NODES = f"""
     SELECT n.flow_run_id, n.job_id, j.name, j.status AS job_status, n.upstream_ids, n.trigger_rule, n.run_id,
            x.id AS execution_id, x.status
     FROM flow_nodes n JOIN jobs j ON j.id = n.job_id
-    LEFT JOIN LATERAL (
-        SELECT a.id, a.status FROM job_executions a WHERE a.run_id = n.run_id ORDER BY a.attempt DESC LIMIT 1
-    ) x ON true
+    LEFT JOIN LATERAL {latest_attempt("n.run_id", "a.id, a.status")} x ON true
     WHERE n.flow_run_id = ANY($1::uuid[])
     ORDER BY n.flow_run_id, j.name
 """
@@ -140,9 +139,8 @@ class FlowRepository:
     async def results(self, run_ids: Sequence[str]) -> dict[str, Any]:
         """The result of each run's latest attempt, by run id (None for a run that has none)."""
         rows = await self._pool.fetch(
-            """SELECT r.run_id, x.result FROM unnest($1::uuid[]) AS r(run_id)
-               CROSS JOIN LATERAL (SELECT a.result FROM job_executions a WHERE a.run_id = r.run_id
-                                   ORDER BY a.attempt DESC LIMIT 1) x""",
+            f"""SELECT r.run_id, x.result FROM unnest($1::uuid[]) AS r(run_id)
+               CROSS JOIN LATERAL {latest_attempt("r.run_id", "a.result")} x""",
             [uuid.UUID(value) for value in run_ids],
         )
         return {str(row["run_id"]): row["result"] for row in rows}

@@ -194,14 +194,15 @@ def check_payload_size(payload: Mapping[str, Any]) -> None:
     the column's CHECK: jsonb's text form, with ": " and ", ", not compact JSON).
 
     Raises:
-        InvalidArgument: field `payload`.
+        InvalidArgument: field `payload`, or the path of a value PostgreSQL cannot store in it.
     """
     if not isinstance(payload, Mapping):
         raise InvalidArgument("payload", f"must be a JSON object, got {type(payload).__name__}")
     try:
         size = outputs.stored_size(dict(payload))
     except outputs.Unstorable as exc:
-        raise InvalidArgument("payload", f"must be JSON (object keys strings, values JSON): {exc}") from None
+        field = "payload" + outputs.locate_unstorable(dict(payload))
+        raise InvalidArgument(field, f"must be JSON (object keys strings, values JSON): {exc}") from None
     if size > MAX_PAYLOAD_BYTES:
         raise InvalidArgument(
             "payload", f"is {size:,} bytes as stored; at most {MAX_PAYLOAD_BYTES:,} bytes are allowed"

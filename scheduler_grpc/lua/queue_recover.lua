@@ -1,17 +1,22 @@
 -- KEYS[1]=processing KEYS[2]=ready KEYS[3]=dead KEYS[4]=priority KEYS[5]=deliveries KEYS[6]=lease
--- KEYS[7]=owner KEYS[8]=dead_reason KEYS[9]=seq KEYS[10]=marker KEYS[11]=solo
+-- KEYS[7]=owner KEYS[8]=dead_reason KEYS[9]=seq KEYS[10]=marker KEYS[11]=solo KEYS[12]=delayed
 -- ARGV[1]=most items to move ARGV[2]=max deliveries (max_stalls) ARGV[3]=dead-letter reason (e.g.
--- 'stalled')
+-- 'stalled') ARGV[4]=ms a solo delivery that stalled waits before the next one
 -- Returns: {requeued ids, dead-lettered ids}: items whose lease deadline passed (Redis clock), oldest
 -- deadline first. Their lease is cleared, so the stale holder's ack/nack/extend fail from now on.
--- An item is dead-lettered only when its deliveries reached max and this was a solo delivery (its
+-- An item is dead-lettered only when its deliveries passed max and this was a solo delivery (its
 -- token ends in 's': it ran alone on its worker, see queue_dequeue), so a worker's death is charged
--- to the item that ran alone on it, not to the items that merely shared it with a poison one. With
--- max 1 no delivery can be solo beforehand, so the first stall parks an item (the operator's choice).
--- A requeued item whose next delivery will be its max-th joins the solo set.
+-- to the item that ran alone on it, not to the items that merely shared it with a poison one. The
+-- first solo delivery that stalls is not enough: a kill from outside (a deploy, the OOM killer, an
+-- operator) may land on a worker that happens to run one run alone. That item waits ARGV[4] in the
+-- delayed set (still solo) and is parked only if its next solo delivery stalls too, so parking takes
+-- two deaths of a worker running it alone, apart by that pause, which a burst of outside kills
+-- does not make. With max 1 no delivery can be solo beforehand, so the first stall parks an item
+-- (the operator's choice). A requeued item whose next delivery will be its max-th joins the solo set.
 local processing_key, ready_key, dead_key, priority_key, deliveries_key, lease_key, owner_key,
-  dead_reason_key, seq_key, marker_key, solo_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+  dead_reason_key, seq_key, marker_key, solo_key, delayed_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11],
+  KEYS[12]
 
 -- @include ready_score
 
@@ -30,10 +35,16 @@ for _, id in ipairs(expired) do
   -- Every delivery that ended in a stall still counts, so a job that kills each worker taking it
   -- is parked after max_deliveries of them (the last alone on its worker) instead of circulating.
   local deliveries = tonumber(redis.call('HGET', deliveries_key, id) or '0')
-  if deliveries >= max_deliveries and (max_deliveries <= 1 or string.sub(token, -1) == 's') then
+  local solo = string.sub(token, -1) == 's'
+  if max_deliveries <= 1 or (solo and deliveries > max_deliveries) then
     redis.call('ZADD', dead_key, string.format('%.0f', now), id)
     redis.call('HSET', dead_reason_key, id, ARGV[3])
     dead[#dead + 1] = id
+  elseif solo then
+    -- The first solo stall: once more alone, after a pause (see above).
+    redis.call('ZADD', delayed_key, string.format('%.0f', now + tonumber(ARGV[4])), id)
+    redis.call('SADD', solo_key, id)
+    requeued[#requeued + 1] = id
   else
     local priority = tonumber(redis.call('HGET', priority_key, id) or '0')
     redis.call('ZADD', ready_key, ready_score(priority), id)

@@ -7,8 +7,9 @@ from typing import Any
 import grpc
 from scheduler_client.v1 import auth_pb2, auth_pb2_grpc
 
+from scheduler_grpc.application import Api
 from scheduler_grpc.auth import Unauthenticated, current_principal
-from scheduler_grpc.services import Api, convert
+from scheduler_grpc.services import convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -51,7 +52,7 @@ class AuthService(auth_pb2_grpc.AuthServiceServicer):
         return auth_pb2.CreateApiKeyResponse(api_key=convert.api_key_to_proto(created.record), secret=created.secret)
 
     async def ListApiKeys(self, request: auth_pb2.ListApiKeysRequest, context: Context) -> auth_pb2.ListApiKeysResponse:
-        page = await self._auth.api_keys.list_page(request.page_size, request.page_token)
+        page = await self._auth.list_api_keys(request.page_size, request.page_token)
         return auth_pb2.ListApiKeysResponse(
             api_keys=[convert.api_key_to_proto(record) for record in page.keys], next_page_token=page.next_page_token
         )

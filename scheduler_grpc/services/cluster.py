@@ -7,8 +7,9 @@ from typing import Any
 import grpc
 from scheduler_client.v1 import cluster_pb2, cluster_pb2_grpc
 
+from scheduler_grpc.application import Api
 from scheduler_grpc.registry import WorkerInfo
-from scheduler_grpc.services import Api, convert
+from scheduler_grpc.services import convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
 

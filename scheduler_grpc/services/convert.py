@@ -21,8 +21,8 @@ from google.protobuf.message import Message
 from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
 
 from scheduler_grpc import outputs
-from scheduler_grpc.auth import Role
-from scheduler_grpc.db.api_keys import ApiKeyRecord
+from scheduler_grpc.auth import ApiKeyRecord, Role
+from scheduler_grpc.control import DeadItem
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
@@ -37,7 +37,6 @@ from scheduler_grpc.jobs import (
     RetryPolicy,
     ScheduleKind,
 )
-from scheduler_grpc.queue import DeadItem
 from scheduler_grpc.schedule import DstEffect, FireTime, FoldPolicy, GapPolicy
 
 E = TypeVar("E")

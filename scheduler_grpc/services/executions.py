@@ -9,13 +9,13 @@ import grpc
 from scheduler_client.v1 import executions_pb2, executions_pb2_grpc
 
 from scheduler_grpc import redaction
+from scheduler_grpc.application import Api
 from scheduler_grpc.auth import current_principal
-from scheduler_grpc.db.flows import FlowRepository
+from scheduler_grpc.control import FlowMembers
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import EventFilter, SubscriberTooSlow
 from scheduler_grpc.executions import Execution
-from scheduler_grpc.flows import FlowRun
-from scheduler_grpc.services import Api, convert
+from scheduler_grpc.services import convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -37,33 +37,6 @@ def _basic_execution(execution: Execution) -> executions_pb2.Execution:
 
 
 _NO_JOB: Final = "-"  # a job id no job has: filters every event out
-_MAX_OUTSIDERS: Final = 10_000
-
-
-class _FlowMembers:
-    """Which runs belong to one flow run, for WatchExecutions: its nodes' runs as read at the start,
-    and runs created later, looked up once on their first event (a run's row and its flow node
-    commit before its first event is published) and remembered either way."""
-
-    def __init__(self, flows: FlowRepository, flow: FlowRun) -> None:
-        self._flows = flows
-        self._flow_run_id = flow.id
-        self.job_ids = frozenset(node.job_id for node in flow.nodes)
-        self._members = {node.run_id for node in flow.nodes if node.run_id}
-        self._outsiders: set[str] = set()
-
-    async def contains(self, run_id: str) -> bool:
-        if run_id in self._members:
-            return True
-        if run_id in self._outsiders:
-            return False
-        if await self._flows.flow_of_run(run_id) == self._flow_run_id:
-            self._members.add(run_id)
-            return True
-        if len(self._outsiders) >= _MAX_OUTSIDERS:  # bounded: forget, and look up again if need be
-            self._outsiders.clear()
-        self._outsiders.add(run_id)
-        return False
 
 
 class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
@@ -77,14 +50,14 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
     async def GetExecution(
         self, request: executions_pb2.GetExecutionRequest, context: Context
     ) -> executions_pb2.GetExecutionResponse:
-        execution = await self._control.executions.get(convert.resource_id(request.id))
+        execution = await self._control.get_execution(convert.resource_id(request.id))
         return executions_pb2.GetExecutionResponse(execution=_shown(execution))
 
     async def ListExecutions(
         self, request: executions_pb2.ListExecutionsRequest, context: Context
     ) -> executions_pb2.ListExecutionsResponse:
         basic = convert.basic_execution_view(request.view)
-        page = await self._control.executions.list_page(
+        page = await self._control.list_executions(
             job_id=convert.resource_id(request.job_id, "job_id") if request.job_id else None,
             statuses=convert.execution_states(request.states),
             page_size=convert.page_size(request.page_size),
@@ -120,10 +93,9 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
         if len(request.job_ids) > MAX_JOB_FILTERS:
             raise InvalidArgument("job_ids", f"at most {MAX_JOB_FILTERS} jobs")
         job_ids = frozenset(convert.resource_id(job_id, f"job_ids[{i}]") for i, job_id in enumerate(request.job_ids))
-        members: _FlowMembers | None = None
+        members: FlowMembers | None = None
         if request.flow_run_id:
-            flow = await self._control.get_flow_run(convert.resource_id(request.flow_run_id, "flow_run_id"))
-            members = _FlowMembers(self._control.flows, flow)
+            members = await self._control.flow_members(convert.resource_id(request.flow_run_id, "flow_run_id"))
             # Only the flow run's jobs can have events of it: the stream is filtered by them first.
             job_ids = (job_ids & members.job_ids if job_ids else members.job_ids) or frozenset({_NO_JOB})
         event_filter = EventFilter(job_ids=job_ids, types=convert.event_types(request.types), handler=request.handler)

@@ -11,12 +11,13 @@ from google.protobuf import field_mask_pb2
 from scheduler_client.v1 import jobs_pb2, jobs_pb2_grpc
 
 from scheduler_grpc import redaction
+from scheduler_grpc.application import Api
 from scheduler_grpc.auth import Principal, Role, current_principal
 from scheduler_grpc.control import preview_fire_times
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.jobs import Job, JobSpec
 from scheduler_grpc.schedule import parse_cron
-from scheduler_grpc.services import Api, convert
+from scheduler_grpc.services import convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -87,12 +88,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.CreateJobResponse(job=convert.job_to_proto(job))
 
     async def GetJob(self, request: jobs_pb2.GetJobRequest, context: Context) -> jobs_pb2.GetJobResponse:
-        job = await self._control.jobs.get(convert.resource_id(request.id))
+        job = await self._control.get_job(convert.resource_id(request.id))
         return jobs_pb2.GetJobResponse(job=_shown(job))
 
     async def ListJobs(self, request: jobs_pb2.ListJobsRequest, context: Context) -> jobs_pb2.ListJobsResponse:
         basic = convert.basic_job_view(request.view)
-        page = await self._control.jobs.list_page(
+        page = await self._control.list_jobs(
             page_size=convert.page_size(request.page_size),
             page_token=request.page_token,
             status=convert.job_state(request.state),

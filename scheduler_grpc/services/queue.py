@@ -8,10 +8,9 @@ from typing import Any, Final
 import grpc
 from scheduler_client.v1 import queue_pb2, queue_pb2_grpc
 
+from scheduler_grpc.application import Api
 from scheduler_grpc.errors import InvalidArgument
-from scheduler_grpc.queue import Queue
-from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
-from scheduler_grpc.services import Api, convert
+from scheduler_grpc.services import convert
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -41,26 +40,21 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
     def __init__(self, api: Api) -> None:
         self._control = api.control
 
-    def _queue(self, name: str) -> Queue:
-        name = name or "default"
-        if not is_queue_name(name):
-            raise InvalidArgument("queue", QUEUE_NAME_RULE)
-        return self._control.queues.get(name)
-
     async def GetQueueStats(
         self, request: queue_pb2.GetQueueStatsRequest, context: Context
     ) -> queue_pb2.GetQueueStatsResponse:
-        queue = self._queue(request.queue)
-        stats = await queue.stats()
+        queue = request.queue or "default"
+        stats = await self._control.queue_stats(queue)
         return queue_pb2.GetQueueStatsResponse(
-            queue=queue.name, ready=stats.ready, processing=stats.processing, delayed=stats.delayed, dead=stats.dead
+            queue=queue, ready=stats.ready, processing=stats.processing, delayed=stats.delayed, dead=stats.dead
         )
 
     async def ListDeadLetters(
         self, request: queue_pb2.ListDeadLettersRequest, context: Context
     ) -> queue_pb2.ListDeadLettersResponse:
-        queue = self._queue(request.queue)
-        page = await queue.list_dead(convert.page_size(request.page_size), request.page_token or None)
+        page = await self._control.list_dead_letters(
+            request.queue, convert.page_size(request.page_size), request.page_token or None
+        )
         return queue_pb2.ListDeadLettersResponse(
             dead_letters=[convert.dead_letter(item) for item in page.items], next_page_token=page.next_page_token or ""
         )
@@ -68,14 +62,12 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
     async def RequeueDeadLetters(
         self, request: queue_pb2.RequeueDeadLettersRequest, context: Context
     ) -> queue_pb2.RequeueDeadLettersResponse:
-        queue = self._queue(request.queue)
-        runs = await self._control.requeue_dead_runs(queue.name, _selection(request.run_ids, request.all))
+        runs = await self._control.requeue_dead_runs(request.queue, _selection(request.run_ids, request.all))
         requeued = [run.run_id for run in runs]
         return queue_pb2.RequeueDeadLettersResponse(run_ids=requeued)
 
     async def PurgeDeadLetters(
         self, request: queue_pb2.PurgeDeadLettersRequest, context: Context
     ) -> queue_pb2.PurgeDeadLettersResponse:
-        queue = self._queue(request.queue)
-        purged = await self._control.purge_dead_runs(queue.name, _selection(request.run_ids, request.all))
+        purged = await self._control.purge_dead_runs(request.queue, _selection(request.run_ids, request.all))
         return queue_pb2.PurgeDeadLettersResponse(run_ids=purged)

@@ -15,12 +15,27 @@ from scheduler_client.client import enum_label, to_datetime
 from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
 
 MAX_CELL = 60
+# Larger whole numbers are not exact as doubles: they keep their float form.
+_MAX_EXACT_INTEGER = 2**53
+
+
+def integral(value: Any) -> Any:
+    """`value` (JSON-like) with whole floats as ints: a Struct holds every number as a double, so
+    the payload `{"n": 42}` comes back as `42.0`; people and scripts expect `42`."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _MAX_EXACT_INTEGER:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: integral(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [integral(item) for item in value]
+    return value
 
 
 def message_dict(message: Message) -> dict[str, Any]:
     """The proto3 JSON mapping (lowerCamelCase names, as buf curl, grpcurl and the README print),
-    with every field (zero values too)."""
-    return json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
+    with every field (zero values too), whole numbers printed as integers."""
+    result: dict[str, Any] = integral(json_format.MessageToDict(message, always_print_fields_with_no_presence=True))
+    return result
 
 
 def print_json(value: Any, out: TextIO | None = None, *, indent: int | None = 2) -> None:
@@ -73,12 +88,12 @@ def ago(stamp: timestamp_pb2.Timestamp, now: datetime | None = None) -> str:
 
 
 def span(delta: timedelta) -> str:
-    """`850ms`, `12.3s`, `4m05s`, `2h03m`."""
+    """`850ms`, `1s`, `12.3s`, `4m05s`, `2h03m` (no `.0` on whole seconds)."""
     seconds = max(delta.total_seconds(), 0.0)
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"
     if seconds < 60:
-        return f"{seconds:.1f}s"
+        return f"{seconds:.1f}".removesuffix(".0") + "s"
     if seconds < 3600:
         return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
@@ -95,13 +110,13 @@ def label(enum_name: str) -> str:
 
 
 def struct_json(value: struct_pb2.Struct) -> str:
-    return json.dumps(json_format.MessageToDict(value), ensure_ascii=False, sort_keys=True)
+    return json.dumps(integral(json_format.MessageToDict(value)), ensure_ascii=False, sort_keys=True)
 
 
 def value_json(value: struct_pb2.Value) -> str:
     if value.WhichOneof("kind") is None:
         return "-"
-    return json.dumps(json_format.MessageToDict(value), ensure_ascii=False, sort_keys=True)
+    return json.dumps(integral(json_format.MessageToDict(value)), ensure_ascii=False, sort_keys=True)
 
 
 # --- messages ----------------------------------------------------------------------------------
@@ -128,7 +143,9 @@ def job_rows(jobs: Iterable[jobs_pb2.Job]) -> tuple[list[str], list[list[object]
     return headers, rows
 
 
-def job_fields(job: jobs_pb2.Job) -> list[tuple[str, object]]:
+def job_fields(job: jobs_pb2.Job, job_names: Mapping[str, str] | None = None) -> list[tuple[str, object]]:
+    """A job's fields; its upstream jobs by name where `job_names` (id -> name) knows them."""
+    names = job_names or {}
     retry = job.retry_policy
     return [
         ("name", job.name),
@@ -148,7 +165,7 @@ def job_fields(job: jobs_pb2.Job) -> list[tuple[str, object]]:
         ("timeout", duration(job.timeout)),
         ("misfire policy", label(jobs_pb2.MisfirePolicy.Name(job.misfire_policy))),
         ("concurrency policy", label(jobs_pb2.ConcurrencyPolicy.Name(job.concurrency_policy))),
-        ("depends on", ", ".join(job.depends_on) or "-"),
+        ("depends on", ", ".join(names.get(upstream, upstream) for upstream in job.depends_on) or "-"),
         ("trigger rule", label(executions_pb2.TriggerRule.Name(job.trigger_rule))),
         ("etag", job.etag or "-"),
         ("created", when(job.create_time)),
@@ -232,10 +249,12 @@ def execution_rows(
     return headers, rows
 
 
-def execution_fields(execution: executions_pb2.Execution) -> list[tuple[str, object]]:
+def execution_fields(execution: executions_pb2.Execution, job_name: str | None = None) -> list[tuple[str, object]]:
+    """An execution's fields, its job by `job_name` too when given."""
     return [
         ("id", execution.id),
         ("run id", execution.run_id),
+        *([("job", job_name)] if job_name and job_name != execution.job_id else []),
         ("job id", execution.job_id),
         ("attempt", execution.attempt),
         ("state", execution_state(execution)),
@@ -257,12 +276,13 @@ EVENT_HEADERS = ("TIME", "EVENT", "EXECUTION", "JOB", "ATTEMPT", "WORKER", "ERRO
 _EVENT_WIDTHS = (21, 10, 36, 36, 7, 0, 0)
 
 
-def event_line(event: executions_pb2.ExecutionEvent) -> str:
+def event_line(event: executions_pb2.ExecutionEvent, job_name: str | None = None) -> str:
+    """One event as a line under `event_header()`: its job by `job_name` when given, else by id."""
     values = [
         when(event.event_time),
         label(executions_pb2.EventType.Name(event.type)),
         event.execution_id,
-        event.job_id,
+        job_name or event.job_id,
         str(event.attempt),
         event.worker_id or "-",
         _cell(event.error) if event.error else "",

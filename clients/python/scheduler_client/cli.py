@@ -25,11 +25,13 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+# First: before anything imports grpc (see _grpc_quiet).
+from scheduler_client import _grpc_quiet  # noqa: F401
 from scheduler_client import _output as show
 from scheduler_client.client import (
     CONCURRENCY_POLICY,
@@ -39,24 +41,32 @@ from scheduler_client.client import (
     EXECUTION_STATE,
     JOB_STATE,
     MISFIRE_POLICY,
+    ROLE,
     TRIGGER_RULE,
+    USER_STATE,
     SchedulerClient,
     to_datetime,
 )
 from scheduler_client.errors import (
     DeadlineExceeded,
+    FailedPrecondition,
     InvalidArgument,
+    NotFound,
     SchedulerClientError,
     Unauthenticated,
     Unavailable,
 )
-from scheduler_client.v1 import executions_pb2, jobs_pb2
+from scheduler_client.v1 import executions_pb2, jobs_pb2, users_pb2
 
 PROG = "schedctl"
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 CREDENTIALS_FILE = "credentials.json"
+NAME_CACHE_SIZE = 1000
+"""Job names a command remembers (by id) while it runs, e.g. for the events of `executions watch`."""
+NAME_LOOKUPS = 8
+"""GetJob calls in flight at once when a table names its jobs."""
 
 
 class UsageError(Exception):
@@ -130,6 +140,8 @@ class Credentials:
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_MAX_DURATION_SECONDS = 315_576_000_000  # the largest google.protobuf.Duration: 10,000 years
+_INT32 = (-(2**31), 2**31 - 1)
 
 
 def parse_duration(text: str) -> timedelta:
@@ -137,7 +149,10 @@ def parse_duration(text: str) -> timedelta:
     match = _DURATION.match(text)
     if not match:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30s, 5m, 250ms)")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > _MAX_DURATION_SECONDS:
+        raise argparse.ArgumentTypeError(f"too long: {text!r} (at most 10,000 years)")
+    return timedelta(seconds=seconds)
 
 
 def parse_time(text: str) -> datetime:
@@ -146,7 +161,10 @@ def parse_time(text: str) -> datetime:
     if value == "now":
         return datetime.now(UTC)
     if value.startswith("+"):
-        return datetime.now(UTC) + parse_duration(value[1:])
+        try:
+            return datetime.now(UTC) + parse_duration(value[1:])
+        except OverflowError:
+            raise argparse.ArgumentTypeError(f"too far ahead: {text!r} (after the year 9999)") from None
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
@@ -173,6 +191,17 @@ def parse_payload(text: str) -> dict[str, Any]:
     return value
 
 
+def int32(text: str) -> int:
+    """A whole number the API's int32 fields can carry (the server checks its own range)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not _INT32[0] <= value <= _INT32[1]:
+        raise argparse.ArgumentTypeError(f"out of range: {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -180,6 +209,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    if value > _INT32[1]:
+        raise argparse.ArgumentTypeError(f"out of range: {value}")
+    return value
+
+
+def server_target(text: str) -> str:
+    """`--server`: HOST:PORT (any gRPC target), not empty and without spaces."""
+    value = text.strip()
+    if not value or any(character.isspace() for character in value):
+        raise argparse.ArgumentTypeError(f"not a server address: {text!r} (HOST:PORT, e.g. {DEFAULT_TARGET})")
     return value
 
 
@@ -203,6 +242,7 @@ class Context:
         self.client = client
         self.credentials = credentials
         self.json: bool = bool(args.json)
+        self._names: dict[str, str] = {}
 
     async def job_id(self, reference: str) -> str:
         """A job id from an id or a name."""
@@ -212,8 +252,33 @@ class Context:
             return (await self.client.find_job(reference)).id
         return reference
 
-    async def job_names(self) -> dict[str, str]:
-        return {job.id: job.name async for job in self.client.iter_jobs(page_size=1000)}
+    async def job_name_map(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """Names of these jobs by id, asked NAME_LOOKUPS at a time."""
+        ids = list(dict.fromkeys(job_ids))
+        room = asyncio.Semaphore(NAME_LOOKUPS)
+
+        async def name(job_id: str) -> str:
+            async with room:
+                return await self.job_name(job_id)
+
+        return dict(zip(ids, await asyncio.gather(*(name(job_id) for job_id in ids)), strict=True))
+
+    async def job_name(self, job_id: str) -> str:
+        """A job's name from its id (the id itself for a job that is gone), remembered while the
+        command runs (at most NAME_CACHE_SIZE of them)."""
+        name = self._names.get(job_id)
+        if name is not None:
+            return name
+        try:
+            name = (await self.client.get_job(job_id)).name
+        except NotFound:
+            name = job_id  # deleted since: its id is all there is
+        except SchedulerClientError:
+            return job_id  # no name this time (e.g. a slow server): not remembered, asked again later
+        if len(self._names) >= NAME_CACHE_SIZE:
+            del self._names[next(iter(self._names))]  # the oldest
+        self._names[job_id] = name
+        return name
 
 
 def ask_credentials(args: argparse.Namespace) -> None:
@@ -305,11 +370,12 @@ async def cmd_jobs_list(ctx: Context) -> int:
     return 0
 
 
-def _show_job(ctx: Context, job: Any) -> int:
+async def _show_job(ctx: Context, job: Any) -> int:
     if ctx.json:
         show.print_json(show.message_dict(job))
     else:
-        show.print_fields(show.job_fields(job))
+        names = await ctx.job_name_map(job.depends_on)
+        show.print_fields(show.job_fields(job, names))
     return 0
 
 
@@ -324,22 +390,29 @@ def _job_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 async def cmd_jobs_get(ctx: Context) -> int:
     job = await ctx.client.get_job(await ctx.job_id(ctx.args.job))
-    return _show_job(ctx, job)
+    return await _show_job(ctx, job)
+
+
+def _one_schedule(args: argparse.Namespace) -> None:
+    if args.cron and args.run_at is not None:
+        raise UsageError("--cron, --run-at: give one of them (a cron or a one-shot job), not both")
 
 
 async def cmd_jobs_create(ctx: Context) -> int:
     args = ctx.args
+    _one_schedule(args)
     job = await ctx.client.create_job(
         args.name,
         args.handler,
         **_job_settings(args),
         request_id=args.request_id,
     )
-    return _show_job(ctx, job)
+    return await _show_job(ctx, job)
 
 
 async def cmd_jobs_update(ctx: Context) -> int:
     args = ctx.args
+    _one_schedule(args)
     job = await ctx.client.update_job(
         await ctx.job_id(args.job),
         etag=args.etag,
@@ -347,7 +420,7 @@ async def cmd_jobs_update(ctx: Context) -> int:
         handler=args.handler,
         **_job_settings(args),
     )
-    return _show_job(ctx, job)
+    return await _show_job(ctx, job)
 
 
 async def _job_action(ctx: Context, action: str) -> int:
@@ -373,14 +446,17 @@ async def cmd_jobs_resume(ctx: Context) -> int:
 async def cmd_jobs_trigger(ctx: Context) -> int:
     args = ctx.args
     execution = await ctx.client.trigger_job(await ctx.job_id(args.job), request_id=args.request_id)
+    run_id = execution.run_id or execution.id
     if args.wait:
         if not ctx.json:
-            print(f"Triggered {args.job}: execution {execution.id}; waiting for it to finish")
-        execution = await ctx.client.wait_for_execution(execution.id, within=args.wait_timeout)
+            print(f"Triggered {args.job}: run {run_id}; waiting for it to finish", flush=True)
+        # The run, not its first attempt: a failed attempt with retries left is not the outcome.
+        execution = await ctx.client.wait_for_run(execution.id, within=args.wait_timeout)
     if ctx.json:
         show.print_json(show.message_dict(execution))
     elif args.wait:
-        print(f"Execution {execution.id} {show.execution_state(execution)} in {show.execution_took(execution)}"
+        print(f"Run {run_id} {show.execution_state(execution)} in {show.execution_took(execution)} "
+              f"(attempt {execution.attempt}, execution {execution.id})"
               + (f": {execution.error}" if execution.error else ""))  # fmt: skip
     else:
         print(f"Triggered {args.job}: execution {execution.id} ({show.execution_state(execution)})")
@@ -391,7 +467,15 @@ async def cmd_jobs_trigger(ctx: Context) -> int:
 
 async def cmd_jobs_delete(ctx: Context) -> int:
     job_id = await ctx.job_id(ctx.args.job)
-    await ctx.client.delete_job(job_id, detach_dependents=ctx.args.detach_dependents)
+    try:
+        await ctx.client.delete_job(job_id, detach_dependents=ctx.args.detach_dependents)
+    except FailedPrecondition as error:
+        if "detach_dependents" not in error.message:
+            raise
+        # The API names its request field; here the way out is a flag.
+        which = error.message.removeprefix("id: ").split("; ")[0]
+        raise CommandError(f"{which}: delete or change them first, or run "
+                           f"`schedctl jobs delete {ctx.args.job} --detach-dependents`") from None  # fmt: skip
     if ctx.json:
         show.print_json({"deleted": job_id})
     else:
@@ -432,7 +516,8 @@ async def cmd_executions_list(ctx: Context) -> int:
         elif job_id is not None and job_id != args.job:
             names = {job_id: args.job}  # named on the command line
         else:
-            names = await ctx.job_names()
+            # The jobs these rows name, not every job (a page of executions names a few).
+            names = await ctx.job_name_map(execution.job_id for execution in executions)
         show.print_table(*show.execution_rows(executions, names))
     return 0
 
@@ -442,7 +527,7 @@ async def cmd_executions_get(ctx: Context) -> int:
     if ctx.json:
         show.print_json(show.message_dict(execution))
     else:
-        show.print_fields(show.execution_fields(execution))
+        show.print_fields(show.execution_fields(execution, await ctx.job_name(execution.job_id)))
     return 0
 
 
@@ -468,7 +553,7 @@ async def cmd_executions_watch(ctx: Context) -> int:
             if ctx.json:
                 show.print_json(show.message_dict(event), indent=None)
             else:
-                print(show.event_line(event), flush=True)
+                print(show.event_line(event, await ctx.job_name(event.job_id)), flush=True)
             seen += 1
             if args.count and seen >= args.count:
                 break
@@ -513,12 +598,24 @@ async def _dlq_action(ctx: Context, action: str) -> int:
         raise UsageError(f"dlq {action}: give run ids or --all (not both)")
     method = ctx.client.requeue_dead_letters if action == "requeue" else ctx.client.purge_dead_letters
     done = await method(args.run_ids, all=args.all, queue=args.queue)
+    # The API acts on the runs it holds and answers with those: name the ones it did not hold.
+    found = {_canonical(run_id) for run_id in done}
+    missing = [run_id for run_id in dict.fromkeys(args.run_ids) if _canonical(run_id) not in found]
     if ctx.json:
-        show.print_json({"runIds": done})
-    else:
+        show.print_json({"runIds": done, "notFound": missing})
+    elif done or not missing:
         verb = "Requeued" if action == "requeue" else "Purged"
         print(f"{verb} {len(done)} dead run{'s' if len(done) != 1 else ''}" + "".join(f"\n  {r}" for r in done))
+    if missing:
+        raise CommandError(f"not in the dead-letter queue {args.queue or 'default'}: {', '.join(missing)}")
     return 0
+
+
+def _canonical(run_id: str) -> str:
+    try:
+        return str(uuid.UUID(run_id))
+    except ValueError:
+        return run_id
 
 
 async def cmd_dlq_requeue(ctx: Context) -> int:
@@ -566,6 +663,151 @@ async def cmd_status(ctx: Context) -> int:
     return 0
 
 
+# --- users (admin only) ----------------------------------------------------------------------------
+
+
+async def _user_id(ctx: Context, reference: str) -> str:
+    """A user id from an id or a username."""
+    try:
+        uuid.UUID(reference)
+    except ValueError:
+        return (await ctx.client.find_user(reference)).id
+    return reference
+
+
+def _new_password(args: argparse.Namespace, what: str) -> str:
+    """The new password of `users create` / `reset-password`: --password, --password-stdin,
+    $SCHEDCTL_NEW_PASSWORD, else asked twice on a terminal (in a thread: it blocks)."""
+    if args.password_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    if args.password is not None:
+        return str(args.password)
+    environ = os.environ.get("SCHEDCTL_NEW_PASSWORD")
+    if environ is not None:
+        return environ
+    if not sys.stdin.isatty():
+        raise UsageError(f"{what}: give --password, --password-stdin or $SCHEDCTL_NEW_PASSWORD")
+    first = getpass.getpass("New password: ")
+    if getpass.getpass("Repeat it: ") != first:
+        raise UsageError(f"{what}: the two passwords differ")
+    return first
+
+
+def _user_rows(users: Sequence[users_pb2.User]) -> tuple[list[str], list[list[object]]]:
+    rows: list[list[object]] = [
+        [user.username, show.role(user.role), USER_STATE.name(user.state).removeprefix("USER_STATE_").lower(),
+         show.when(user.create_time), user.id]
+        for user in users
+    ]  # fmt: skip
+    return ["USERNAME", "ROLE", "STATE", "CREATED", "ID"], rows
+
+
+def _show_user(ctx: Context, user: users_pb2.User, done: str | None = None) -> int:
+    if ctx.json:
+        show.print_json(show.message_dict(user))
+    elif done is not None:
+        state = USER_STATE.name(user.state).removeprefix("USER_STATE_").lower()
+        print(f"{done} user {user.username} (role {show.role(user.role)}, {state})")
+    else:
+        headers, rows = _user_rows([user])
+        show.print_fields([(header.lower(), value) for header, value in zip(headers, rows[0], strict=True)]
+                          + [("etag", user.etag), ("updated", show.when(user.update_time))])  # fmt: skip
+    return 0
+
+
+async def cmd_users_list(ctx: Context) -> int:
+    users = []
+    async for user in ctx.client.iter_users(page_size=min(ctx.args.limit, 1000)):
+        users.append(user)
+        if len(users) >= ctx.args.limit:
+            break
+    if ctx.json:
+        show.print_json({"users": [show.message_dict(user) for user in users]})
+    else:
+        show.print_table(*_user_rows(users))
+    return 0
+
+
+async def cmd_users_get(ctx: Context) -> int:
+    return _show_user(ctx, await ctx.client.get_user(await _user_id(ctx, ctx.args.user)))
+
+
+async def cmd_users_create(ctx: Context) -> int:
+    args = ctx.args
+    password = await asyncio.to_thread(_new_password, args, "users create")
+    user = await ctx.client.create_user(args.username, password, args.role, request_id=args.request_id)
+    return _show_user(ctx, user, "Created")
+
+
+async def cmd_users_update(ctx: Context) -> int:
+    args = ctx.args
+    user = await ctx.client.update_user(await _user_id(ctx, args.user), role=args.role, etag=args.etag)
+    return _show_user(ctx, user, "Updated")
+
+
+async def cmd_users_disable(ctx: Context) -> int:
+    user = await ctx.client.disable_user(await _user_id(ctx, ctx.args.user), etag=ctx.args.etag)
+    return _show_user(ctx, user, "Disabled (its sessions ended)")
+
+
+async def cmd_users_enable(ctx: Context) -> int:
+    user = await ctx.client.enable_user(await _user_id(ctx, ctx.args.user), etag=ctx.args.etag)
+    return _show_user(ctx, user, "Enabled")
+
+
+async def cmd_users_reset_password(ctx: Context) -> int:
+    args = ctx.args
+    user_id = await _user_id(ctx, args.user)
+    password = await asyncio.to_thread(_new_password, args, "users reset-password")
+    user = await ctx.client.reset_user_password(user_id, password, etag=args.etag)
+    return _show_user(ctx, user, "Reset the password of (its other sessions ended)")
+
+
+async def cmd_users_delete(ctx: Context) -> int:
+    args = ctx.args
+    user_id = await _user_id(ctx, args.user)
+    await ctx.client.delete_user(user_id, etag=args.etag)
+    if ctx.json:
+        show.print_json({"id": user_id, "deleted": True})
+    else:
+        print(f"Deleted user {args.user} (its sessions ended)")
+    return 0
+
+
+def _users_commands(command: Callable[..., argparse.ArgumentParser], commands: Any) -> None:
+    """`schedctl users ...` (admin only)."""
+    users = command(commands, "users", "manage who logs in: list, create, change role, disable, reset, delete")
+    user_commands = users.add_subparsers(dest="users_command", metavar="ACTION", required=True)
+    listing = command(user_commands, "list", "list users by username", cmd_users_list)
+    listing.add_argument("--limit", type=positive_int, default=1000, help="at most this many (default 1000)")
+    get = command(user_commands, "get", "show one user", cmd_users_get)
+    get.add_argument("user", metavar="USER", help="user id or username")
+    create = command(user_commands, "create", "create a user (asks for its password)", cmd_users_create)
+    create.add_argument("username", metavar="USERNAME", help="1-64 characters among A-Z a-z 0-9 _ . @ -")
+    create.add_argument("--role", required=True, choices=ROLE.choices(), help="what the user may do")
+    create.add_argument("--request-id", help="idempotency key: a retry with the same id creates nothing more")
+    update = command(user_commands, "update", "change a user's role (its sessions have it at once)",
+                     cmd_users_update)  # fmt: skip
+    update.add_argument("user", metavar="USER", help="user id or username")
+    update.add_argument("--role", required=True, choices=ROLE.choices(), help="the new role")
+    reset = command(user_commands, "reset-password", "set a user's password (its other sessions end)",
+                    cmd_users_reset_password)  # fmt: skip
+    reset.add_argument("user", metavar="USER", help="user id or username")
+    for sub in (create, reset):
+        sub.add_argument("--password", help="the password (12-1024 characters; default $SCHEDCTL_NEW_PASSWORD, "
+                                            "else asked)")  # fmt: skip
+        sub.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
+    for name, handler, help_text in (
+        ("disable", cmd_users_disable, "stop a user logging in and end its sessions"),
+        ("enable", cmd_users_enable, "let a disabled user log in again"),
+        ("delete", cmd_users_delete, "delete a user and end its sessions"),
+    ):
+        sub = command(user_commands, name, help_text, handler)
+        sub.add_argument("user", metavar="USER", help="user id or username")
+    for sub in (update, reset, *(user_commands.choices[name] for name in ("disable", "enable", "delete"))):
+        sub.add_argument("--etag", help="fail (ABORTED) if the user changed since it had this etag")
+
+
 # --- the parser ------------------------------------------------------------------------------------
 
 
@@ -580,6 +822,7 @@ def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
     group.add_argument(
         "--server",
         metavar="HOST:PORT",
+        type=server_target,
         default=default(environ_server),
         help=f"the scheduler-grpc server (default $SCHEDCTL_SERVER or {DEFAULT_TARGET})",
     )
@@ -615,8 +858,8 @@ def _job_flags(parser: argparse.ArgumentParser, *, update: bool) -> None:
         help="run once at this time: ISO 8601 (no offset: UTC), or +DURATION from now",
     )
     parser.add_argument("--queue", help="queue to run on (default: default)")
-    parser.add_argument("--priority", type=int, help="-1000 (least urgent) to 1000 (most); default 0")
-    parser.add_argument("--max-retries", type=int, metavar="N", help="retries after the first attempt (default 3)")
+    parser.add_argument("--priority", type=int32, help="-1000 (least urgent) to 1000 (most); default 0")
+    parser.add_argument("--max-retries", type=int32, metavar="N", help="retries after the first attempt (default 3)")
     parser.add_argument("--initial-backoff", type=parse_duration, metavar="DURATION", help="first retry delay (1s)")
     parser.add_argument("--max-backoff", type=parse_duration, metavar="DURATION", help="longest retry delay (5m)")
     parser.add_argument(
@@ -687,7 +930,9 @@ def build_parser() -> argparse.ArgumentParser:
     trigger.add_argument("job", metavar="JOB", help="job id or name")
     trigger.add_argument("--request-id", help="idempotency key: the same id never runs the job twice")
     trigger.add_argument(
-        "--wait", action="store_true", help="wait until the attempt finishes; exit 1 unless it succeeded"
+        "--wait",
+        action="store_true",
+        help="wait until the run ends (after its retries) and show its last attempt; exit 1 unless it succeeded",
     )
     trigger.add_argument("--wait-timeout", type=positive_seconds, default=60.0, metavar="DURATION",
                          help="give up waiting after this long (default 60s)")  # fmt: skip
@@ -745,10 +990,67 @@ def build_parser() -> argparse.ArgumentParser:
     command(commands, "handlers", "list handlers and their circuit breakers", cmd_handlers)
     status = command(commands, "status", "scheduler leader, term and queue counts", cmd_status)
     status.add_argument("--queue", help="the queue (default: default)")
+    _users_commands(command, commands)
     return parser
 
 
 # --- running -----------------------------------------------------------------------------------------
+
+
+# API field paths (the start of an INVALID_ARGUMENT message, `job.` dropped) -> the flag that sets them.
+_FLAGS = {
+    "name": "--name",
+    "handler": "--handler",
+    "payload": "--payload",
+    "schedule.cron": "--cron",
+    "cron": "--cron",
+    "schedule.time_zone": "--time-zone",
+    "time_zone": "--time-zone",
+    "schedule.run_time": "--run-at",
+    "run_at": "--run-at",
+    "queue": "--queue",
+    "priority": "--priority",
+    "retry_policy.max_retries": "--max-retries",
+    "retry_policy.initial_backoff": "--initial-backoff",
+    "retry_policy.max_backoff": "--max-backoff",
+    "timeout": "--timeout",
+    "misfire_policy": "--misfire-policy",
+    "concurrency_policy": "--concurrency-policy",
+    "depends_on": "--depends-on",
+    "trigger_rule": "--trigger-rule",
+    "etag": "--etag",
+    "request_id": "--request-id",
+    "count": "--count",
+    "start_time": "--start",
+    "cursor": "--cursor",
+    "flow_run_id": "--flow-run",
+    "job_id": "--job",
+    "job_ids": "--job",
+    "states": "--state",
+    "types": "--type",
+    "run_ids": "RUN_ID",
+}
+# The positional argument a request's `id` comes from, per command.
+_ID_ARGUMENT = {"jobs": "JOB", "executions": "EXECUTION", "flows": "FLOW_RUN_ID"}
+_FIELD = re.compile(r"^([a-z_][a-z0-9_]*(?:\[\d+\])?(?:\.[a-z_][a-z0-9_]*(?:\[\d+\])?)*): (.+)$", re.DOTALL)
+
+
+def flag_message(message: str, command: str) -> str:
+    """An INVALID_ARGUMENT message naming the API field (`job.schedule.cron: ...`) as naming the
+    flag or argument that set it (`--cron: ...`); unchanged when no flag sets that field."""
+    match = _FIELD.match(message)
+    if match is None:
+        return message
+    path, text = match.groups()
+    parts = re.sub(r"\[\d+\]", "", path.removeprefix("job.")).split(".")
+    if parts == ["id"] and command in _ID_ARGUMENT:
+        return f"{_ID_ARGUMENT[command]}: {text}"
+    for end in range(len(parts), 0, -1):
+        flag = _FLAGS.get(".".join(parts[:end]))
+        if flag is not None:
+            inside = ".".join(parts[end:])  # e.g. a payload field: `--payload: message: ...`
+            return f"{flag}: {inside}: {text}" if inside else f"{flag}: {text}"
+    return message
 
 
 def _message(error: SchedulerClientError, args: argparse.Namespace, had_token: bool) -> str:
@@ -761,6 +1063,8 @@ def _message(error: SchedulerClientError, args: argparse.Namespace, had_token: b
         if not had_token:
             return f"not logged in to {server}: run `schedctl login`"
         return f"{error.message} (run `schedctl login`)"
+    if isinstance(error, InvalidArgument):
+        return flag_message(error.message, args.command)
     return error.message
 
 

@@ -30,12 +30,13 @@ from google.protobuf.message import Message
 
 from scheduler_client import __version__
 from scheduler_client.errors import DeadlineExceeded, InvalidArgument, NotFound, from_rpc_error
-from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
+from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2, users_pb2
 
 __all__ = [
     "DEFAULT_TARGET",
     "DEFAULT_TIMEOUT",
     "FINAL_STATES",
+    "RUN_FINAL_STATES",
     "Page",
     "SchedulerClient",
     "enum_label",
@@ -60,6 +61,7 @@ _JOBS = _PKG + "JobService/"
 _EXECUTIONS = _PKG + "ExecutionService/"
 _QUEUE = _PKG + "QueueService/"
 _CLUSTER = _PKG + "ClusterService/"
+_USERS = _PKG + "UserService/"
 
 CURSOR_METADATA = "x-scheduler-cursor"
 """Initial metadata of WatchExecutions: the cursor the subscription starts at (sent once it is live)."""
@@ -78,9 +80,24 @@ FINAL_STATES = frozenset(
         executions_pb2.EXECUTION_STATE_INTERRUPTED,
         executions_pb2.EXECUTION_STATE_SKIPPED,
         executions_pb2.EXECUTION_STATE_MISSED,
+        executions_pb2.EXECUTION_STATE_UPSTREAM_FAILED,
     }
 )
 """States an attempt does not leave (a failed attempt may be followed by a new attempt)."""
+
+RUN_FINAL_STATES = frozenset(
+    {
+        executions_pb2.EXECUTION_STATE_SUCCEEDED,
+        executions_pb2.EXECUTION_STATE_CANCELLED,
+        executions_pb2.EXECUTION_STATE_DEAD,
+        executions_pb2.EXECUTION_STATE_SKIPPED,
+        executions_pb2.EXECUTION_STATE_MISSED,
+        executions_pb2.EXECUTION_STATE_UPSTREAM_FAILED,
+    }
+)
+"""States that end a run: a run's latest attempt in one of these has no next attempt. (A failed,
+timed-out, abandoned or interrupted attempt is followed by the run's next attempt, or is recorded
+dead when the retry budget is spent.)"""
 
 
 @dataclass(frozen=True)
@@ -142,6 +159,7 @@ JOB_VIEW = _EnumType(jobs_pb2.JobView, "JOB_VIEW_", "view")
 EXECUTION_VIEW = _EnumType(executions_pb2.ExecutionView, "EXECUTION_VIEW_", "view")
 EVENT_TYPE = _EnumType(executions_pb2.EventType, "EVENT_TYPE_", "event type")
 ROLE = _EnumType(auth_pb2.Role, "ROLE_", "role")
+USER_STATE = _EnumType(users_pb2.UserState, "USER_STATE_", "state")
 TRIGGER_RULE = _EnumType(executions_pb2.TriggerRule, "TRIGGER_RULE_", "trigger_rule")
 FLOW_RUN_STATE = _EnumType(executions_pb2.FlowRunState, "FLOW_RUN_STATE_", "flow run state")
 
@@ -186,7 +204,22 @@ def _duration(value: Seconds, what: str) -> duration_pb2.Duration:
     return duration
 
 
+MAX_STRUCT_DEPTH = 32
+"""Objects and arrays nested in a payload at most: protobuf decodes about 100 nested messages, and
+each JSON level is two (a Value holding a Struct or ListValue). The server's own limit is lower."""
+
+
+def _nesting(value: Any, limit: int) -> int:
+    """How deep objects and arrays nest in `value`, counted up to `limit + 1` (no further)."""
+    if limit < 0 or not isinstance(value, Mapping | list | tuple):
+        return 0
+    items = value.values() if isinstance(value, Mapping) else value
+    return 1 + max((_nesting(item, limit - 1) for item in items), default=0)
+
+
 def _struct(value: Mapping[str, Any], what: str) -> struct_pb2.Struct:
+    if _nesting(value, MAX_STRUCT_DEPTH) > MAX_STRUCT_DEPTH:
+        raise InvalidArgument(f"{what}: nested deeper than {MAX_STRUCT_DEPTH} objects or arrays")
     struct = struct_pb2.Struct()
     try:
         struct.update(dict(value))
@@ -808,50 +841,123 @@ class SchedulerClient:
 
         Watches the job's events and reads the execution on each of its events, and at least every
         `poll_interval` seconds, so no event can be missed between reading and subscribing.
-        Raises DeadlineExceeded after `within` seconds.
+        Raises DeadlineExceeded after `within` seconds. To wait for a run through its retries,
+        use `wait_for_run`.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
         execution = await self.get_execution(execution_id)
         if execution.state in FINAL_STATES:
             return execution
+
+        async def read() -> executions_pb2.Execution:
+            return await self.get_execution(execution_id)
+
+        return await self._wait_until(
+            execution,
+            read,
+            done=lambda attempt: attempt.state in FINAL_STATES,
+            relevant=lambda event: event.execution_id == execution_id,
+            what=lambda attempt: f"execution {execution_id}",
+            within=within,
+            poll_interval=poll_interval,
+        )
+
+    async def wait_for_run(
+        self, execution_id: str, *, within: float = 60.0, poll_interval: float = 1.0
+    ) -> executions_pb2.Execution:
+        """Wait until the run of an attempt has ended (see RUN_FINAL_STATES); return its latest attempt.
+
+        A run whose first attempt failed and whose retry succeeded returns the succeeded retry; a run
+        whose retry budget ran out returns its dead attempt. Watches the job's events like
+        `wait_for_execution` and reads the run's latest attempt on each event of the run, and at
+        least every `poll_interval` seconds. Raises DeadlineExceeded after `within` seconds.
+        """
+        first = await self.get_execution(execution_id)
+        run_id = first.run_id or first.id
+        latest = await self._latest_attempt(first, run_id)
+        if latest.state in RUN_FINAL_STATES:
+            return latest
+
+        async def read() -> executions_pb2.Execution:
+            nonlocal latest
+            latest = await self._latest_attempt(latest, run_id)
+            return latest
+
+        return await self._wait_until(
+            latest,
+            read,
+            done=lambda attempt: attempt.state in RUN_FINAL_STATES,
+            relevant=lambda event: event.run_id == run_id,
+            what=lambda attempt: f"run {run_id} (attempt {attempt.attempt})",
+            within=within,
+            poll_interval=poll_interval,
+        )
+
+    async def _latest_attempt(self, known: executions_pb2.Execution, run_id: str) -> executions_pb2.Execution:
+        """The run's latest attempt, read again: `known` itself, or the newest attempt after it."""
+        current = await self.get_execution(known.id)
+        if current.state in RUN_FINAL_STATES or current.state not in FINAL_STATES:
+            return current  # it ended the run, or it is still queued or running: no later attempt
+        # Its run goes on in a later attempt, created with its outcome. Executions list newest
+        # first, so every later attempt comes before this one: read back to it, and no further.
+        newest = current
+        async for execution in self.iter_executions(job_id=current.job_id, page_size=100, view="basic"):
+            if execution.id == current.id:
+                break
+            if execution.run_id == run_id and execution.attempt > newest.attempt:
+                newest = execution
+        return current if newest is current else await self.get_execution(newest.id)
+
+    async def _wait_until(
+        self,
+        execution: executions_pb2.Execution,
+        read: Callable[[], Awaitable[executions_pb2.Execution]],
+        *,
+        done: Callable[[executions_pb2.Execution], bool],
+        relevant: Callable[[executions_pb2.ExecutionEvent], bool],
+        what: Callable[[executions_pb2.Execution], str],
+        within: float,
+        poll_interval: float,
+    ) -> executions_pb2.Execution:
+        """`read()` until `done` with what it returns: on each `relevant` event of the job, and at least
+        every `poll_interval` seconds; DeadlineExceeded (naming `what`) after `within` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
         subscribed = asyncio.Event()
         events = self.watch_executions(job_ids=[execution.job_id], subscribed=subscribed)
         pending: asyncio.Task[executions_pb2.ExecutionEvent | None] | None = None
         watching = True
-        last_read = loop.time()
         try:
             # Read again once the subscription is live: what happened before it shows here, after it
             # as an event. (Without the server's confirmation, polling covers the gap.)
             pending = asyncio.ensure_future(_next_or_none(events))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(subscribed.wait(), timeout=max(min(poll_interval, deadline - loop.time()), 0))
-            execution = await self.get_execution(execution_id)
+            execution = await read()
             last_read = loop.time()
-            if execution.state in FINAL_STATES:
+            if done(execution):
                 return execution
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     state = enum_label(executions_pb2.ExecutionState.Name(execution.state))
-                    raise DeadlineExceeded(f"execution {execution_id} still {state} after {within:g}s")
+                    raise DeadlineExceeded(f"{what(execution)} still {state} after {within:g}s")
                 wait = max(min(poll_interval - (loop.time() - last_read), remaining), 0.0)
                 if watching:
                     if pending is None:
                         pending = asyncio.ensure_future(_next_or_none(events))
-                    done, _ = await asyncio.wait({pending}, timeout=wait)
-                    if done:
+                    finished, _ = await asyncio.wait({pending}, timeout=wait)
+                    if finished:
                         task, pending = pending, None
                         event = None if task.exception() is not None else task.result()
                         if event is None:
                             watching = False  # the stream ended or failed: poll from now on
-                        elif event.execution_id != execution_id and loop.time() - last_read < poll_interval:
+                        elif not relevant(event) and loop.time() - last_read < poll_interval:
                             continue
                 else:
                     await asyncio.sleep(wait)
-                execution = await self.get_execution(execution_id)
+                execution = await read()
                 last_read = loop.time()
-                if execution.state in FINAL_STATES:
+                if done(execution):
                     return execution
         finally:
             if pending is not None:
@@ -954,6 +1060,92 @@ class SchedulerClient:
             _CLUSTER + "ListHandlers", cluster_pb2.ListHandlersRequest(), cluster_pb2.ListHandlersResponse, rpc_timeout
         )
         return list(response.handlers)
+
+    # -- UserService (admin only) --
+
+    async def create_user(
+        self,
+        username: str,
+        password: str,
+        role: int | str = "viewer",
+        *,
+        request_id: str | None = None,
+        rpc_timeout: float | None = None,
+    ) -> users_pb2.User:
+        """Create an enabled user (the password: 12 to 1024 characters). The same `request_id`
+        returns the user its first call created (one is generated if not given)."""
+        request = users_pb2.CreateUserRequest(
+            user=users_pb2.User(username=username, role=ROLE.name(role)),
+            password=password,
+            request_id=request_id or str(uuid.uuid4()),
+        )
+        return (await self._call(_USERS + "CreateUser", request, users_pb2.CreateUserResponse, rpc_timeout)).user
+
+    async def get_user(self, user_id: str, *, rpc_timeout: float | None = None) -> users_pb2.User:
+        """Read one user."""
+        request = users_pb2.GetUserRequest(id=user_id)
+        return (await self._call(_USERS + "GetUser", request, users_pb2.GetUserResponse, rpc_timeout)).user
+
+    async def list_users(
+        self, *, page_size: int = 0, page_token: str = "", rpc_timeout: float | None = None
+    ) -> Page[users_pb2.User]:
+        """One page of users by username (disabled ones included)."""
+        request = users_pb2.ListUsersRequest(page_size=page_size, page_token=page_token)
+        response = await self._call(_USERS + "ListUsers", request, users_pb2.ListUsersResponse, rpc_timeout)
+        return Page(list(response.users), response.next_page_token)
+
+    def iter_users(self, *, page_size: int = 0) -> AsyncIterator[users_pb2.User]:
+        """Every user, page after page."""
+        return _pages(lambda token: self.list_users(page_size=page_size, page_token=token))
+
+    async def find_user(self, username: str, *, rpc_timeout: float | None = None) -> users_pb2.User:
+        """The user named `username` (searched through ListUsers); NotFound if there is none."""
+        async for user in _pages(
+            lambda token: self.list_users(page_size=1000, page_token=token, rpc_timeout=rpc_timeout)
+        ):
+            if user.username == username:
+                return user
+        raise NotFound(f"no user named {username!r}")
+
+    async def update_user(
+        self, user_id: str, *, role: int | str, etag: str | None = None, rpc_timeout: float | None = None
+    ) -> users_pb2.User:
+        """Give a user another role (its live sessions have it from their next call)."""
+        request = users_pb2.UpdateUserRequest(
+            user=users_pb2.User(id=user_id, role=ROLE.name(role)),
+            update_mask=field_mask_pb2.FieldMask(paths=["role"]),
+            etag=etag or "",
+        )
+        return (await self._call(_USERS + "UpdateUser", request, users_pb2.UpdateUserResponse, rpc_timeout)).user
+
+    async def delete_user(self, user_id: str, *, etag: str | None = None, rpc_timeout: float | None = None) -> None:
+        """Delete a user and end its sessions."""
+        request = users_pb2.DeleteUserRequest(id=user_id, etag=etag or "")
+        await self._call(_USERS + "DeleteUser", request, users_pb2.DeleteUserResponse, rpc_timeout)
+
+    async def disable_user(
+        self, user_id: str, *, etag: str | None = None, rpc_timeout: float | None = None
+    ) -> users_pb2.User:
+        """Stop a user logging in and end its sessions."""
+        request = users_pb2.DisableUserRequest(id=user_id, etag=etag or "")
+        return (await self._call(_USERS + "DisableUser", request, users_pb2.DisableUserResponse, rpc_timeout)).user
+
+    async def enable_user(
+        self, user_id: str, *, etag: str | None = None, rpc_timeout: float | None = None
+    ) -> users_pb2.User:
+        """Let a disabled user log in again."""
+        request = users_pb2.EnableUserRequest(id=user_id, etag=etag or "")
+        return (await self._call(_USERS + "EnableUser", request, users_pb2.EnableUserResponse, rpc_timeout)).user
+
+    async def reset_user_password(
+        self, user_id: str, new_password: str, *, etag: str | None = None, rpc_timeout: float | None = None
+    ) -> users_pb2.User:
+        """Set a user's password and end its other sessions."""
+        request = users_pb2.ResetUserPasswordRequest(id=user_id, new_password=new_password, etag=etag or "")
+        response = await self._call(
+            _USERS + "ResetUserPassword", request, users_pb2.ResetUserPasswordResponse, rpc_timeout
+        )
+        return response.user
 
 
 # --- helpers -----------------------------------------------------------------------------------
