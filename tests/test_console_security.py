@@ -481,7 +481,7 @@ async def test_a_cross_site_post_with_a_valid_session_and_csrf_token_is_refused(
             allow_redirects=False,
         ) as reply:
             assert reply.status == 403
-    assert (await console.server.api.control.jobs.get(job.id)).status.value == "active"
+    assert (await console.server.api.control.get_job(job.id)).status.value == "active"
 
 
 @pytest.mark.parametrize(
@@ -606,7 +606,7 @@ async def test_the_api_redacts_secrets_below_admin(console: Console, pool: async
             page = await executions.ListExecutions(executions_pb2.ListExecutionsRequest(job_id=echo.id), metadata=meta)
             assert (MessageToDict(page.executions[0].result)["echo"]["password"] == "hunter22") is shown
     # Redaction is on the way out: the stored job keeps its secret.
-    assert (await console.server.api.control.jobs.get(job_id)).payload["headers"]["Authorization"] == SECRET
+    assert (await console.server.api.control.get_job(job_id)).payload["headers"]["Authorization"] == SECRET
 
 
 def test_the_secret_reader_is_the_role_that_writes_jobs() -> None:
