@@ -1,11 +1,15 @@
 """The console's aiohttp application: routes, the security middleware, start and stop.
 
-The middleware, for every request: sets the security headers; lets the login page and static files
-through; otherwise authenticates the session cookie (a Login session token) with the API's
+The middleware, for every request: refuses a `Host` the console does not answer to (421, DNS
+rebinding); reads the body while the connection still counts as waiting (`limits.ConnectionGuard`
+bounds that time and the number of connections); refuses a POST from another origin; lets the login
+page and static files through; otherwise authenticates the session cookie (a Login session token) with the API's
 `Authenticator`, checks the CSRF token of every POST, and checks the role the route's RPC needs in
 `auth.METHOD_ROLES`. Errors become pages by the API's own mapping (`statuses.status_of`, as HTTP
 statuses: INVALID_ARGUMENT 400, NOT_FOUND 404, ALREADY_EXISTS/FAILED_PRECONDITION/ABORTED 409,
-RESOURCE_EXHAUSTED 429, PERMISSION_DENIED 403, UNAVAILABLE 503 saying a store is down).
+RESOURCE_EXHAUSTED 429, PERMISSION_DENIED 403, UNAVAILABLE 503 saying a store is down). The
+security headers are set on every response as it is prepared (`on_response_prepare`), so streams
+that send their headers from inside their handler (`/events`) have them too.
 """
 
 from __future__ import annotations
