@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import statistics
 import sys
 import time
@@ -256,7 +257,11 @@ async def measure(redis_url: str, database_url: str, args: argparse.Namespace) -
             assert server.console_url is not None
             base = server.console_url.rstrip("/")
             async with aiohttp.ClientSession(base, cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-                async with http.post("/login", data={"username": "admin", "password": "admin123"}) as reply:
+                async with http.get("/login") as page:  # the form's pre-session token (and its cookie)
+                    found = re.search(r'name="login_token" value="([^"]+)"', await page.text())
+                    assert found is not None
+                form = {"username": "admin", "password": "admin123", "login_token": found.group(1)}
+                async with http.post("/login", data=form) as reply:
                     assert reply.status == 200, reply.status
                 rows = []
                 for name, path in await pages(pool, args.history, args.jobs):

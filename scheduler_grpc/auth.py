@@ -54,7 +54,7 @@ import re
 import secrets
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
@@ -701,11 +701,14 @@ def _is_hex(value: str) -> bool:
         return False
 
 
-def admin_password(settings_password: str | None, *, production: bool, loopback: bool) -> str:
+def admin_password(
+    settings_password: str | None, *, production: bool, loopback: bool, exposed_by: Sequence[str] = ()
+) -> str:
     """The start-up admin's password.
 
-    Only in dev, listening on loopback only, may it fall back to `DEV_ADMIN_PASSWORD` (the caller
-    logs a warning then).
+    Only in dev, listening on loopback only (the gRPC API and the web console alike), may it fall
+    back to `DEV_ADMIN_PASSWORD` (the caller logs a warning then). `exposed_by` names the settings
+    that listen beyond loopback, for the error.
 
     Raises:
         ConfigError: the setting is missing or too weak for where the server runs (names
@@ -722,7 +725,6 @@ def admin_password(settings_password: str | None, *, production: bool, loopback:
     if settings_password:
         return settings_password
     if not loopback:
-        raise ConfigError(
-            "SCHEDULER_ADMIN_PASSWORD must be set when the gRPC server listens beyond loopback (SCHEDULER_GRPC_HOST)"
-        )
+        where = " and ".join(exposed_by) or "SCHEDULER_GRPC_HOST"
+        raise ConfigError(f"SCHEDULER_ADMIN_PASSWORD must be set when the server listens beyond loopback ({where})")
     return DEV_ADMIN_PASSWORD

@@ -132,6 +132,21 @@ def _host(text: str) -> str:
     return text
 
 
+def _host_names(text: str) -> tuple[str, ...]:
+    names: list[str] = []
+    for part in text.split(","):
+        name = part.strip().lower().rstrip(".")
+        if not name:
+            continue
+        if name != "*" and not re.fullmatch(r"\.?[a-z0-9_]([a-z0-9_.-]{0,252})?|\[[0-9a-f:.]+\]|[0-9a-f:.]+", name):
+            raise ValueError(
+                f"{part.strip()!r}: expected comma-separated host names without ports (e.g. console.example.com, "
+                "a leading '.' for a domain and its subdomains, or * for any)"
+            )
+        names.append(name.strip("[]"))
+    return tuple(names)
+
+
 def _username(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", text):
         raise ValueError("expected 1-64 letters, digits, '_', '.', '@' or '-'")
@@ -399,6 +414,34 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("http_port", "SCHEDULER_HTTP_PORT", _port, "8080", "Port of the web console (0: any free port)."),
     Setting(
+        "http_allowed_hosts",
+        "SCHEDULER_HTTP_ALLOWED_HOSTS",
+        _host_names,
+        "",
+        "Comma-separated host names the web console answers to (its `Host` header; `.example.com`: that domain "
+        "and its subdomains; `*`: any, only behind a proxy that checks it). Always accepted: `localhost`, "
+        "`*.localhost`, IP addresses, and the name in `SCHEDULER_HTTP_HOST` (and this machine's names when that "
+        "is a wildcard address). Any other name is refused with 421: a DNS-rebinding page cannot drive the "
+        "console.",
+    ),
+    Setting(
+        "http_max_connections",
+        "SCHEDULER_HTTP_MAX_CONNECTIONS",
+        _parse_positive_int,
+        "1000",
+        "Connections the web console holds open at once (at most a quarter of the process's file descriptor "
+        "limit); beyond, a new one replaces the oldest connection waiting for a request, or is closed.",
+    ),
+    Setting(
+        "http_header_timeout",
+        "SCHEDULER_HTTP_HEADER_TIMEOUT",
+        parse_duration,
+        "10s",
+        "Time a web console connection has to send a complete request head, from its opening or the end of "
+        "its previous response (also the keep-alive idle limit, and the TLS handshake's limit); then it is "
+        "closed.",
+    ),
+    Setting(
         "http_tls_proxy",
         "SCHEDULER_HTTP_TLS_PROXY",
         _parse_bool,
@@ -502,6 +545,9 @@ class Settings:
     http_enabled: bool
     http_host: str | None
     http_port: int
+    http_allowed_hosts: tuple[str, ...]
+    http_max_connections: int
+    http_header_timeout: timedelta
     http_tls_proxy: bool
     admin_username: str
     admin_password: str | None
@@ -587,6 +633,8 @@ def _check(settings: Settings) -> None:
         raise ConfigError(f"{name('fire_ahead')} must be at most 1m")
     if settings.production and not (settings.redis_url and settings.database_url):
         raise ConfigError("SCHEDULER_ENV=production needs REDIS_URL and DATABASE_URL: embedded servers are for dev")
+    if not timedelta(seconds=1) <= settings.http_header_timeout <= timedelta(minutes=5):
+        raise ConfigError(f"{name('http_header_timeout')} must be between 1s and 5m")
     if settings.session_ttl < timedelta(minutes=1):
         raise ConfigError(f"{name('session_ttl')} must be at least 1m")
     if (settings.tls_cert is None) != (settings.tls_key is None):

@@ -266,11 +266,16 @@ def preflight(settings: Settings) -> tuple[str, str]:
             the server listens, or no SCHEDULER_HTTP_HOST in production with the console enabled.
     """
     host = _listen_host(settings)
-    password = admin_password(settings.admin_password, production=settings.production, loopback=_is_loopback(host))
+    exposed = [] if _is_loopback(host) else ["SCHEDULER_GRPC_HOST"]
     if settings.http_enabled:
         from scheduler_grpc.console.app import listen_host
 
-        listen_host(settings)
+        # The console logs the same admin in: the dev password must not reach the network through it.
+        if not _is_loopback(listen_host(settings)):
+            exposed.append("SCHEDULER_HTTP_HOST")
+    password = admin_password(
+        settings.admin_password, production=settings.production, loopback=not exposed, exposed_by=exposed
+    )
     return host, password
 
 

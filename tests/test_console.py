@@ -26,7 +26,7 @@ from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from scheduler_grpc.auth import Role, Unauthenticated
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.console.app import listen_host
-from scheduler_grpc.console.security import COOKIE, CSP, csrf_token
+from scheduler_grpc.console.security import COOKIE, CSP, LOGIN_COOKIE, LOGIN_FIELD, csrf_token
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError, Fenced, LeaseLost
@@ -71,8 +71,26 @@ async def console(redis_url: str, database_url: str, redis: Redis, pool: asyncpg
         yield running
 
 
+async def login_token(http: aiohttp.ClientSession) -> str:
+    """The pre-session token of the login form (the form's hidden field; its cookie is the same)."""
+    async with http.get("/login") as page:
+        match = re.search(r'name="login_token" value="([^"]+)"', await page.text())
+    return match.group(1) if match else ""  # none: the POST says so (403)
+
+
+async def post_login(http: aiohttp.ClientSession, username: str, password: str) -> aiohttp.ClientResponse:
+    """POST the login form as a browser does: with the token of a login page just fetched."""
+    token = await login_token(http)
+    return await http.post(
+        "/login",
+        data={"username": username, "password": password, LOGIN_FIELD: token},
+        cookies={LOGIN_COOKIE: token},
+        allow_redirects=False,
+    )
+
+
 async def login(http: aiohttp.ClientSession, username: str = "admin", password: str = ADMIN_PASSWORD) -> str:
-    async with http.post("/login", data={"username": username, "password": password}, allow_redirects=False) as reply:
+    async with await post_login(http, username, password) as reply:
         assert reply.status == 303, await reply.text()
         return reply.cookies[COOKIE].value
 
@@ -88,9 +106,7 @@ async def _job(console: Console, name: str = "console-job") -> str:
 
 async def test_login_sets_a_strict_httponly_cookie_and_logout_ends_the_session(console: Console) -> None:
     async with console.client() as http:
-        async with http.post(
-            "/login", data={"username": "admin", "password": ADMIN_PASSWORD}, allow_redirects=False
-        ) as reply:
+        async with await post_login(http, "admin", ADMIN_PASSWORD) as reply:
             assert reply.status == 303
             cookie = reply.headers["Set-Cookie"]
             token = reply.cookies[COOKIE].value
@@ -190,7 +206,7 @@ async def test_login_is_throttled_with_the_api(console: Console) -> None:
     statuses = []
     async with console.client() as http:
         for _ in range(12):
-            async with http.post("/login", data={"username": "admin", "password": "wrong"}) as reply:
+            async with await post_login(http, "admin", "wrong") as reply:
                 statuses.append(reply.status)
                 if reply.status == 429:
                     assert "try again in" in await reply.text()
@@ -330,9 +346,7 @@ async def test_under_tls_the_console_is_https_and_its_cookie_secure(
                 aiohttp.ClientSession(
                     server.console_url.rstrip("/"), connector=aiohttp.TCPConnector(ssl=trust)
                 ) as http,
-                http.post(
-                    "/login", data={"username": "admin", "password": ADMIN_PASSWORD}, allow_redirects=False
-                ) as reply,
+                await post_login(http, "admin", ADMIN_PASSWORD) as reply,
             ):
                 assert reply.status == 303
                 cookie = reply.headers["Set-Cookie"]

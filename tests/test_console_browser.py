@@ -340,6 +340,50 @@ def test_a_viewer_cannot_act_and_requests_without_csrf_are_refused(
     expect(page.locator("#no-executions")).to_be_visible()  # nothing ran
 
 
+def test_a_dns_rebinding_host_name_is_refused(browser: Browser, topology: Topology) -> None:
+    """A page of evil.example whose name now resolves to 127.0.0.1 (DNS rebinding) gets no console."""
+    port = topology.url.rsplit(":", 1)[1]
+    rebinding = browser.browser_type.launch(
+        executable_path=CHROMIUM,
+        headless=True,
+        args=[*CHROMIUM_FLAGS, "--host-resolver-rules=MAP evil.example 127.0.0.1"],
+    )
+    try:
+        tab = rebinding.new_page()
+        response = tab.goto(f"http://evil.example:{port}/login")
+        assert response is not None
+        assert response.status == 421
+        expect(tab.locator("input[name=password]")).to_have_count(0)
+        shot(tab, "dns-rebinding-refused")
+        # The same browser reaching the console by a loopback name is served.
+        served = tab.goto(f"http://localhost:{port}/login")
+        assert served is not None
+        assert served.status == 200
+    finally:
+        rebinding.close()
+
+
+def test_a_viewer_cannot_see_a_webhook_secret(page: Page, browser: Browser, topology: Topology) -> None:
+    secret = "Bearer browser-s3cr3t"
+    payload = (
+        '{"url": "https://hooks.example.com/deploy", "headers": {"Authorization": "' + secret + '", "X-Env": "prod"}}'
+    )
+    job_id = create_job(page, topology, "deploy-webhook", "http.webhook", payload=payload)
+    expect(page.locator("main")).to_contain_text(secret)  # the admin writes jobs: it reads their secrets
+    viewer_context = browser.new_context(viewport={"width": 1280, "height": 800})
+    viewer_context.set_default_timeout(TIMEOUT_MS)
+    try:
+        viewer = log_in(viewer_context, topology, *VIEWER)
+        viewer.goto(f"{topology.url}/jobs/{job_id}")
+        expect(viewer.locator("#job-name")).to_have_text("deploy-webhook")
+        expect(viewer.locator("main")).to_contain_text('"Authorization": "<redacted>"')
+        expect(viewer.locator("main")).to_contain_text('"X-Env": "prod"')
+        assert "browser-s3cr3t" not in viewer.content()
+        shot(viewer, "viewer-redacted-secret")
+    finally:
+        viewer_context.close()
+
+
 def test_an_admin_creates_a_user_and_changes_its_role_which_its_live_session_gets_at_once(
     page: Page, browser: Browser, topology: Topology
 ) -> None:

@@ -1,11 +1,15 @@
 """The console's aiohttp application: routes, the security middleware, start and stop.
 
-The middleware, for every request: sets the security headers; lets the login page and static files
-through; otherwise authenticates the session cookie (a Login session token) with the API's
+The middleware, for every request: refuses a `Host` the console does not answer to (421, DNS
+rebinding); reads the body while the connection still counts as waiting (`limits.ConnectionGuard`
+bounds that time and the number of connections); refuses a POST from another origin; lets the login
+page and static files through; otherwise authenticates the session cookie (a Login session token) with the API's
 `Authenticator`, checks the CSRF token of every POST, and checks the role the route's RPC needs in
 `auth.METHOD_ROLES`. Errors become pages by the API's own mapping (`statuses.status_of`, as HTTP
 statuses: INVALID_ARGUMENT 400, NOT_FOUND 404, ALREADY_EXISTS/FAILED_PRECONDITION/ABORTED 409,
-RESOURCE_EXHAUSTED 429, PERMISSION_DENIED 403, UNAVAILABLE 503 saying a store is down).
+RESOURCE_EXHAUSTED 429, PERMISSION_DENIED 403, UNAVAILABLE 503 saying a store is down). The
+security headers are set on every response as it is prepared (`on_response_prepare`), so streams
+that send their headers from inside their handler (`/events`) have them too.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -26,6 +31,7 @@ from scheduler_grpc.auth import Unauthenticated
 from scheduler_grpc.config import Settings
 from scheduler_grpc.console import bulk, depth, flash, flows, live, search, security, users, views
 from scheduler_grpc.console.context import CONSOLE, STATIC, Console, environment, render
+from scheduler_grpc.console.limits import ConnectionGuard, connection_limit
 from scheduler_grpc.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -33,6 +39,7 @@ log = logging.getLogger(__name__)
 DEV_HOST: Final = "127.0.0.1"
 _PUBLIC: Final = ("/login", "/static/", "/healthz", "/favicon.ico")
 STORES_DOWN: Final = "Redis or PostgreSQL did not answer; try again when both are up"
+MACHINE_NAMES_TIMEOUT: Final = 2.0
 
 
 async def _error(request: web.Request, status: int, message: str) -> web.StreamResponse:
@@ -41,20 +48,51 @@ async def _error(request: web.Request, status: int, message: str) -> web.StreamR
     return await render(request, "error.html", {"status": status, "message": message}, status=status)
 
 
-@web.middleware
-async def security_middleware(request: web.Request, handler: security.Handler) -> web.StreamResponse:
-    try:
-        response = await _guarded(request, handler)
-    except web.HTTPException as exc:  # redirects: raised, not returned (aiohttp's rule)
-        for name, value in security.SECURITY_HEADERS.items():
-            exc.headers.setdefault(name, value)
-        raise
+HOSTS: Final = web.AppKey("hosts", security.HostPolicy)
+GUARD: Final = web.AppKey("guard", ConnectionGuard)
+_FORMS: Final = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response's security headers, set as its headers go out: pages, redirects, errors,
+    static files and the live event stream (which sends its headers from inside its handler)."""
     for name, value in security.SECURITY_HEADERS.items():
         response.headers.setdefault(name, value)
-    return response
+
+
+@web.middleware
+async def security_middleware(request: web.Request, handler: security.Handler) -> web.StreamResponse:
+    # The Host check comes first: a DNS-rebinding page gets nothing, not even the login form.
+    # /healthz says only "ok" (load balancers probe it by address or by any name).
+    if request.path != "/healthz" and not request.app[HOSTS].host_ok(request.headers.get("Host")):
+        return web.Response(
+            status=421, text="421 Misdirected Request: this console does not answer to that host name\n"
+        )
+    guard = request.app.get(GUARD)
+    protocol = request.protocol
+    if guard is not None and request.body_exists:
+        # The body is read while the connection still counts as waiting for its request, so a
+        # body sent slowly is cut at the same deadline as a head sent slowly. Read once here,
+        # the handler gets it from aiohttp's cache.
+        try:
+            await (request.post() if request.content_type in _FORMS else request.read())
+        except ValueError:
+            return web.Response(status=400, text="400 Bad Request: malformed form body\n")
+    if guard is not None:
+        guard.request_started(protocol)
+    try:
+        return await _guarded(request, handler)
+    finally:
+        if guard is not None:
+            guard.request_finished(protocol)
 
 
 async def _guarded(request: web.Request, handler: security.Handler) -> web.StreamResponse:
+    if request.method not in ("GET", "HEAD") and not request.app[HOSTS].origin_ok(
+        request.headers.get("Origin"), request.headers.get("Sec-Fetch-Site"), request.headers.get("Host")
+    ):
+        # Before the public routes: the login form is a target too (login CSRF).
+        return await _error(request, 403, "this request came from another site's page (its Origin); refused")
     unrouted = request.match_info.http_exception
     if unrouted is not None:  # no such page (404) or method (405): said as it is, to anyone
         return await _error(request, unrouted.status, unrouted.reason.lower())
@@ -120,11 +158,24 @@ async def favicon(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(STATIC / "favicon.svg", headers={"Content-Type": "image/svg+xml"})
 
 
-def build_app(console: Console) -> web.Application:
-    """The console's routes on a new application."""
+def build_app(
+    console: Console, hosts: security.HostPolicy | None = None, guard: ConnectionGuard | None = None
+) -> web.Application:
+    """The console's routes on a new application.
+
+    Args:
+        console: The console's dependencies.
+        hosts: The host names it answers to (default: loopback names and addresses only).
+        guard: The connection bounds of the server it is served by (request start and end are
+            reported to it).
+    """
     app = web.Application(middlewares=[security_middleware, flash.middleware], client_max_size=1024 * 1024)
     app[CONSOLE] = console
     app[live.LABELS] = live.Labels(console.api.control)
+    app[HOSTS] = hosts or security.HostPolicy.build("127.0.0.1", ())
+    if guard is not None:
+        app[GUARD] = guard
+    app.on_response_prepare.append(_security_headers)
     v = views
     app.add_routes(
         [
@@ -201,6 +252,55 @@ class RunningConsole:
     port: int
 
 
+class _GuardedSite(web.BaseSite):
+    """A TCP site whose connections go through a `ConnectionGuard`, on a reusable address.
+
+    SO_REUSEADDR (asyncio's default on POSIX, which the console used to turn off): a restart binds
+    at once although the previous process's connections sit in TIME_WAIT. It does not let two
+    live servers share the port (that is SO_REUSEPORT, left off): a second server still fails.
+    """
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        guard: ConnectionGuard,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        handshake_timeout: float,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context)
+        self._host = host
+        self._port = port
+        self._guard = guard
+        self._handshake_timeout = handshake_timeout
+
+    @property
+    def name(self) -> str:
+        scheme = "https" if self._ssl_context else "http"
+        return f"{scheme}://{self._host}:{self._port}"
+
+    @property
+    def sockets(self) -> list[socket.socket]:
+        return list(getattr(self._server, "sockets", None) or [])
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        # A TLS handshake happens before the guard sees the connection: it gets the same deadline.
+        self._server = await loop.create_server(
+            self._guard,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=True,
+            reuse_port=False,
+            ssl_handshake_timeout=self._handshake_timeout if self._ssl_context else None,
+        )
+
+
 @contextlib.asynccontextmanager
 async def serve_console(settings: Settings, api: Api) -> AsyncIterator[RunningConsole]:
     """Serve the console on SCHEDULER_HTTP_HOST:PORT until the block exits.
@@ -215,27 +315,67 @@ async def serve_console(settings: Settings, api: Api) -> AsyncIterator[RunningCo
         secure=context is not None or settings.http_tls_proxy,
         templates=environment(),
     )
-    runner = web.AppRunner(build_app(console), access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    machine: list[str] = []
+    if security.is_wildcard(host):
+        # getfqdn may ask DNS: off the loop, bounded (without an answer, the host name alone).
+        try:
+            async with asyncio.timeout(MACHINE_NAMES_TIMEOUT):
+                machine = await asyncio.to_thread(security.machine_names)
+        except TimeoutError:
+            machine = [socket.gethostname()]
+    hosts = security.HostPolicy.build(host, settings.http_allowed_hosts, machine_names=machine)
+
+    def protocol() -> asyncio.Protocol:
+        """aiohttp's protocol for one connection (the runner is set up before anything connects)."""
+        assert runner.server is not None
+        return runner.server()
+
+    guard = ConnectionGuard(
+        protocol,
+        limit=connection_limit(settings.http_max_connections),
+        header_timeout=settings.http_header_timeout.total_seconds(),
+    )
+    runner = web.AppRunner(
+        build_app(console, hosts, guard),
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=2.0,
+        # Idle keep-alive connections are closed by the guard; aiohttp's own (longer) timer stays.
+        keepalive_timeout=max(75.0, settings.http_header_timeout.total_seconds()),
+    )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, settings.http_port, ssl_context=context, reuse_address=False)
+        site = _GuardedSite(
+            runner,
+            host,
+            settings.http_port,
+            guard,
+            ssl_context=context,
+            handshake_timeout=settings.http_header_timeout.total_seconds(),
+        )
         try:
             await site.start()
         except OSError as exc:
             raise ConfigError(
                 f"SCHEDULER_HTTP_HOST/PORT: cannot listen on {host}:{settings.http_port}: {exc}"
             ) from None
-        sockets = [s for server in [site._server] if server is not None for s in getattr(server, "sockets", [])]
+        sockets = site.sockets
         port = sockets[0].getsockname()[1] if sockets else settings.http_port
         scheme = "https" if context else "http"
         shown = f"[{host}]" if ":" in host else host
         url = f"{scheme}://{shown}:{port}/"
-        log.info("web console listening", extra={"url": url, "tls": context is not None})
+        log.info(
+            "web console listening",
+            extra={"url": url, "tls": context is not None, "max_connections": guard.limit},
+        )
         async with depth.sampling(api.control):  # the charts' queue depth over time
             yield RunningConsole(url=url, port=port)
     finally:
-        with contextlib.suppress(asyncio.CancelledError):
-            await runner.cleanup()
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner.cleanup()
+        finally:
+            guard.close()
 
 
 __all__ = ["build_app", "serve_console"]

@@ -19,7 +19,7 @@ from aiohttp import web
 from multidict import MultiDict, MultiDictProxy
 
 from scheduler_grpc.auth import PermissionDenied
-from scheduler_grpc.console import flash
+from scheduler_grpc.console import flash, security
 from scheduler_grpc.console.context import CONSOLE, render
 from scheduler_grpc.console.security import PRINCIPAL, allows, rpc
 from scheduler_grpc.control_bulk import ExecutionAction, JobAction, JobFilter, Search
@@ -100,8 +100,8 @@ def _ids(form: MultiDictProxy[str | Any]) -> list[str]:
 
 
 def _back_to(target: str, default: str) -> str:
-    """A same-origin path to return to (anything else: `default`)."""
-    return target if target.startswith("/") and not target.startswith(("//", "/\\")) else default
+    """A same-origin path to return to (anything else: `default`; the rule of `security.safe_next`)."""
+    return security.safe_next(target, default)
 
 
 @rpc(_V + "ExecutionService/BatchCancelExecutions")

@@ -40,6 +40,8 @@ def environment() -> jinja2.Environment:
         autoescape=jinja2.select_autoescape(["html"]),
         undefined=jinja2.StrictUndefined,
         enable_async=False,
+        # Every `{{ ... }}` output: bidi controls in user data shown as escapes, not applied.
+        finalize=_visible,
     )
     env.filters["ago"] = _ago
     env.filters["when"] = _when
@@ -47,6 +49,19 @@ def environment() -> jinja2.Environment:
     env.filters["rel"] = humane.relative
     env.filters["duration"] = humane.duration
     return env
+
+
+def _visible(value: Any) -> Any:
+    """A template value with bidirectional-text controls made visible (`security.visible`).
+
+    In form fields too: the one free-text field that can hold them is the JSON payload, where the
+    escape is the same JSON string (the parsed payload is unchanged when the form is saved).
+    """
+    if isinstance(value, Markup):
+        return Markup(security.visible(str(value)))  # the escapes hold no markup characters
+    if isinstance(value, str):
+        return security.visible(value)
+    return value
 
 
 def _ago(moment: datetime | None) -> Markup:

@@ -11,14 +11,16 @@ a second. Every read goes through `Control` (`Control.flow_reads`, `control_flow
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from aiohttp import web
 
+from scheduler_grpc import redaction
 from scheduler_grpc.console import dag
 from scheduler_grpc.console.context import CONSOLE, render
-from scheduler_grpc.console.security import rpc
+from scheduler_grpc.console.security import PRINCIPAL, rpc
 from scheduler_grpc.control_flows import FLOW_STATES
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import CursorExpired, EventFilter, FanoutClosed, SubscriberTooSlow
@@ -67,6 +69,9 @@ async def _graph_values(request: web.Request) -> dict[str, Any]:
     # between the read and the subscription is missed.
     cursor = console.api.fanout.position
     view = await console.api.control.flow_reads.flow_run_view(request.match_info["id"])
+    # The nodes' errors as the caller may read them: the table and the drawing's tooltips alike.
+    role = request[PRINCIPAL].role
+    view = replace(view, nodes=tuple(replace(node, error=redaction.error_for(role, node.error)) for node in view.nodes))
     now = datetime.now(UTC)
     depth = dag.depths(view.nodes)
     graph = dag.layout(view.nodes, now)

@@ -13,9 +13,10 @@ from typing import Final
 
 from aiohttp import web
 
+from scheduler_grpc import redaction
 from scheduler_grpc.console import timecharts
 from scheduler_grpc.console.context import CONSOLE, Console, render
-from scheduler_grpc.console.security import rpc
+from scheduler_grpc.console.security import PRINCIPAL, rpc
 from scheduler_grpc.control import DeadLetter, Series
 from scheduler_grpc.errors import InvalidArgument
 
@@ -96,6 +97,9 @@ async def dead_letters(request: web.Request) -> web.StreamResponse:
         rows = [(item.id, details.get(item.id), item.parked_at, item.reason) for item in page.items]
         if page.next_page_token:
             next_query = {"queue": queue, "token": page.next_page_token}
+    role = request[PRINCIPAL].role
+    # Errors (the reasons) as the caller may read them: credentials redacted below admin.
+    rows = [(run_id, item, died, redaction.error_for(role, reason)) for run_id, item, died, reason in rows]
     handlers = sorted({*(await control.handlers_and_queues())[0]})
     filter_query = {k: v for k, v in query.items() if k in ("job_name", "handler", "error") and v}
     return await render(

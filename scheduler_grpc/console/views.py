@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 from urllib.parse import urlencode
@@ -17,15 +18,16 @@ from urllib.parse import urlencode
 import orjson
 from aiohttp import web
 
-from scheduler_grpc import statuses
+from scheduler_grpc import redaction, statuses
 from scheduler_grpc.auth import ResourceExhausted, Role, Unauthenticated
-from scheduler_grpc.console import charts, forms, live, search, timecharts
+from scheduler_grpc.console import charts, forms, live, search, security, timecharts
 from scheduler_grpc.console.context import CONSOLE, Console, render
 from scheduler_grpc.console.security import (
     PRINCIPAL,
     clear_session_cookie,
     rpc,
     set_session_cookie,
+    visible,
 )
 from scheduler_grpc.control import preview_fire_times
 from scheduler_grpc.errors import InvalidArgument, NotFound
@@ -64,23 +66,35 @@ async def _form(request: web.Request) -> dict[str, str]:
 
 def _back(request: web.Request, default: str) -> web.HTTPSeeOther:
     """A redirect to the page the action came from (same origin only), else `default`."""
-    target = request.query.get("next", "")
-    if not target.startswith("/") or target.startswith("//"):
-        target = default
-    return web.HTTPSeeOther(target)
+    return web.HTTPSeeOther(security.safe_next(request.query.get("next", ""), default))
 
 
 # -- login / logout ------------------------------------------------------------------------------
 
 
+async def _login_form(request: web.Request, error: str | None, username: str, status: int = 200) -> web.Response:
+    """The login form, with the browser's pre-session token (in a cookie and in the form)."""
+    token = security.login_token(request)
+    response = await render(
+        request, "login.html", {"error": error, "username": username, "login_token": token}, status=status
+    )
+    security.set_login_cookie(response, token, secure=_console(request).secure)
+    return response
+
+
 async def login_page(request: web.Request) -> web.StreamResponse:
-    return await render(request, "login.html", {"error": None, "username": ""})
+    return await _login_form(request, None, "")
 
 
 async def login(request: web.Request) -> web.StreamResponse:
     console = _console(request)
     form = await _form(request)
     username = form.get("username", "")
+    if not security.login_token_ok(request, form.get(security.LOGIN_FIELD)):
+        # Login CSRF: only a form this console served to this browser logs it in.
+        return await _login_form(
+            request, "the login form expired or did not come from this console; log in again", username, 403
+        )
     remote = request.remote or "unknown"
     # The same peer spelling gRPC uses, so the same address is throttled the same way on both.
     peer = f"ipv6:[{remote}]:0" if ":" in remote else f"ipv4:{remote}:0"
@@ -89,7 +103,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     except (Unauthenticated, ResourceExhausted, InvalidArgument) as exc:
         if isinstance(exc, Unauthenticated):
             console.api.metrics.login_failed()
-        return await render(request, "login.html", {"error": str(exc), "username": username}, status=_status(exc))
+        return await _login_form(request, str(exc), username, _status(exc))
     response = web.Response(status=303, headers={"Location": "/"})
     max_age = max(1, int((session.expire_time - datetime.now(UTC)).total_seconds()))
     set_session_cookie(response, session.token, secure=console.secure, max_age=max_age)
@@ -130,6 +144,10 @@ async def overview(request: web.Request) -> web.StreamResponse:
         _stores_down_safe(api.control.overview(now)),
         _stores_down_safe(api.control.handlers_and_queues()),
     )
+    if stats is not None:  # the failures' errors as the caller may read them
+        role = request[PRINCIPAL].role
+        failures = [replace(row, execution=redaction.execution_for(role, row.execution)) for row in stats.failures]
+        stats = replace(stats, failures=failures)
     names = sorted({"default", *(queues[1] if queues else [])})
     stats_of = await asyncio.gather(*(_stores_down_safe(api.control.queue_stats(name)) for name in names))
     depths = list(zip(names, stats_of, strict=True))
@@ -279,7 +297,8 @@ async def update_job(request: web.Request) -> web.StreamResponse:
 @rpc(_V + "JobService/GetJob")
 async def job_detail(request: web.Request) -> web.StreamResponse:
     console = _console(request)
-    job = await console.api.control.get_job(_uuid(request.match_info["id"]))
+    role = request[PRINCIPAL].role
+    job = redaction.job_for(role, await console.api.control.get_job(_uuid(request.match_info["id"])))
     slots = await console.api.control.job_slots(job.id, SLOTS_SHOWN)
     finished = [
         e for e in slots if e.status.finished and e.status not in (ExecutionStatus.SKIPPED, ExecutionStatus.MISSED)
@@ -443,8 +462,11 @@ async def executions(request: web.Request) -> web.StreamResponse:
 @rpc(_V + "ExecutionService/GetExecution")
 async def execution_detail(request: web.Request) -> web.StreamResponse:
     console = _console(request)
-    execution = await console.api.control.get_execution(_uuid(request.match_info["id"]))
-    attempts = await console.api.control.run_attempts(execution.run_id)
+    role = request[PRINCIPAL].role
+    execution = redaction.execution_for(role, await console.api.control.get_execution(_uuid(request.match_info["id"])))
+    attempts = [
+        redaction.execution_for(role, attempt) for attempt in await console.api.control.run_attempts(execution.run_id)
+    ]
     job = None
     with contextlib.suppress(NotFound):  # deleted meanwhile (its history goes with it)
         job = await console.api.control.get_job(execution.job_id)
@@ -498,6 +520,7 @@ async def events(request: web.Request) -> web.StreamResponse:
             await response.write(f"retry: 1000\nid: {subscription.cursor}\nevent: hello\ndata: {{}}\n\n".encode())
 
             labels = request.app[live.LABELS]
+            role = request[PRINCIPAL].role
 
             async def forward() -> None:
                 async for event in subscription:
@@ -509,12 +532,14 @@ async def events(request: web.Request) -> web.StreamResponse:
                             "execution_id": event.execution_id,
                             "run_id": event.run_id,
                             "job_id": event.job_id,
-                            "job_name": label.job_name if label else "",
+                            "job_name": visible(label.job_name) if label else "",
                             "trigger": label.trigger if label else "",
                             "attempt": event.attempt,
-                            "handler": event.handler,
-                            "worker_id": event.worker_id,
-                            "error": event.error,
+                            # Shown by the page as text: bidi controls made visible here too;
+                            # credentials in an error redacted as on every page.
+                            "handler": visible(event.handler),
+                            "worker_id": visible(event.worker_id),
+                            "error": visible(redaction.error_for(role, event.error)),
                             "time": event.time.isoformat() if event.time else "",
                         }
                     )

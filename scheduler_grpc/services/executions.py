@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final
 
 import grpc
 from scheduler_client.v1 import executions_pb2, executions_pb2_grpc
 
-from scheduler_grpc import pagetokens
+from scheduler_grpc import pagetokens, redaction
 from scheduler_grpc.application import Api
+from scheduler_grpc.auth import current_principal
 from scheduler_grpc.control import FlowMembers
 from scheduler_grpc.control_bulk import ExecutionAction
 from scheduler_grpc.errors import InvalidArgument
@@ -23,6 +25,12 @@ Context = grpc.aio.ServicerContext[Any, Any]
 CURSOR_METADATA: Final = "x-scheduler-cursor"
 """Initial metadata of WatchExecutions: where the stream starts (resume from it if no event came)."""
 MAX_JOB_FILTERS: Final = 1000
+
+
+def _shown(execution: Execution) -> executions_pb2.Execution:
+    """`execution` as the caller may read it (result secrets and error credentials redacted below
+    `redaction.SECRET_READER`)."""
+    return convert.execution_to_proto(redaction.execution_for(current_principal().role, execution))
 
 
 def _basic_execution(execution: Execution) -> executions_pb2.Execution:
@@ -47,7 +55,7 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
         self, request: executions_pb2.GetExecutionRequest, context: Context
     ) -> executions_pb2.GetExecutionResponse:
         execution = await self._control.get_execution(convert.resource_id(request.id))
-        return executions_pb2.GetExecutionResponse(execution=convert.execution_to_proto(execution))
+        return executions_pb2.GetExecutionResponse(execution=_shown(execution))
 
     async def ListExecutions(
         self, request: executions_pb2.ListExecutionsRequest, context: Context
@@ -61,7 +69,7 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
             with_output=not basic,
             flow_run_id=convert.resource_id(request.flow_run_id, "flow_run_id") if request.flow_run_id else None,
         )
-        executions, cut = convert.fill_page(page.executions, _basic_execution if basic else convert.execution_to_proto)
+        executions, cut = convert.fill_page(page.executions, _basic_execution if basic else _shown)
         token = page.token_after(page.executions[len(executions) - 1]) if cut else page.next_page_token
         return executions_pb2.ListExecutionsResponse(executions=executions, next_page_token=token)
 
@@ -69,7 +77,7 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
         self, request: executions_pb2.CancelExecutionRequest, context: Context
     ) -> executions_pb2.CancelExecutionResponse:
         execution = await self._control.cancel_execution(convert.resource_id(request.id))
-        return executions_pb2.CancelExecutionResponse(execution=convert.execution_to_proto(execution))
+        return executions_pb2.CancelExecutionResponse(execution=_shown(execution))
 
     async def GetFlowRun(
         self, request: executions_pb2.GetFlowRunRequest, context: Context
@@ -135,6 +143,7 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
             # Only the flow run's jobs can have events of it: the stream is filtered by them first.
             job_ids = (job_ids & members.job_ids if job_ids else members.job_ids) or frozenset({_NO_JOB})
         event_filter = EventFilter(job_ids=job_ids, types=convert.event_types(request.types), handler=request.handler)
+        role = current_principal().role
         try:
             async with self._fanout.subscribe(event_filter, request.cursor or None) as subscription:
                 self._metrics.watchers(self._fanout.subscriber_count)
@@ -143,7 +152,8 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
                 await context.send_initial_metadata(((CURSOR_METADATA, subscription.cursor),))
                 async for event in subscription:
                     if members is None or await members.contains(event.run_id):
-                        yield convert.event_response(event)
+                        # An error as the caller may read it (credentials redacted below admin).
+                        yield convert.event_response(replace(event, error=redaction.error_for(role, event.error)))
         except SubscriberTooSlow:
             self._metrics.watcher_too_slow()
             raise

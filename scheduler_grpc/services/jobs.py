@@ -10,6 +10,7 @@ import grpc
 from google.protobuf import field_mask_pb2
 from scheduler_client.v1 import jobs_pb2, jobs_pb2_grpc
 
+from scheduler_grpc import redaction
 from scheduler_grpc.application import Api
 from scheduler_grpc.auth import Principal, Role, current_principal
 from scheduler_grpc.control import preview_fire_times
@@ -89,7 +90,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def GetJob(self, request: jobs_pb2.GetJobRequest, context: Context) -> jobs_pb2.GetJobResponse:
         job = await self._control.get_job(convert.resource_id(request.id))
-        return jobs_pb2.GetJobResponse(job=convert.job_to_proto(job))
+        return jobs_pb2.GetJobResponse(job=_shown(job))
 
     async def ListJobs(self, request: jobs_pb2.ListJobsRequest, context: Context) -> jobs_pb2.ListJobsResponse:
         basic = convert.basic_job_view(request.view)
@@ -100,7 +101,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             handler=request.handler or None,
             with_payload=not basic,
         )
-        jobs, cut = convert.fill_page(page.jobs, _basic_job if basic else convert.job_to_proto)
+        jobs, cut = convert.fill_page(page.jobs, _basic_job if basic else _shown)
         token = page.token_after(page.jobs[len(jobs) - 1]) if cut else page.next_page_token
         return jobs_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
@@ -130,11 +131,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def PauseJob(self, request: jobs_pb2.PauseJobRequest, context: Context) -> jobs_pb2.PauseJobResponse:
         job = await self._control.pause_job(convert.resource_id(request.id))
-        return jobs_pb2.PauseJobResponse(job=convert.job_to_proto(job))
+        return jobs_pb2.PauseJobResponse(job=_shown(job))
 
     async def ResumeJob(self, request: jobs_pb2.ResumeJobRequest, context: Context) -> jobs_pb2.ResumeJobResponse:
         job = await self._control.resume_job(convert.resource_id(request.id))
-        return jobs_pb2.ResumeJobResponse(job=convert.job_to_proto(job))
+        return jobs_pb2.ResumeJobResponse(job=_shown(job))
 
     async def TriggerJob(self, request: jobs_pb2.TriggerJobRequest, context: Context) -> jobs_pb2.TriggerJobResponse:
         job_id = convert.resource_id(request.id)
@@ -189,6 +190,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.BatchDeleteJobsResponse:
         done = await bulk.jobs(self._control, JobAction.DELETE, request, detach=request.detach_dependents)
         return jobs_pb2.BatchDeleteJobsResponse(matched_count=done.matched, job_ids=done.done, kept_ids=done.kept)
+
+
+def _shown(job: Job) -> jobs_pb2.Job:
+    """`job` as the caller may read it (payload secrets redacted below `redaction.SECRET_READER`)."""
+    return convert.job_to_proto(redaction.job_for(current_principal().role, job))
 
 
 def _basic_job(job: Job) -> jobs_pb2.Job:
