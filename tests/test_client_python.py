@@ -136,3 +136,28 @@ async def test_watch_resumes_across_a_server_restart(roles: Roles, redis: aiored
             # Triggered while the watcher may still be reconnecting: the cursor brings it anyway.
             second = await client.trigger_job(job.id)
             assert (await asyncio.wait_for(pending, 30)).execution_id == second.id
+
+
+async def test_client_batch_methods_pause_resume_and_cancel_by_filter(roles: Roles, redis: aioredis.Redis) -> None:
+    api = await start_api(roles, redis)
+    async with SchedulerClient.connect(api.target) as client:
+        await client.login(ADMIN, ADMIN_PASSWORD)
+        ids = [(await client.create_job(f"batch-{n}", "test.echo", cron="0 0 1 1 *")).id for n in range(3)]
+        counted = await client.batch_pause_jobs(filter=jobs_pb2.JobFilter(name_contains="batch-"), validate_only=True)
+        assert counted.matched_count == 3
+        assert [(await client.get_job(job_id)).state for job_id in ids] == [jobs_pb2.JOB_STATE_ACTIVE] * 3
+        paused = await client.batch_pause_jobs(ids[:2])
+        assert sorted(paused.job_ids) == sorted(ids[:2])
+        assert [(await client.get_job(job_id)).state for job_id in ids] == [
+            jobs_pb2.JOB_STATE_PAUSED, jobs_pb2.JOB_STATE_PAUSED, jobs_pb2.JOB_STATE_ACTIVE,
+        ]  # fmt: skip
+        resumed = await client.batch_resume_jobs(filter=jobs_pb2.JobFilter(state=jobs_pb2.JOB_STATE_PAUSED))
+        assert sorted(resumed.job_ids) == sorted(ids[:2])
+        none_open = await client.batch_cancel_executions(
+            filter=executions_pb2.ExecutionFilter(job_name="batch-0"), validate_only=True
+        )
+        assert none_open.matched_count == 0
+        retried = await client.batch_retry_executions(ids=[], filter=executions_pb2.ExecutionFilter(job_name="batch-0"))
+        assert retried.matched_count == 0
+        deleted = await client.batch_delete_jobs(ids)
+        assert sorted(deleted.job_ids) == sorted(ids)

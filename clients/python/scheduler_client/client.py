@@ -633,6 +633,47 @@ class SchedulerClient:
         )
         return response.job
 
+    async def batch_pause_jobs(
+        self,
+        ids: Sequence[str] = (),
+        *,
+        filter: jobs_pb2.JobFilter | None = None,
+        validate_only: bool = False,
+        rpc_timeout: float | None = None,
+    ) -> jobs_pb2.BatchPauseJobsResponse:
+        """Pause the jobs named by `ids`, or every job matching `filter` (bounded server-side);
+        `validate_only` counts them and changes nothing."""
+        request = jobs_pb2.BatchPauseJobsRequest(ids=list(ids), filter=filter, validate_only=validate_only)
+        return await self._call(_JOBS + "BatchPauseJobs", request, jobs_pb2.BatchPauseJobsResponse, rpc_timeout)
+
+    async def batch_resume_jobs(
+        self,
+        ids: Sequence[str] = (),
+        *,
+        filter: jobs_pb2.JobFilter | None = None,
+        validate_only: bool = False,
+        rpc_timeout: float | None = None,
+    ) -> jobs_pb2.BatchResumeJobsResponse:
+        """Resume the jobs named by `ids`, or every job matching `filter`."""
+        request = jobs_pb2.BatchResumeJobsRequest(ids=list(ids), filter=filter, validate_only=validate_only)
+        return await self._call(_JOBS + "BatchResumeJobs", request, jobs_pb2.BatchResumeJobsResponse, rpc_timeout)
+
+    async def batch_delete_jobs(
+        self,
+        ids: Sequence[str] = (),
+        *,
+        filter: jobs_pb2.JobFilter | None = None,
+        validate_only: bool = False,
+        detach_dependents: bool = False,
+        rpc_timeout: float | None = None,
+    ) -> jobs_pb2.BatchDeleteJobsResponse:
+        """Delete the jobs named by `ids`, or every job matching `filter` (admin); jobs others
+        depend on are kept (`kept_ids`) unless `detach_dependents`."""
+        request = jobs_pb2.BatchDeleteJobsRequest(
+            ids=list(ids), filter=filter, validate_only=validate_only, detach_dependents=detach_dependents
+        )
+        return await self._call(_JOBS + "BatchDeleteJobs", request, jobs_pb2.BatchDeleteJobsResponse, rpc_timeout)
+
     async def trigger_job(
         self, job_id: str, *, request_id: str | None = None, rpc_timeout: float | None = None
     ) -> executions_pb2.Execution:
@@ -801,6 +842,38 @@ class SchedulerClient:
             rpc_timeout,
         )
         return response.execution
+
+    async def batch_cancel_executions(
+        self,
+        ids: Sequence[str] = (),
+        *,
+        filter: executions_pb2.ExecutionFilter | None = None,
+        validate_only: bool = False,
+        rpc_timeout: float | None = None,
+    ) -> executions_pb2.BatchCancelExecutionsResponse:
+        """Cancel the runs named by `ids` (any attempt's id), or every open run matching `filter`."""
+        request = executions_pb2.BatchCancelExecutionsRequest(ids=list(ids), filter=filter, validate_only=validate_only)
+        return await self._call(
+            _EXECUTIONS + "BatchCancelExecutions", request, executions_pb2.BatchCancelExecutionsResponse, rpc_timeout
+        )
+
+    async def batch_retry_executions(
+        self,
+        ids: Sequence[str] = (),
+        *,
+        filter: executions_pb2.ExecutionFilter | None = None,
+        validate_only: bool = False,
+        dead_only: bool = False,
+        rpc_timeout: float | None = None,
+    ) -> executions_pb2.BatchRetryExecutionsResponse:
+        """Give the failed, cancelled or dead runs named by `ids`, or matching `filter`, a new
+        attempt (a dead one is requeued from its dead-letter queue); `dead_only`: dead runs only."""
+        request = executions_pb2.BatchRetryExecutionsRequest(
+            ids=list(ids), filter=filter, validate_only=validate_only, dead_only=dead_only
+        )
+        return await self._call(
+            _EXECUTIONS + "BatchRetryExecutions", request, executions_pb2.BatchRetryExecutionsResponse, rpc_timeout
+        )
 
     async def watch_executions(
         self,
