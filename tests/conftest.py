@@ -36,6 +36,7 @@ _TIMEOUT = timedelta(seconds=10)
 _FILE_TIERS = {"test_console_browser.py": "browser", "test_chaos.py": "chaos", "test_client_node.py": "node"}
 _ENGINE_FILES = {"test_topology.py"}  # `scheduler-grpc up` with its own embedded servers
 TIERS = ("pure", "engine", "browser", "chaos", "node")
+BROWSER_TIMEOUT_S = 300
 
 
 def tier(item: pytest.Item) -> str:
@@ -43,15 +44,22 @@ def tier(item: pytest.Item) -> str:
     name = item.path.name
     if name in _FILE_TIERS:
         return _FILE_TIERS[name]
+    if name.endswith("_browser.py"):  # every file that drives Chromium
+        return "browser"
     if "servers" in getattr(item, "fixturenames", ()) or name in _ENGINE_FILES:
         return "engine"
     return "pure"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its tier, so `-m` selects by it."""
+    """Mark each test with its tier, so `-m` selects by it. A browser test drives Chromium against a
+    whole topology (`up`) on the same 2 cores: it gets 300 s, not the default 120 (a fresh clone's CI
+    once ran the flow-run page's test past 120 s while other work loaded the machine)."""
     for item in items:
-        item.add_marker(tier(item))
+        kind = tier(item)
+        item.add_marker(kind)
+        if kind == "browser" and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(BROWSER_TIMEOUT_S))
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], object]]:
