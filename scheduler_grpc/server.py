@@ -267,15 +267,23 @@ def preflight(settings: Settings) -> tuple[str, str]:
     """
     host = _listen_host(settings)
     exposed = [] if _is_loopback(host) else ["SCHEDULER_GRPC_HOST"]
+    console_error: ConfigError | None = None
     if settings.http_enabled:
         from scheduler_grpc.console.app import listen_host
 
-        # The console logs the same admin in: the dev password must not reach the network through it.
-        if not _is_loopback(listen_host(settings)):
-            exposed.append("SCHEDULER_HTTP_HOST")
+        try:
+            console_host = listen_host(settings)
+        except ConfigError as exc:  # production without SCHEDULER_HTTP_HOST: said after the password
+            console_error = exc
+        else:
+            # The console logs the same admin in: the dev password must not reach the network through it.
+            if not _is_loopback(console_host):
+                exposed.append("SCHEDULER_HTTP_HOST")
     password = admin_password(
         settings.admin_password, production=settings.production, loopback=not exposed, exposed_by=exposed
     )
+    if console_error is not None:
+        raise console_error
     return host, password
 
 
