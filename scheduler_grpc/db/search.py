@@ -89,19 +89,7 @@ class SearchQueries:
             *args,
             timeout=self._timeout,
         )
-        return [
-            DeadLetter(
-                str(row["run_id"]),
-                str(row["job_id"]),
-                row["job_name"] or "",
-                row["handler"] or "",
-                row["queue"],
-                row["attempt"],
-                row["error"] or "",
-                row["finished_at"],
-            )
-            for row in rows
-        ]
+        return [_dead_letter(row) for row in rows]
 
     async def dead_details(self, run_ids: Sequence[str]) -> dict[str, DeadLetter]:
         """The job, handler, error and time of death of these runs' latest attempts (for a page of
@@ -115,19 +103,7 @@ class SearchQueries:
             [uuid.UUID(i) for i in run_ids],
             timeout=self._timeout,
         )
-        return {
-            str(row["run_id"]): DeadLetter(
-                str(row["run_id"]),
-                str(row["job_id"]),
-                row["job_name"] or "",
-                row["handler"] or "",
-                row["queue"],
-                row["attempt"],
-                row["error"] or "",
-                row["finished_at"],
-            )
-            for row in rows
-        }
+        return {str(row["run_id"]): _dead_letter(row) for row in rows}
 
     async def series(self, *, since: datetime, bucket: timedelta, queue: str | None) -> Series:
         """Attempts finished since `since` per `bucket` and status, and the start lateness (started -
@@ -160,3 +136,16 @@ class SearchQueries:
             outcomes=[(row["t"], row["status"] or "other", row["n"]) for row in outcomes],
             lateness=[(row["t"], float(row["p50"]), float(row["p99"])) for row in lateness],
         )
+
+
+def _dead_letter(row: asyncpg.Record) -> DeadLetter:
+    return DeadLetter(
+        str(row["run_id"]),
+        str(row["job_id"]),
+        row["job_name"] or "",
+        row["handler"] or "",
+        row["queue"],
+        row["attempt"],
+        row["error"] or "",
+        row["finished_at"],
+    )
