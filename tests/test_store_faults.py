@@ -21,6 +21,7 @@ from scheduler_grpc import stores
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.embedded import free_port
 from scheduler_grpc.errors import Unavailable
+from tests.engine_helpers import eventually
 
 
 async def raised(call: Awaitable[object]) -> BaseException:
@@ -42,7 +43,11 @@ async def test_redis_faults_and_redis_bugs(redis: aioredis.Redis, redis_url: str
     try:
         client_id = await victim.client_id()
         blocked = asyncio.ensure_future(victim.blpop(["nothing-here"], timeout=5))
-        await asyncio.sleep(0.1)
+
+        async def is_blocked() -> bool:
+            return any(c["id"] == str(client_id) and c["cmd"] == "blpop" for c in await redis.client_list())
+
+        await eventually(is_blocked)
         await redis.client_kill_filter(_id=client_id)
         killed = await raised(blocked)
     finally:
@@ -80,7 +85,12 @@ async def test_postgres_faults(pool: asyncpg.Pool, database_url: str) -> None:
     try:
         pid = conn.get_server_pid()
         sleeping = asyncio.ensure_future(conn.fetchval("SELECT pg_sleep(5)"))
-        await asyncio.sleep(0.2)
+
+        async def is_sleeping() -> bool:
+            query = "SELECT query FROM pg_stat_activity WHERE pid = $1 AND state = 'active'"
+            return "pg_sleep" in (await pool.fetchval(query, pid) or "")
+
+        await eventually(is_sleeping)
         await pool.execute("SELECT pg_terminate_backend($1)", pid)
         terminated = await raised(sleeping)
         closed = await raised(conn.fetchval("SELECT 1"))
