@@ -33,7 +33,7 @@ for _, id in ipairs(expired) do
   redis.call('HDEL', lease_key, id)
   redis.call('HDEL', owner_key, id)
   -- Every delivery that ended in a stall still counts, so a job that kills each worker taking it
-  -- is parked after max_deliveries of them (the last alone on its worker) instead of circulating.
+  -- is parked (its last two deliveries alone on a worker, see above) instead of circulating.
   local deliveries = tonumber(redis.call('HGET', deliveries_key, id) or '0')
   local solo = string.sub(token, -1) == 's'
   if max_deliveries <= 1 or (solo and deliveries > max_deliveries) then
