@@ -20,12 +20,12 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scheduler_grpc.config import Settings
+from scheduler_grpc.config import SETTINGS, Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.embedded import embedded_servers
 from scheduler_grpc.errors import ConfigError
@@ -79,6 +79,18 @@ def _children(settings: Settings, args: argparse.Namespace) -> list[Child]:
     return children
 
 
+def child_environment(
+    args: argparse.Namespace, environ: Mapping[str, str], redis_url: str, database_url: str
+) -> dict[str, str]:
+    """The environment of every role `up` starts: its own, the settings given to `up` as flags
+    (`--grpc-port 50071` reaches the server as SCHEDULER_GRPC_PORT: a flag beats the environment, as
+    it does for `up` itself), and the servers' URLs."""
+    given = {
+        setting.env: str(value) for setting in SETTINGS if (value := getattr(args, setting.attr, None)) is not None
+    }
+    return {**environ, **given, "REDIS_URL": redis_url, "DATABASE_URL": database_url}
+
+
 async def run_topology(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
     """Run until `stop` is set, restarting any role that exits; return the exit code."""
     if settings.production and not (settings.redis_url and settings.database_url):
@@ -93,7 +105,7 @@ async def run_topology(settings: Settings, args: argparse.Namespace, stop: async
         settings = settings.with_urls(urls.redis_url, urls.database_url)
         async with connect(settings):
             pass  # proves both servers answer and applies migrations once, before the roles race
-        env = {**os.environ, "REDIS_URL": urls.redis_url, "DATABASE_URL": urls.database_url}
+        env = child_environment(args, os.environ, urls.redis_url, urls.database_url)
         env_file = _write_env_file(settings, urls.redis_url, urls.database_url)
         print(f"scheduler-grpc: starting {len(children)} roles ...", file=sys.stderr, flush=True)
 

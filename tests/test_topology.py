@@ -270,3 +270,17 @@ def test_the_banner_says_how_schedctl_reaches_the_server(
     banner = capsys.readouterr().err
     assert f"  schedctl:     {expected}\n" in banner
     assert "npx" not in banner
+
+
+def test_settings_given_to_up_as_flags_reach_every_role() -> None:
+    # `up --grpc-port 50071 --http-port 8091` once left the server on 50051 and 8080 (the flags were
+    # parsed by `up` but not handed to its children) and `up` waited on 50071 for ever.
+    from scheduler_grpc.cli import build_parser
+    from scheduler_grpc.topology import child_environment
+
+    args = build_parser().parse_args(["up", "--grpc-port", "50071", "--http-port", "8091"])
+    env = child_environment(args, {"SCHEDULER_GRPC_PORT": "1", "PATH": "/bin"}, "redis://r", "postgresql://p")
+    assert env["SCHEDULER_GRPC_PORT"] == "50071"  # the flag beats the environment, as for `up` itself
+    assert env["SCHEDULER_HTTP_PORT"] == "8091"
+    assert (env["PATH"], env["REDIS_URL"], env["DATABASE_URL"]) == ("/bin", "redis://r", "postgresql://p")
+    assert "SCHEDULER_LOG_LEVEL" not in env  # only what was given
