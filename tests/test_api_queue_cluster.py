@@ -148,3 +148,19 @@ async def test_scheduler_status_reports_the_leader_and_its_term(api: Harness, re
     assert (status.has_leader, status.leader, status.term) == (True, "sched-1:42", record.term)
     since = status.leader_since_time.ToDatetime(tzinfo=UTC)
     assert abs(since - record.acquired_at) < timedelta(milliseconds=1)
+
+
+async def test_a_dead_letters_reason_is_redacted_below_admin(api: Harness, redis: Redis) -> None:  # noqa: F811
+    """The reason is the run's last error: credentials in it are redacted for a viewer, as everywhere."""
+    job = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job()), metadata=api.admin)).job
+    run = (await api.jobs.TriggerJob(jobs_pb2.TriggerJobRequest(id=job.id), metadata=api.operator)).execution
+    (lease,) = await Queue(redis).dequeue("test-worker", timedelta(seconds=30), 1)
+    reason = "POST https://deploy:hunter2secret@hooks.example.com/x failed: 401"
+    await Queue(redis).dead_letter(lease.id, lease.token, reason)
+    request = queue_pb2.ListDeadLettersRequest()
+    (seen_by_viewer,) = (await api.queue.ListDeadLetters(request, metadata=api.viewer)).dead_letters
+    assert seen_by_viewer.run_id == run.run_id
+    assert "hunter2secret" not in seen_by_viewer.reason
+    assert "hooks.example.com" in seen_by_viewer.reason
+    (seen_by_admin,) = (await api.queue.ListDeadLetters(request, metadata=api.admin)).dead_letters
+    assert seen_by_admin.reason == reason
