@@ -142,8 +142,8 @@ class WorkQueue(Protocol):
 
 
 class EventBus(Protocol):
-    """The execution event stream (`events.RedisEventBus`): appended to by the roles that change
-    runs, read by the servers.
+    """The execution event stream as the worker publishes to it and `system.cleanup` trims it
+    (`events.RedisEventBus`; `read_after` reads it back, for tests and resumption).
 
     A publish is one call that appends its events in their order and is not appended twice when
     the client resends it after a lost reply. Events are a notification, not the record: one lost
