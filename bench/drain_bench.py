@@ -47,7 +47,7 @@ from floors import (  # noqa: E402
 
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.control import Control  # noqa: E402
-from scheduler_grpc.db.executions import ExecutionRepository  # noqa: E402
+from scheduler_grpc.db.firing import FiringRepository  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
 from scheduler_grpc.dispatch import Queues, enqueue_runs  # noqa: E402
@@ -76,7 +76,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
     base = datetime(2020, 1, 1, tzinfo=UTC)
     for start in range(0, args.runs, BATCH):
         slots = [base + timedelta(microseconds=i) for i in range(start, min(start + BATCH, args.runs))]
-        runs = await ExecutionRepository(pool).trigger(job.id, Trigger.BACKFILL, slots)
+        runs = await FiringRepository(pool).trigger(job.id, Trigger.BACKFILL, slots)
         await enqueue_runs(queues, runs)
     print(f"queued {args.runs} runs", file=sys.stderr)
     vpid, ppid = await valkey_pid(redis), await postgres_pid(pool)

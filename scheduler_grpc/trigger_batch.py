@@ -32,14 +32,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from scheduler_grpc import stores
-from scheduler_grpc.db.executions import (
-    ExecutionRepository,
-    Queued,
-    TriggerOutcome,
-    TriggerRequest,
-    TriggerResult,
-)
+from scheduler_grpc.db.executions import Queued, TriggerOutcome, TriggerRequest, TriggerResult
 from scheduler_grpc.errors import Aborted, InvalidArgument
+from scheduler_grpc.ports import TriggerStore
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +69,7 @@ class TriggerBatcher:
     """Runs manual triggers in batches (see the module docstring).
 
     Args:
-        executions: Where runs are created (`ExecutionRepository.trigger_now`).
+        executions: Where runs are created (`ports.TriggerStore`: `FiringRepository.trigger_now`).
         dispatch: Announces and enqueues a batch's new runs (one publish, one script call per queue);
             bounded, and it should not raise: the runs are committed (`dispatch.dispatch_committed`).
         max_batch: Most requests per batch.
@@ -83,7 +78,7 @@ class TriggerBatcher:
 
     def __init__(
         self,
-        executions: ExecutionRepository,
+        executions: TriggerStore,
         dispatch: Dispatch,
         *,
         max_batch: int = MAX_BATCH,

@@ -14,7 +14,9 @@ from scheduler_client.v1 import cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
 
 from scheduler_grpc import registry as workers
 from scheduler_grpc.breakers import BreakerState
+from scheduler_grpc.db.history import HistoryRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
+from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.handlers import HandlerSettings, default_registry
 from scheduler_grpc.keys import LeaderKeys, WorkerKeys
 from scheduler_grpc.queue import Queue
@@ -30,7 +32,7 @@ async def dead_run(harness: Harness, redis: Redis, job_id: str) -> str:
     (lease,) = await Queue(redis).dequeue("test-worker", timedelta(seconds=30), 1)
     assert lease.id == run.run_id
     await Queue(redis).dead_letter(lease.id, lease.token, "retry budget spent")
-    await harness.server.api.control._executions.mark_runs_dead([run.run_id], "retry budget spent")
+    await harness.server.api.control._recovery.mark_runs_dead([run.run_id], "retry budget spent")
     return run.run_id
 
 
@@ -90,7 +92,10 @@ async def test_list_workers_shows_live_workers_only(
     await workers.beat(redis, workers.WorkerInfo(id="host:2:gone", handlers=("test.echo",), last_beat=gone))
     settings = make_settings(redis_url, database_url)
     registry = default_registry(HandlerSettings(dev_mode=True))
-    worker = Worker(redis, pool, registry, settings, worker_id="host:1:live", concurrency=3)
+    worker = Worker(
+        redis, RunRepository(pool), registry, settings,
+        history=HistoryRepository(pool), worker_id="host:1:live", concurrency=3,
+    )  # fmt: skip
     # A real failure trips the breaker the worker then reports (one failed call opens it: min_calls 1).
     breaker = worker.breakers.get("test.fail")
     while breaker.state is not BreakerState.OPEN:

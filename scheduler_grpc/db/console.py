@@ -18,8 +18,8 @@ import asyncpg
 
 from scheduler_grpc.db.attempts import latest_attempt
 from scheduler_grpc.db.bulk import like_pattern
-from scheduler_grpc.db.executions import _COLUMNS as _EXECUTION_COLUMNS_FULL
-from scheduler_grpc.db.executions import _COLUMNS_WITHOUT_OUTPUT as _EXECUTION_COLUMNS
+from scheduler_grpc.db.executions import COLUMNS as _EXECUTION_COLUMNS_FULL
+from scheduler_grpc.db.executions import COLUMNS_WITHOUT_OUTPUT as _EXECUTION_COLUMNS
 from scheduler_grpc.db.executions import execution_from_row
 from scheduler_grpc.db.jobs import _COLUMNS_WITHOUT_PAYLOAD as _JOB_COLUMNS
 from scheduler_grpc.db.jobs import job_from_row

@@ -195,7 +195,7 @@ class Executor:
         shared.stats.breaker_deferred += 1
         end = State.LAPSED
         try:
-            await shared.executions.release([(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after)
+            await shared.runs.release([(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after)
             await shared.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
             shared.outbox.add([shared.event(EventType.INTERRUPTED, claim, error=str(exc))])
             end = State.HANDED_BACK
@@ -213,7 +213,7 @@ class Executor:
         shared = self._shared
         ends = dict.fromkeys(runs, State.LAPSED)
         try:
-            statuses = await shared.executions.unclaim([(r.claim.execution_id, r.token) for r in runs])
+            statuses = await shared.runs.unclaim([(r.claim.execution_id, r.token) for r in runs])
             now = time.monotonic()
             retries: list[tuple[Attempt, timedelta]] = []
             cancelled: list[Attempt] = []
@@ -247,7 +247,7 @@ class Executor:
         shared = self._shared
         end = State.LAPSED
         try:
-            await shared.executions.release([(r.claim.execution_id, r.token) for r in runs])
+            await shared.runs.release([(r.claim.execution_id, r.token) for r in runs])
             await shared.queue.nack_many([r.lease for r in runs], count_delivery=False)
             now = datetime.now(UTC).isoformat()
             shared.outbox.add([shared.event(EventType.INTERRUPTED, r.claim, now=now) for r in runs])
