@@ -437,6 +437,9 @@ async def executions(request: web.Request) -> web.StreamResponse:
             **{k: v for k, v in query.items() if k != "before"},
             "before": f"{last.created_at.isoformat()}_{last.id}",
         }
+    if error is not None:  # paged by what the store found; shown by what the caller may read
+        role = request[PRINCIPAL].role
+        rows = [row for row in rows if redaction.error_matches(role, row.execution.error or "", error)]
     handlers, _ = await console.api.control.handlers_and_queues()
     return await render(
         request,
