@@ -19,12 +19,14 @@ from redis.asyncio import Redis
 from scheduler_grpc import events, flowrun, metrics, queue_depth
 from scheduler_grpc.control_bulk import BulkControl, RunActions
 from scheduler_grpc.control_flows import FlowReads
+from scheduler_grpc.control_limits import LimitControl
 from scheduler_grpc.db.bulk import BulkQueries
 from scheduler_grpc.db.console import ConsoleQueries, ExecutionRow, JobRow, Overview
 from scheduler_grpc.db.executions import ExecutionPage, ExecutionRepository, Queued, TriggerOutcome, TriggerResult
 from scheduler_grpc.db.flow_views import FlowViews
 from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.jobs import JobPage, JobRepository
+from scheduler_grpc.db.limits import LimitRepository
 from scheduler_grpc.db.pool import Pool
 from scheduler_grpc.db.search import DeadLetter as DeadLetter  # noqa: PLC0414 - re-exported: the console's rows
 from scheduler_grpc.db.search import SearchQueries
@@ -149,6 +151,7 @@ class Control:
             job_by_id=self.get_job,
             job_by_name=self.get_job_by_name,
         )
+        self._limits = LimitControl(LimitRepository(pool), check_request_id=_check_request_id)
 
     @property
     def bulk(self) -> BulkControl:
@@ -159,6 +162,11 @@ class Control:
     def flow_reads(self) -> FlowReads:
         """Flow runs and job relations as the console and ListFlowRuns show them (`control_flows`)."""
         return self._flow_reads
+
+    @property
+    def limits(self) -> LimitControl:
+        """Limit definitions (`control_limits`): create, read, list, update, delete, key overrides."""
+        return self._limits
 
     @property
     def users(self) -> UserAdmin:

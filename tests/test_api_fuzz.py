@@ -39,7 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
-from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2, users_pb2
+from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, limits_pb2, queue_pb2, users_pb2
 
 from scheduler_grpc.auth import Role
 from scheduler_grpc.db.pool import create_pool
@@ -58,6 +58,7 @@ SERVICES = [
         (queue_pb2, "QueueService"),
         (cluster_pb2, "ClusterService"),
         (users_pb2, "UserService"),
+        (limits_pb2, "LimitService"),
     )
 ]
 METHODS = [method for service in SERVICES for method in service.methods]
