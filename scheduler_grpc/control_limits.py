@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from scheduler_grpc.db.limits import LimitPage, LimitRepository
-from scheduler_grpc.errors import Aborted, InvalidArgument
+from scheduler_grpc.errors import Aborted, InvalidArgument, NotFound
 from scheduler_grpc.limits import Limit, LimitSpec, Override, check_override_key, override_field, validate_limit
+from scheduler_grpc.rules import is_name
 
 # An update without an expected version merges onto the limit as read; if someone else writes in
 # between, the merge is redone on the new version ("last writer wins", not ABORTED).
@@ -61,6 +62,8 @@ class LimitControl:
         Raises:
             NotFound: no such limit.
         """
+        if not is_name(name):  # no limit has it; and PostgreSQL text refuses some (a NUL character)
+            raise NotFound(f"limit named {name[:200]!r} not found")
         return await self._limits.get_by_name(name)
 
     async def list_limits(self, page_size: int = 0, page_token: str = "") -> LimitPage:

@@ -314,7 +314,13 @@ def _build(cls: type[Message], values: dict[str, Any]) -> Message:
         field = cls.DESCRIPTOR.fields_by_name[name]
         target = getattr(message, name)
         if field.is_repeated:
-            if field.type == FieldDescriptor.TYPE_MESSAGE:
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                for entry in value:  # a map: its entries as generated (key, value)
+                    if entry.value is not None and entry.HasField("value"):
+                        target[entry.key].CopyFrom(entry.value)
+                    else:
+                        target[entry.key]  # reading a key of a message map inserts it
+            elif field.type == FieldDescriptor.TYPE_MESSAGE:
                 for item in value:
                     target.add().CopyFrom(item)
             else:
