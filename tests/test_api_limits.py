@@ -5,6 +5,7 @@ and is not tested here."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -385,3 +386,45 @@ async def test_a_delete_waits_for_a_job_write_naming_the_limit_and_then_refuses(
     with pytest.raises(InvalidArgument, match="no limit named 'free'") as raised:
         await JobRepository(pool).create(JobSpec("k", "test.echo", limits=(LimitRef("free", "k"),)), None)
     assert raised.value.field == "limits[0].limit"
+
+
+@pytest.mark.parametrize(
+    ("columns", "values"),
+    [
+        ('name, kind, "limit"', ("cap", "concurrency", 0)),
+        ('name, kind, "limit"', ("bad name", "concurrency", 1)),
+        ('name, kind, "limit"', ("cap", "window", 1)),
+        ('name, kind, "limit"', ("rate", "rate", 1)),  # a rate without a period
+        ('name, kind, "limit", period', ("cap", "concurrency", 1, timedelta(seconds=1))),
+        ('name, kind, "limit", period', ("rate", "rate", 1, timedelta(seconds=-1))),
+        ('name, kind, "limit", burst', ("cap", "concurrency", 1, 2)),
+        ('name, kind, "limit", overrides', ("cap", "concurrency", 1, {"a": {"limit": 0}})),
+        ('name, kind, "limit", overrides', ("cap", "concurrency", 1, {"a": {"limit": 1, "burst": 1}})),
+        ('name, kind, "limit", overrides', ("cap", "concurrency", 1, {"a": {"limit": "x"}})),
+        ('name, kind, "limit", overrides', ("cap", "concurrency", 1, {"a": {"limit": 1.5}})),
+        ('name, kind, "limit", overrides', ("cap", "concurrency", 1, {"a": 3})),
+        ('name, kind, "limit", overrides', ("cap", "concurrency", 1, [])),
+        ('name, kind, "limit", overrides', ("cap", "concurrency", 1, {str(i): {"limit": 1} for i in range(1001)})),
+    ],
+)
+async def test_the_schema_refuses_what_validation_refuses(
+    pool: asyncpg.Pool, columns: str, values: tuple[Any, ...]
+) -> None:
+    """Migration 0012's CHECKs repeat `limits.validate_limit` (a write that skipped it is refused)."""
+    placeholders = ", ".join(f"${index}" for index in range(1, len(values) + 1))
+    with pytest.raises(asyncpg.CheckViolationError):
+        await pool.execute(f"INSERT INTO limits ({columns}) VALUES ({placeholders})", *values)
+
+
+async def test_the_schema_takes_what_validation_takes(pool: asyncpg.Pool) -> None:
+    overrides = {"acme": {"limit": 5, "burst": 2}, "globex": {"limit": 1}}
+    await pool.execute(
+        """INSERT INTO limits (name, kind, "limit", period, burst, overrides)
+           VALUES ('rate', 'rate', 100, interval '1 second', 10, $1)""",
+        overrides,
+    )
+    insert = "INSERT INTO jobs (name, handler, schedule_kind, limits) VALUES ($1, 'test.echo', 'manual', $2)"
+    await pool.execute(insert, "four", [{"limit": "rate", "key": "k", "units": 1}] * 4)
+    for name, refs in (("object", {}), ("five", [{"limit": "rate", "key": "k", "units": 1}] * 5)):
+        with pytest.raises(asyncpg.CheckViolationError):
+            await pool.execute(insert, name, refs)
