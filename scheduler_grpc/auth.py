@@ -205,6 +205,13 @@ METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "/scheduler.v1.UserService/DisableUser": _A,
     "/scheduler.v1.UserService/EnableUser": _A,
     "/scheduler.v1.UserService/ResetUserPassword": _A,
+    # Limits: viewers read them, admins define them (as they define the jobs that name them).
+    "/scheduler.v1.LimitService/CreateLimit": _A,
+    "/scheduler.v1.LimitService/GetLimit": _V,
+    "/scheduler.v1.LimitService/ListLimits": _V,
+    "/scheduler.v1.LimitService/UpdateLimit": _A,
+    "/scheduler.v1.LimitService/DeleteLimit": _A,
+    "/scheduler.v1.LimitService/SetLimitOverride": _A,
 }
 
 

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from scheduler_grpc import events, flowrun, metrics, queue_depth
 from scheduler_grpc.control_bulk import BulkControl, RunActions
 from scheduler_grpc.control_flows import FlowReads
+from scheduler_grpc.control_limits import LimitControl
 from scheduler_grpc.db.bulk import BulkQueries
 from scheduler_grpc.db.console import ConsoleQueries, ExecutionRow, JobRow, Overview
 from scheduler_grpc.db.executions import ExecutionPage, Queued, TriggerOutcome, TriggerResult
@@ -27,6 +28,7 @@ from scheduler_grpc.db.flow_views import FlowViews
 from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.history import HistoryRepository
 from scheduler_grpc.db.jobs import JobPage, JobRepository
+from scheduler_grpc.db.limits import LimitRepository
 from scheduler_grpc.db.pool import Pool
 from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.db.search import DeadLetter as DeadLetter  # noqa: PLC0414 - re-exported: the console's rows
@@ -154,6 +156,7 @@ class Control:
             job_by_id=self.get_job,
             job_by_name=self.get_job_by_name,
         )
+        self._limits = LimitControl(LimitRepository(pool), check_request_id=_check_request_id)
 
     @property
     def bulk(self) -> BulkControl:
@@ -164,6 +167,11 @@ class Control:
     def flow_reads(self) -> FlowReads:
         """Flow runs and job relations as the console and ListFlowRuns show them (`control_flows`)."""
         return self._flow_reads
+
+    @property
+    def limits(self) -> LimitControl:
+        """Limit definitions (`control_limits`): create, read, list, update, delete, key overrides."""
+        return self._limits
 
     @property
     def users(self) -> UserAdmin:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.flows import MAX_UPSTREAMS, TriggerRule, check_references
+from scheduler_grpc.limits import LimitRef, validate_refs
 from scheduler_grpc.rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.schedule import CronSchedule, FoldPolicy, GapPolicy, next_fire_time, parse_cron, parse_time_zone
 
@@ -101,6 +102,9 @@ class JobSpec:
     # in a flow run (see `scheduler_grpc.flows`).
     depends_on: tuple[str, ...] = ()
     trigger_rule: TriggerRule = TriggerRule.ALL_SUCCEEDED
+    # The limits each run takes (`scheduler_grpc.limits`), in order; the limits must exist
+    # (checked where they are stored: `db/jobs.py`).
+    limits: tuple[LimitRef, ...] = ()
 
     @property
     def cron_schedule(self) -> CronSchedule | None:
@@ -237,6 +241,7 @@ def validate_job(spec: JobSpec, handlers: PayloadValidator) -> JobSpec:
         raise InvalidArgument("retry_policy.max_backoff", "must be at most 1 day")
     if not timedelta(0) < spec.timeout <= MAX_TIMEOUT:
         raise InvalidArgument("timeout", "must be positive and at most 24h")
+    limits = validate_refs(spec.limits)
     return replace(
         spec,
         name=name,
@@ -251,4 +256,5 @@ def validate_job(spec: JobSpec, handlers: PayloadValidator) -> JobSpec:
         status=_enum(JobStatus, spec.status, "status"),
         depends_on=tuple(dict.fromkeys(upstream.strip() for upstream in spec.depends_on)),
         trigger_rule=_enum(TriggerRule, spec.trigger_rule, "trigger_rule"),
+        limits=limits,
     )

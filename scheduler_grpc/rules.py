@@ -30,3 +30,15 @@ def is_queue_name(name: object) -> bool:
 def is_priority(priority: object) -> bool:
     """Whether `priority` is an int within [PRIORITY_MIN, PRIORITY_MAX] (bool is not a priority)."""
     return isinstance(priority, int) and not isinstance(priority, bool) and PRIORITY_MIN <= priority <= PRIORITY_MAX
+
+
+NAME_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}"
+"""A job's or a limit's name: a letter or digit, then letters, digits, '_', '.', ':' or '-' (at most 200)."""
+NAME_RULE: Final = "use letters, digits and _ . : - (starting with a letter or digit), at most 200 characters"
+"""What an error says about a bad job or limit name."""
+_NAME: Final = re.compile(NAME_PATTERN)
+
+
+def is_name(name: object) -> bool:
+    """Whether `name` is a valid job or limit name."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None

@@ -1,6 +1,6 @@
 """`scheduler-grpc server`: the gRPC control plane.
 
-One process serves the six `scheduler.v1` services, `grpc.health.v1.Health` and server reflection,
+One process serves the seven `scheduler.v1` services, `grpc.health.v1.Health` and server reflection,
 on grpc.aio (on uvloop under the CLI). Everything is created inside the running loop. Around it:
 
 * health: a background task pings Redis and PostgreSQL about every second (each ping bounded);

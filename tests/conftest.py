@@ -109,7 +109,7 @@ def database_url(servers: ServerUrls) -> Iterator[str]:
     uvloop.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
-_TABLES = ("job_executions", "jobs", "leader_state", "api_keys", "users")
+_TABLES = ("job_executions", "jobs", "leader_state", "api_keys", "users", "limits")
 
 
 @pytest.fixture

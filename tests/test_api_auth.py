@@ -15,7 +15,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 from redis.asyncio import Redis
-from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2, users_pb2
+from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, limits_pb2, queue_pb2, users_pb2
 
 from scheduler_grpc import auth
 from scheduler_grpc.auth import METHOD_ROLES, PUBLIC, Authenticator, Role
@@ -33,7 +33,7 @@ from tests.test_api_support import (  # noqa: F401 - `api` is a fixture
     bearer,
 )
 
-API_MODULES = (auth_pb2, jobs_pb2, executions_pb2, queue_pb2, cluster_pb2, users_pb2)
+API_MODULES = (auth_pb2, jobs_pb2, executions_pb2, queue_pb2, cluster_pb2, users_pb2, limits_pb2)
 
 
 def methods(*modules: object) -> Iterator[MethodDescriptor]:
@@ -97,8 +97,9 @@ async def test_every_rpc_refuses_a_role_too_small(api: Harness) -> None:  # noqa
             codes.setdefault(full_name(method), []).append(await call(api, method, metadata))
     restricted = {full_name(m) for m in methods(*API_MODULES) if METHOD_ROLES[full_name(m)] in too_small}
     assert codes.keys() == restricted
-    # CancelFlowRun (operator), the 8 of UserService (admin) and the five Batch* methods included
-    assert len(restricted) == 27
+    # CancelFlowRun (operator), the 8 of UserService (admin), the five Batch* methods and the four
+    # LimitService writes (admin) included
+    assert len(restricted) == 31
     assert {code for found in codes.values() for code in found} == {grpc.StatusCode.PERMISSION_DENIED}, codes
 
 

@@ -39,7 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
-from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2, users_pb2
+from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, limits_pb2, queue_pb2, users_pb2
 
 from scheduler_grpc.auth import Role
 from scheduler_grpc.db.pool import create_pool
@@ -58,6 +58,7 @@ SERVICES = [
         (queue_pb2, "QueueService"),
         (cluster_pb2, "ClusterService"),
         (users_pb2, "UserService"),
+        (limits_pb2, "LimitService"),
     )
 ]
 METHODS = [method for service in SERVICES for method in service.methods]
@@ -313,7 +314,13 @@ def _build(cls: type[Message], values: dict[str, Any]) -> Message:
         field = cls.DESCRIPTOR.fields_by_name[name]
         target = getattr(message, name)
         if field.is_repeated:
-            if field.type == FieldDescriptor.TYPE_MESSAGE:
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                for entry in value:  # a map: its entries as generated (key, value)
+                    if entry.value is not None and entry.HasField("value"):
+                        target[entry.key].CopyFrom(entry.value)
+                    else:
+                        target[entry.key]  # reading a key of a message map inserts it
+            elif field.type == FieldDescriptor.TYPE_MESSAGE:
                 for item in value:
                     target.add().CopyFrom(item)
             else:

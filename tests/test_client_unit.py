@@ -38,6 +38,7 @@ from scheduler_client.v1 import (
     executions_pb2_grpc,
     jobs_pb2,
     jobs_pb2_grpc,
+    limits_pb2,
     queue_pb2,
     users_pb2,
 )
@@ -248,7 +249,7 @@ def test_local_argument_errors_are_invalid_argument() -> None:
 def test_every_rpc_has_a_client_method() -> None:
     import re
 
-    modules = (auth_pb2, jobs_pb2, executions_pb2, queue_pb2, cluster_pb2, users_pb2)
+    modules = (auth_pb2, jobs_pb2, executions_pb2, queue_pb2, cluster_pb2, users_pb2, limits_pb2)
     missing = []
     for module in modules:
         for service in module.DESCRIPTOR.services_by_name.values():

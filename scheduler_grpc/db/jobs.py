@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from scheduler_grpc import pagetokens
+from scheduler_grpc.db.limits import shared_limits
 from scheduler_grpc.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.flows import TriggerRule, check_reference_names
 from scheduler_grpc.jobs import (
@@ -24,13 +25,14 @@ from scheduler_grpc.jobs import (
     RetryPolicy,
     ScheduleKind,
 )
+from scheduler_grpc.limits import check_units, refs_from_json, refs_to_json
 from scheduler_grpc.schedule import FoldPolicy, GapPolicy
 
 _E = TypeVar("_E", bound=enum.Enum)
 
 _COLUMNS = """id, name, handler, payload, queue, schedule_kind, cron, time_zone, run_at, dst_gap_policy,
     dst_fold_policy, next_run_time, priority, max_retries, initial_backoff, max_backoff, retry_jitter,
-    timeout, misfire_policy, concurrency_policy, status, version, created_at, updated_at"""
+    timeout, misfire_policy, concurrency_policy, status, version, created_at, updated_at, limits"""
 
 # What the API reads of a job: its columns plus its dependency edges (the due scan, which never
 # needs the edges, reads `_COLUMNS` only). Used on `FROM jobs` (not aliased).
@@ -89,6 +91,7 @@ def job_from_row(row: asyncpg.Record) -> Job:
         # .get: the due scan does not read the edges.
         depends_on=tuple(row.get("depends_on") or ()),
         trigger_rule=TriggerRule(row.get("trigger_rule") or TriggerRule.ALL_SUCCEEDED),
+        limits=refs_from_json(row.get("limits")),
         version=row["version"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
@@ -139,19 +142,21 @@ class JobRepository:
             async with self._pool.acquire() as conn, conn.transaction():
                 if spec.depends_on:
                     await conn.execute("SELECT pg_advisory_xact_lock($1)", GRAPH_LOCK)
+                await _check_limits(conn, spec)
                 row = await conn.fetchrow(
                     """INSERT INTO jobs (name, handler, payload, queue, schedule_kind, cron, time_zone, run_at,
                             dst_gap_policy, dst_fold_policy, priority, max_retries, initial_backoff, max_backoff,
                             retry_jitter, timeout, misfire_policy, concurrency_policy, status, next_run_time,
-                            request_id, trigger_rule)
+                            request_id, trigger_rule, limits)
                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-                            $19, $20, $21, $22)
+                            $19, $20, $21, $22, $23)
                         ON CONFLICT (request_id) DO NOTHING
                         RETURNING id""",
                     *_spec_values(spec),
                     next_run_time,
                     request_id,
                     spec.trigger_rule.value,
+                    refs_to_json(spec.limits),
                 )
                 if row is not None:
                     # A new job has no dependents yet: its edges cannot close a cycle (only name it).
@@ -300,6 +305,7 @@ class JobRepository:
                 if spec.depends_on:
                     await conn.execute("SELECT pg_advisory_xact_lock($1)", GRAPH_LOCK)
                 upstreams = await _resolve_upstreams(conn, spec.depends_on, key, spec.payload)
+                await _check_limits(conn, spec)
                 cycle = await _cycle(conn, key, upstreams)
                 if cycle:
                     raise InvalidArgument("depends_on", f"would create a cycle: {' → '.join(cycle)}")
@@ -308,8 +314,8 @@ class JobRepository:
                             cron = $6, time_zone = $7, run_at = $8, dst_gap_policy = $9, dst_fold_policy = $10,
                             priority = $11, max_retries = $12, initial_backoff = $13, max_backoff = $14,
                             retry_jitter = $15, timeout = $16, misfire_policy = $17, concurrency_policy = $18,
-                            status = $19, next_run_time = $20, trigger_rule = $23, version = version + 1,
-                            updated_at = now()
+                            status = $19, next_run_time = $20, trigger_rule = $23, limits = $24,
+                            version = version + 1, updated_at = now()
                         WHERE id = $21 AND version = $22
                         RETURNING id""",
                     *_spec_values(spec),
@@ -317,6 +323,7 @@ class JobRepository:
                     key,
                     expected_version,
                     spec.trigger_rule.value,
+                    refs_to_json(spec.limits),
                 )
                 if row is not None:
                     await _write_edges(conn, key, upstreams)
@@ -369,6 +376,17 @@ class JobRepository:
             result = await conn.execute("DELETE FROM jobs WHERE id = $1", key)
         if result == "DELETE 0":
             raise NotFound(f"job {job_id} not found")
+
+
+async def _check_limits(conn: Any, spec: JobSpec) -> None:
+    """Require the limits `spec` names to exist (locked FOR SHARE until the write commits, so
+    none is deleted meanwhile: `db/limits.py`) and admit the units it asks of them.
+
+    Raises:
+        InvalidArgument: naming `limits[i].limit` (no such limit) or `limits[i].units`.
+    """
+    if spec.limits:
+        check_units(spec.limits, await shared_limits(conn, [ref.limit for ref in spec.limits]))
 
 
 async def _read(conn: Any, job_id: str) -> Job:

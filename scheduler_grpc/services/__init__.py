@@ -8,7 +8,7 @@ log and measure every call in one place.
 from __future__ import annotations
 
 import grpc
-from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2, users_pb2
+from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, limits_pb2, queue_pb2, users_pb2
 
 from scheduler_grpc.application import Api
 
@@ -20,6 +20,7 @@ def add_services(server: grpc.aio.Server, api: Api) -> list[str]:
     from scheduler_grpc.services.decode import register
     from scheduler_grpc.services.executions import ExecutionService
     from scheduler_grpc.services.jobs import JobService
+    from scheduler_grpc.services.limits import LimitService
     from scheduler_grpc.services.queue import QueueService
     from scheduler_grpc.services.users import UserService
 
@@ -31,6 +32,7 @@ def add_services(server: grpc.aio.Server, api: Api) -> list[str]:
     register(server, queue_pb2.DESCRIPTOR.services_by_name["QueueService"], QueueService(api))
     register(server, cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"], ClusterService(api))
     register(server, users_pb2.DESCRIPTOR.services_by_name["UserService"], UserService(api))
+    register(server, limits_pb2.DESCRIPTOR.services_by_name["LimitService"], LimitService(api))
     return list(SERVICE_NAMES)
 
 
@@ -41,4 +43,5 @@ SERVICE_NAMES = (
     "scheduler.v1.QueueService",
     "scheduler.v1.ClusterService",
     "scheduler.v1.UserService",
+    "scheduler.v1.LimitService",
 )

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 from google.protobuf.json_format import ParseDict
 from google.protobuf.message import Message
-from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
+from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, limits_pb2, queue_pb2
 
 from scheduler_grpc import outputs
 from scheduler_grpc.auth import ApiKeyRecord, Role
@@ -38,6 +38,7 @@ from scheduler_grpc.jobs import (
     RetryPolicy,
     ScheduleKind,
 )
+from scheduler_grpc.limits import Limit, LimitKind, LimitRef, LimitSpec, Override
 from scheduler_grpc.schedule import DstEffect, FireTime, FoldPolicy, GapPolicy
 
 E = TypeVar("E")
@@ -91,7 +92,7 @@ def _remap(field: str, mapping: Mapping[str, str]) -> str:
         return f"job.payload.{rest}"
     if dot and head == "retry_policy":
         return f"job.{field}"
-    if field.startswith("depends_on["):
+    if field.startswith(("depends_on[", "limits[")) or field == "limits":
         return f"job.{field}"
     return field
 
@@ -332,6 +333,7 @@ _EVENT_TYPE = {
     EventType.MISSED: executions_pb2.EVENT_TYPE_MISSED,
     EventType.UPSTREAM_FAILED: executions_pb2.EVENT_TYPE_UPSTREAM_FAILED,
 }
+_LIMIT_KIND = {LimitKind.CONCURRENCY: limits_pb2.LIMIT_KIND_CONCURRENCY, LimitKind.RATE: limits_pb2.LIMIT_KIND_RATE}
 _ROLE = {Role.VIEWER: auth_pb2.ROLE_VIEWER, Role.OPERATOR: auth_pb2.ROLE_OPERATOR, Role.ADMIN: auth_pb2.ROLE_ADMIN}
 _UNSET = 0  # every proto enum's UNSPECIFIED value
 
@@ -391,6 +393,7 @@ def job_to_proto(job: Job) -> jobs_pb2.Job:
         update_time=timestamp(job.updated_at),
         depends_on=list(job.depends_on),
         trigger_rule=_TRIGGER_RULE[job.trigger_rule],
+        limits=[limits_pb2.LimitRef(limit=ref.limit, key=ref.key, units=ref.units) for ref in job.limits],
     )
 
 
@@ -452,6 +455,7 @@ def job_spec(message: jobs_pb2.Job, status: JobStatus = JobStatus.ACTIVE) -> Job
         trigger_rule=_required(
             _from_proto(_TRIGGER_RULE, message.trigger_rule, "job.trigger_rule", TriggerRule.ALL_SUCCEEDED)
         ),
+        limits=tuple(LimitRef(ref.limit, ref.key, ref.units if ref.HasField("units") else 1) for ref in message.limits),
     )
 
 
@@ -693,3 +697,75 @@ def flow_run_state(value: int, field: str = "state") -> str | None:
         InvalidArgument: an unknown value, naming `field`.
     """
     return _from_proto(_FLOW_RUN_STATE, value, field)
+
+
+# -- limits -----------------------------------------------------------------------------------------
+
+# Domain field -> field path in a request carrying a `limit` (CreateLimit, UpdateLimit).
+_LIMIT_FIELDS = {
+    "name": "limit.name",
+    "kind": "limit.kind",
+    "limit": "limit.limit",
+    "period": "limit.period",
+    "burst": "limit.burst",
+    "overrides": "limit.overrides",
+    "id": "limit.id",
+}
+
+
+@contextlib.contextmanager
+def limit_fields() -> Iterator[None]:
+    """Re-raise `InvalidArgument` with its domain field as the request's path (`limit.period`,
+    `limit.overrides['acme'].limit`)."""
+    try:
+        yield
+    except InvalidArgument as exc:
+        field = _LIMIT_FIELDS.get(exc.field)
+        if field is None and exc.field.startswith("overrides["):
+            field = f"limit.{exc.field}"
+        if field is None:
+            raise
+        raise InvalidArgument(field, exc.message) from None
+
+
+def limit_to_proto(limit: Limit) -> limits_pb2.Limit:
+    """A stored limit as a message (etag from its version)."""
+    return limits_pb2.Limit(
+        id=limit.id,
+        name=limit.name,
+        kind=_LIMIT_KIND[limit.kind],
+        limit=limit.limit,
+        period=duration(limit.period) if limit.period is not None else None,
+        burst=limit.burst,
+        overrides={
+            key: limits_pb2.LimitOverride(limit=value.limit, burst=value.burst)
+            for key, value in limit.overrides.items()
+        },
+        etag=limit.etag,
+        create_time=timestamp(limit.created_at),
+        update_time=timestamp(limit.updated_at),
+    )
+
+
+def limit_spec(message: limits_pb2.Limit) -> LimitSpec:
+    """The writable fields of a Limit message as a spec (validated later by `validate_limit`).
+
+    Raises:
+        InvalidArgument: an unset or unknown kind (`limit.kind`), a malformed period (`limit.period`).
+    """
+    kind = _from_proto(_LIMIT_KIND, message.kind, "limit.kind")
+    if kind is None:
+        raise InvalidArgument("limit.kind", "required: LIMIT_KIND_CONCURRENCY or LIMIT_KIND_RATE")
+    return LimitSpec(
+        name=message.name,
+        kind=kind,
+        limit=message.limit,
+        period=from_duration(message.period, "limit.period") if message.HasField("period") else None,
+        burst=message.burst,
+        overrides={key: override(value) for key, value in message.overrides.items()},
+    )
+
+
+def override(message: limits_pb2.LimitOverride) -> Override:
+    """A LimitOverride message as the domain's (validated with its limit)."""
+    return Override(message.limit, message.burst)

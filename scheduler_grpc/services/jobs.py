@@ -31,7 +31,7 @@ _SUBMESSAGE_FIELDS: Final = {
 }
 _WRITABLE: Final = (
     "name", "handler", "payload", "schedule", "queue", "priority", "retry_policy", "timeout", "misfire_policy",
-    "concurrency_policy", "depends_on", "trigger_rule",
+    "concurrency_policy", "depends_on", "trigger_rule", "limits",
 )  # fmt: skip
 _OUTPUT_ONLY: Final = frozenset({"id", "state", "next_run_time", "etag", "create_time", "update_time"})
 

@@ -167,6 +167,7 @@ def job_fields(job: jobs_pb2.Job, job_names: Mapping[str, str] | None = None) ->
         ("concurrency policy", label(jobs_pb2.ConcurrencyPolicy.Name(job.concurrency_policy))),
         ("depends on", ", ".join(names.get(upstream, upstream) for upstream in job.depends_on) or "-"),
         ("trigger rule", label(executions_pb2.TriggerRule.Name(job.trigger_rule))),
+        ("limits", ", ".join(f"{ref.limit}:{ref.key}:{ref.units}" for ref in job.limits) or "-"),
         ("etag", job.etag or "-"),
         ("created", when(job.create_time)),
         ("updated", when(job.update_time)),

@@ -41,11 +41,13 @@ from scheduler_client.client import (
     EXECUTION_STATE,
     FLOW_RUN_STATE,
     JOB_STATE,
+    LIMIT_KIND,
     MISFIRE_POLICY,
     ROLE,
     TRIGGER_RULE,
     USER_STATE,
     SchedulerClient,
+    parse_limit_ref,
     to_datetime,
 )
 from scheduler_client.errors import (
@@ -57,7 +59,7 @@ from scheduler_client.errors import (
     Unauthenticated,
     Unavailable,
 )
-from scheduler_client.v1 import executions_pb2, jobs_pb2, users_pb2
+from scheduler_client.v1 import executions_pb2, jobs_pb2, limits_pb2, users_pb2
 
 PROG = "schedctl"
 EXIT_FAILURE = 1
@@ -213,6 +215,23 @@ def positive_int(text: str) -> int:
     if value > _INT32[1]:
         raise argparse.ArgumentTypeError(f"out of range: {value}")
     return value
+
+
+def limit_ref_arg(text: str) -> limits_pb2.LimitRef:
+    """`--limit NAME:KEY[:UNITS]` of `jobs create` / `jobs update`."""
+    try:
+        return parse_limit_ref(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("limits: ")) from None
+
+
+def override_arg(text: str) -> tuple[str, tuple[int, int]]:
+    """`--override KEY=LIMIT[/BURST]` of `limits create` / `limits update`."""
+    key, equals, value = text.rpartition("=")
+    limit, _, burst = value.partition("/")
+    if equals and key and limit.isdigit() and (not burst or burst.isdigit()):
+        return key, (int(limit), int(burst or 0))
+    raise argparse.ArgumentTypeError(f"not KEY=LIMIT[/BURST]: {text!r} (e.g. acme=5)")
 
 
 def server_target(text: str) -> str:
@@ -386,6 +405,7 @@ def _job_settings(args: argparse.Namespace) -> dict[str, Any]:
              "max_backoff", "jitter", "timeout", "misfire_policy", "concurrency_policy", "trigger_rule")  # fmt: skip
     settings = {name: getattr(args, name) for name in names}
     settings["depends_on"] = [] if getattr(args, "no_depends_on", False) else args.depends_on
+    settings["limits"] = [] if getattr(args, "no_limits", False) else args.limits
     return settings
 
 
@@ -849,6 +869,161 @@ def _users_commands(command: Callable[..., argparse.ArgumentParser], commands: A
         sub.add_argument("--etag", help="fail (ABORTED) if the user changed since it had this etag")
 
 
+# --- limits (viewers read, admins define) ------------------------------------------------------------
+
+
+async def _limit_id(ctx: Context, reference: str) -> str:
+    """A limit id from an id or a name."""
+    try:
+        uuid.UUID(reference)
+    except ValueError:
+        return (await ctx.client.get_limit(name=reference)).id
+    return reference
+
+
+def _limit_text(limit: limits_pb2.Limit) -> str:
+    """`2 at once` / `100 per 1s (+10 burst)`."""
+    if limit.kind == limits_pb2.LIMIT_KIND_RATE:
+        burst = f" (+{limit.burst} burst)" if limit.burst else ""
+        return f"{limit.limit} per {show.duration(limit.period)}{burst}"
+    return f"{limit.limit} at once"
+
+
+def _limit_rows(limits: Sequence[limits_pb2.Limit]) -> tuple[list[str], list[list[object]]]:
+    rows: list[list[object]] = [
+        [limit.name, show.label(limits_pb2.LimitKind.Name(limit.kind)), _limit_text(limit), len(limit.overrides),
+         limit.id]
+        for limit in limits
+    ]  # fmt: skip
+    return ["NAME", "KIND", "LIMIT", "OVERRIDES", "ID"], rows
+
+
+def _show_limit(ctx: Context, limit: limits_pb2.Limit, done: str | None = None) -> int:
+    if ctx.json:
+        show.print_json(show.message_dict(limit))
+    elif done is not None:
+        print(f"{done} limit {limit.name} ({_limit_text(limit)} per key)")
+    else:
+        overrides = ", ".join(
+            f"{key}={value.limit}" + (f"/{value.burst}" if value.burst else "")
+            for key, value in sorted(limit.overrides.items())
+        )
+        show.print_fields([
+            ("name", limit.name), ("id", limit.id), ("kind", show.label(limits_pb2.LimitKind.Name(limit.kind))),
+            ("limit", _limit_text(limit) + " per key"), ("overrides", overrides or "-"), ("etag", limit.etag),
+            ("created", show.when(limit.create_time)), ("updated", show.when(limit.update_time)),
+        ])  # fmt: skip
+    return 0
+
+
+async def cmd_limits_list(ctx: Context) -> int:
+    limits = []
+    async for limit in ctx.client.iter_limits(page_size=min(ctx.args.limit, 1000)):
+        limits.append(limit)
+        if len(limits) >= ctx.args.limit:
+            break
+    if ctx.json:
+        show.print_json({"limits": [show.message_dict(limit) for limit in limits]})
+    else:
+        show.print_table(*_limit_rows(limits))
+    return 0
+
+
+async def cmd_limits_get(ctx: Context) -> int:
+    reference = ctx.args.limit_ref
+    try:
+        uuid.UUID(reference)
+    except ValueError:
+        return _show_limit(ctx, await ctx.client.get_limit(name=reference))
+    return _show_limit(ctx, await ctx.client.get_limit(reference))
+
+
+async def cmd_limits_create(ctx: Context) -> int:
+    args = ctx.args
+    limit = await ctx.client.create_limit(
+        args.name,
+        args.kind,
+        args.limit,
+        period=args.period,
+        burst=args.burst or 0,
+        overrides=dict(args.overrides or []),
+        request_id=args.request_id,
+    )
+    return _show_limit(ctx, limit, "Created")
+
+
+async def cmd_limits_update(ctx: Context) -> int:
+    args = ctx.args
+    overrides = dict(args.overrides or []) if args.overrides or args.no_overrides else None
+    limit = await ctx.client.update_limit(
+        await _limit_id(ctx, args.limit_ref),
+        etag=args.etag,
+        kind=args.kind,
+        limit=args.limit,
+        period=args.period,
+        burst=args.burst,
+        overrides=overrides,
+    )
+    return _show_limit(ctx, limit, "Updated")
+
+
+async def cmd_limits_override(ctx: Context) -> int:
+    args = ctx.args
+    if (args.limit is None) == (not args.clear):
+        raise UsageError("limits override: give --limit (and --burst) to set the key's override, or --clear")
+    limit = await ctx.client.set_limit_override(
+        await _limit_id(ctx, args.limit_ref), args.key, limit=args.limit, burst=args.burst or 0, etag=args.etag
+    )
+    return _show_limit(ctx, limit, "Updated")
+
+
+async def cmd_limits_delete(ctx: Context) -> int:
+    args = ctx.args
+    limit_id = await _limit_id(ctx, args.limit_ref)
+    await ctx.client.delete_limit(limit_id, etag=args.etag)
+    if ctx.json:
+        show.print_json({"id": limit_id, "deleted": True})
+    else:
+        print(f"Deleted limit {args.limit_ref}")
+    return 0
+
+
+def _limits_commands(command: Callable[..., argparse.ArgumentParser], commands: Any) -> None:
+    """`schedctl limits ...` (viewers read, admins define)."""
+    limits = command(commands, "limits", "define the limits jobs take: list, show, create, update, override, delete")
+    limit_commands = limits.add_subparsers(dest="limits_command", metavar="ACTION", required=True)
+    listing = command(limit_commands, "list", "list limits by name", cmd_limits_list)
+    listing.add_argument("--limit", type=positive_int, default=1000, help="at most this many (default 1000)")
+    get = command(limit_commands, "get", "show one limit", cmd_limits_get)
+    create = command(limit_commands, "create", "create a limit", cmd_limits_create)
+    create.add_argument("name", metavar="NAME", help="unique name, as jobs refer to it: letters, digits and _ . : -")
+    create.add_argument("--kind", required=True, choices=LIMIT_KIND.choices(),
+                        help="concurrency: units held at once per key; rate: units per --period per key")  # fmt: skip
+    create.add_argument("--limit", required=True, type=positive_int, metavar="N", help="units per key (1-1000000)")
+    create.add_argument("--request-id", help="idempotency key: a retry with the same id creates nothing more")
+    update = command(limit_commands, "update", "change the given fields of a limit (the name stays)",
+                     cmd_limits_update)  # fmt: skip
+    update.add_argument("--kind", choices=LIMIT_KIND.choices(), help="the new kind (give --period for a rate)")
+    update.add_argument("--limit", type=positive_int, metavar="N", help="units per key (1-1000000)")
+    update.add_argument("--no-overrides", action="store_true", help="remove every per-key override")
+    for sub in (create, update):
+        sub.add_argument("--period", type=parse_duration, metavar="DURATION", help="a rate's period, e.g. 1s, 1m")
+        sub.add_argument("--burst", type=int32, metavar="N", help="a rate's extra units at once (default 0)")
+        sub.add_argument("--override", dest="overrides", action="append", type=override_arg,
+                         metavar="KEY=LIMIT[/BURST]", help="a key's own limit (repeatable; on update: replaces "
+                                                           "every override)")  # fmt: skip
+    override = command(limit_commands, "override", "set or clear one key's own limit", cmd_limits_override)
+    override.add_argument("--limit", type=positive_int, metavar="N", help="the key's own limit")
+    override.add_argument("--burst", type=int32, metavar="N", help="the key's own burst (rate limits)")
+    override.add_argument("--clear", action="store_true", help="take the key's override away")
+    delete = command(limit_commands, "delete", "delete a limit no job uses", cmd_limits_delete)
+    for sub in (get, update, override, delete):
+        sub.add_argument("limit_ref", metavar="LIMIT", help="limit id or name")
+    override.add_argument("key", metavar="KEY", help="the key, as a run's limit key resolves to it")
+    for sub in (update, override, delete):
+        sub.add_argument("--etag", help="fail (ABORTED) if the limit changed since it had this etag")
+
+
 # --- the parser ------------------------------------------------------------------------------------
 
 
@@ -916,8 +1091,13 @@ def _job_flags(parser: argparse.ArgumentParser, *, update: bool) -> None:
                         help="an upstream job, id or name (repeatable; on update: replaces the list)")  # fmt: skip
     parser.add_argument("--trigger-rule", choices=TRIGGER_RULE.choices(),
                         help="when it runs after its upstreams in a flow run (default all_succeeded)")  # fmt: skip
+    parser.add_argument("--limit", dest="limits", action="append", type=limit_ref_arg, metavar="NAME:KEY[:UNITS]",
+                        help="a limit each run takes: the limit's name, the key (a constant, or payload.FIELD "
+                             "to take it from the run's payload), units per run (default 1); repeatable (on "
+                             "update: replaces the list)")  # fmt: skip
     if update:
         parser.add_argument("--no-depends-on", action="store_true", help="remove every upstream")
+        parser.add_argument("--no-limits", action="store_true", help="remove every limit")
     if update:
         parser.add_argument("--etag", help="fail (ABORTED) if the job changed since it had this etag")
     else:
@@ -1036,6 +1216,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = command(commands, "status", "scheduler leader, term and queue counts", cmd_status)
     status.add_argument("--queue", help="the queue (default: default)")
     _users_commands(command, commands)
+    _limits_commands(command, commands)
     return parser
 
 

@@ -30,7 +30,7 @@ from google.protobuf.message import Message
 
 from scheduler_client import __version__
 from scheduler_client.errors import DeadlineExceeded, InvalidArgument, NotFound, from_rpc_error
-from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, queue_pb2, users_pb2
+from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, limits_pb2, queue_pb2, users_pb2
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -62,6 +62,7 @@ _EXECUTIONS = _PKG + "ExecutionService/"
 _QUEUE = _PKG + "QueueService/"
 _CLUSTER = _PKG + "ClusterService/"
 _USERS = _PKG + "UserService/"
+_LIMITS = _PKG + "LimitService/"
 
 CURSOR_METADATA = "x-scheduler-cursor"
 """Initial metadata of WatchExecutions: the cursor the subscription starts at (sent once it is live)."""
@@ -162,6 +163,7 @@ ROLE = _EnumType(auth_pb2.Role, "ROLE_", "role")
 USER_STATE = _EnumType(users_pb2.UserState, "USER_STATE_", "state")
 TRIGGER_RULE = _EnumType(executions_pb2.TriggerRule, "TRIGGER_RULE_", "trigger_rule")
 FLOW_RUN_STATE = _EnumType(executions_pb2.FlowRunState, "FLOW_RUN_STATE_", "flow run state")
+LIMIT_KIND = _EnumType(limits_pb2.LimitKind, "LIMIT_KIND_", "kind")
 
 _LABEL_PREFIXES = (
     "JOB_STATE_",
@@ -177,6 +179,7 @@ _LABEL_PREFIXES = (
     "TRIGGER_",
     "ROLE_",
     "BREAKER_STATE_",
+    "LIMIT_KIND_",
 )
 
 
@@ -422,6 +425,7 @@ class SchedulerClient:
         concurrency_policy: int | str | None = None,
         depends_on: Sequence[str] | None = None,
         trigger_rule: int | str | None = None,
+        limits: Sequence[LimitRefArg] | None = None,
         request_id: str | None = None,
         rpc_timeout: float | None = None,
     ) -> jobs_pb2.Job:
@@ -449,6 +453,7 @@ class SchedulerClient:
             concurrency_policy=concurrency_policy,
             depends_on=depends_on,
             trigger_rule=trigger_rule,
+            limits=limits,
         )
         return await self.create_job_message(job, request_id=request_id, rpc_timeout=rpc_timeout)
 
@@ -539,6 +544,7 @@ class SchedulerClient:
         concurrency_policy: int | str | None = None,
         depends_on: Sequence[str] | None = None,
         trigger_rule: int | str | None = None,
+        limits: Sequence[LimitRefArg] | None = None,
         rpc_timeout: float | None = None,
     ) -> jobs_pb2.Job:
         """Change the given fields only (a field mask of the arguments not None).
@@ -565,6 +571,7 @@ class SchedulerClient:
             concurrency_policy=concurrency_policy,
             depends_on=depends_on,
             trigger_rule=trigger_rule,
+            limits=limits,
         )
         job.id = job_id
         given = {
@@ -587,6 +594,7 @@ class SchedulerClient:
             "concurrency_policy": concurrency_policy,
             "depends_on": depends_on,  # [] clears them
             "trigger_rule": trigger_rule,
+            "limits": limits,  # [] clears them
         }
         paths = [path for path, value in given.items() if value is not None]
         if not paths:
@@ -1252,8 +1260,120 @@ class SchedulerClient:
         )
         return response.user
 
+    # -- LimitService (viewers read, admins define) --
+
+    async def create_limit(
+        self,
+        name: str,
+        kind: int | str,
+        limit: int,
+        *,
+        period: Seconds | None = None,
+        burst: int = 0,
+        overrides: Mapping[str, int | tuple[int, int]] | None = None,
+        request_id: str | None = None,
+        rpc_timeout: float | None = None,
+    ) -> limits_pb2.Limit:
+        """Create a limit: `kind` "concurrency" (at most `limit` units held at once per key) or
+        "rate" (`limit` units per `period` per key, `burst` more at once). `overrides`: key ->
+        its own limit, or (limit, burst). The same `request_id` returns the limit its first call
+        created (one is generated if not given)."""
+        message = _limit_message(kind, limit, period, burst, overrides)
+        message.name = name
+        request = limits_pb2.CreateLimitRequest(limit=message, request_id=request_id or str(uuid.uuid4()))
+        return (await self._call(_LIMITS + "CreateLimit", request, limits_pb2.CreateLimitResponse, rpc_timeout)).limit
+
+    async def get_limit(
+        self, limit_id: str = "", *, name: str = "", rpc_timeout: float | None = None
+    ) -> limits_pb2.Limit:
+        """Read one limit, by id or (with `name`) by name."""
+        request = limits_pb2.GetLimitRequest(id=limit_id, name=name)
+        return (await self._call(_LIMITS + "GetLimit", request, limits_pb2.GetLimitResponse, rpc_timeout)).limit
+
+    async def list_limits(
+        self, *, page_size: int = 0, page_token: str = "", rpc_timeout: float | None = None
+    ) -> Page[limits_pb2.Limit]:
+        """One page of limits by name."""
+        request = limits_pb2.ListLimitsRequest(page_size=page_size, page_token=page_token)
+        response = await self._call(_LIMITS + "ListLimits", request, limits_pb2.ListLimitsResponse, rpc_timeout)
+        return Page(list(response.limits), response.next_page_token)
+
+    def iter_limits(self, *, page_size: int = 0) -> AsyncIterator[limits_pb2.Limit]:
+        """Every limit, page after page."""
+        return _pages(lambda token: self.list_limits(page_size=page_size, page_token=token))
+
+    async def update_limit(
+        self,
+        limit_id: str,
+        *,
+        etag: str | None = None,
+        kind: int | str | None = None,
+        limit: int | None = None,
+        period: Seconds | None = None,
+        burst: int | None = None,
+        overrides: Mapping[str, int | tuple[int, int]] | None = None,
+        rpc_timeout: float | None = None,
+    ) -> limits_pb2.Limit:
+        """Change the given fields only (the name never changes). Changing `kind` sends `period`
+        too (unset when not given: a concurrency limit has none)."""
+        message = _limit_message(kind or 0, limit or 0, period, burst or 0, overrides)
+        message.id = limit_id
+        given = {"kind": kind, "limit": limit, "period": period, "burst": burst, "overrides": overrides}
+        paths = [path for path, value in given.items() if value is not None]
+        if kind is not None and "period" not in paths:
+            paths.append("period")
+        if not paths:
+            raise InvalidArgument("update_limit: give at least one field to change")
+        request = limits_pb2.UpdateLimitRequest(
+            limit=message, update_mask=field_mask_pb2.FieldMask(paths=paths), etag=etag or ""
+        )
+        return (await self._call(_LIMITS + "UpdateLimit", request, limits_pb2.UpdateLimitResponse, rpc_timeout)).limit
+
+    async def delete_limit(self, limit_id: str, *, etag: str | None = None, rpc_timeout: float | None = None) -> None:
+        """Delete a limit no job uses (FailedPrecondition naming the jobs otherwise)."""
+        request = limits_pb2.DeleteLimitRequest(id=limit_id, etag=etag or "")
+        await self._call(_LIMITS + "DeleteLimit", request, limits_pb2.DeleteLimitResponse, rpc_timeout)
+
+    async def set_limit_override(
+        self,
+        limit_id: str,
+        key: str,
+        *,
+        limit: int | None,
+        burst: int = 0,
+        etag: str | None = None,
+        rpc_timeout: float | None = None,
+    ) -> limits_pb2.Limit:
+        """Give `key` its own `limit` (and `burst`), or take its override away (`limit=None`)."""
+        request = limits_pb2.SetLimitOverrideRequest(id=limit_id, key=key, etag=etag or "")
+        if limit is not None:
+            request.override.CopyFrom(limits_pb2.LimitOverride(limit=limit, burst=burst))
+        response = await self._call(
+            _LIMITS + "SetLimitOverride", request, limits_pb2.SetLimitOverrideResponse, rpc_timeout
+        )
+        return response.limit
+
 
 # --- helpers -----------------------------------------------------------------------------------
+
+
+def _limit_message(
+    kind: int | str,
+    limit: int,
+    period: Seconds | None,
+    burst: int,
+    overrides: Mapping[str, int | tuple[int, int]] | None,
+) -> limits_pb2.Limit:
+    """A `Limit` message of the given fields (kind 0: unset)."""
+    message = limits_pb2.Limit(limit=limit, burst=burst)
+    if kind:
+        message.MergeFrom(limits_pb2.Limit(kind=LIMIT_KIND.name(kind)))
+    if period is not None:
+        message.period.CopyFrom(_duration(period, "period"))
+    for key, value in (overrides or {}).items():
+        own, own_burst = (value, 0) if isinstance(value, int) else value
+        message.overrides[key].CopyFrom(limits_pb2.LimitOverride(limit=own, burst=own_burst))
+    return message
 
 
 def build_job(
@@ -1277,8 +1397,12 @@ def build_job(
     concurrency_policy: int | str | None = None,
     depends_on: Sequence[str] | None = None,
     trigger_rule: int | str | None = None,
+    limits: Sequence[LimitRefArg] | None = None,
 ) -> jobs_pb2.Job:
     """A `Job` message from plain arguments; unset ones stay unset (server defaults).
+
+    `limits`: the limits each run takes, each a `LimitRef`, a `(limit, key[, units])` tuple or a
+    `NAME:KEY[:UNITS]` string (`parse_limit_ref`).
 
     Giving any retry argument sends a whole retry policy: the others then take the documented
     defaults (3 retries, backoff 1 s to 5 min, jitter on).
@@ -1302,7 +1426,41 @@ def build_job(
         job.depends_on.extend(depends_on)
     if trigger_rule is not None:
         job.MergeFrom(jobs_pb2.Job(trigger_rule=TRIGGER_RULE.name(trigger_rule)))
+    if limits is not None:
+        job.limits.extend(limit_ref(value) for value in limits)
     return job
+
+
+LimitRefArg = limits_pb2.LimitRef | str | tuple[str, str] | tuple[str, str, int]
+"""A job's limit ref: a message, `(limit, key)`, `(limit, key, units)` or `NAME:KEY[:UNITS]`."""
+
+
+def parse_limit_ref(text: str) -> limits_pb2.LimitRef:
+    """`NAME:KEY[:UNITS]`: the limit's name (up to the first `:`), the key template (a constant or
+    `payload.<field>`), and the units each run takes when the text ends in `:<digits>` (else 1).
+
+    Raises:
+        InvalidArgument: no `:` after a name, or no key.
+    """
+    name, colon, rest = text.partition(":")
+    units: int | None = None
+    head, last_colon, tail = rest.rpartition(":")
+    if last_colon and tail.isdigit():
+        rest, units = head, int(tail)
+    if not colon or not name or not rest:
+        raise InvalidArgument(f"limits: {text!r} is not NAME:KEY[:UNITS] (e.g. per-customer:payload.customer_id:1)")
+    return limits_pb2.LimitRef(limit=name, key=rest, units=units)
+
+
+def limit_ref(value: LimitRefArg) -> limits_pb2.LimitRef:
+    """A `LimitRef` from any `LimitRefArg`."""
+    if isinstance(value, limits_pb2.LimitRef):
+        return value
+    if isinstance(value, str):
+        return parse_limit_ref(value)
+    if len(value) == 3:
+        return limits_pb2.LimitRef(limit=value[0], key=value[1], units=value[2])
+    return limits_pb2.LimitRef(limit=value[0], key=value[1])
 
 
 def _schedule(

@@ -5,6 +5,7 @@ from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from scheduler_client.v1 import executions_pb2 as _executions_pb2
+from scheduler_client.v1 import limits_pb2 as _limits_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -110,7 +111,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max_retries: _Optional[int] = ..., initial_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., jitter: _Optional[bool] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "handler", "payload", "schedule", "queue", "priority", "retry_policy", "timeout", "misfire_policy", "concurrency_policy", "state", "next_run_time", "etag", "create_time", "update_time", "depends_on", "trigger_rule")
+    __slots__ = ("id", "name", "handler", "payload", "schedule", "queue", "priority", "retry_policy", "timeout", "misfire_policy", "concurrency_policy", "state", "next_run_time", "etag", "create_time", "update_time", "depends_on", "trigger_rule", "limits")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +130,7 @@ class Job(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_RULE_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     handler: str
@@ -147,7 +149,8 @@ class Job(_message.Message):
     update_time: _timestamp_pb2.Timestamp
     depends_on: _containers.RepeatedScalarFieldContainer[str]
     trigger_rule: _executions_pb2.TriggerRule
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., misfire_policy: _Optional[_Union[MisfirePolicy, str]] = ..., concurrency_policy: _Optional[_Union[ConcurrencyPolicy, str]] = ..., state: _Optional[_Union[JobState, str]] = ..., next_run_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., etag: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[_executions_pb2.TriggerRule, str]] = ...) -> None: ...
+    limits: _containers.RepeatedCompositeFieldContainer[_limits_pb2.LimitRef]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., misfire_policy: _Optional[_Union[MisfirePolicy, str]] = ..., concurrency_policy: _Optional[_Union[ConcurrencyPolicy, str]] = ..., state: _Optional[_Union[JobState, str]] = ..., next_run_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., etag: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[_executions_pb2.TriggerRule, str]] = ..., limits: _Optional[_Iterable[_Union[_limits_pb2.LimitRef, _Mapping]]] = ...) -> None: ...
 
 class CreateJobRequest(_message.Message):
     __slots__ = ("job", "request_id")

@@ -1,0 +1,246 @@
+"""Limit definitions in PostgreSQL: the `limits` table (issue 22), and the check that the limits a
+job names exist, made inside the job's own write.
+
+Inputs are already validated by `scheduler_grpc.limits.validate_limit`. Every change raises the
+row's `version` (the limit's etag). A job's write reads the limits it names `FOR SHARE` and a
+delete locks its limit `FOR UPDATE` before looking for jobs that use it, so a job naming a limit
+and the delete of that limit are decided one after the other: never a job left naming a limit
+that no longer exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Final
+
+import asyncpg
+
+from scheduler_grpc import pagetokens
+from scheduler_grpc.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from scheduler_grpc.limits import (
+    Limit,
+    LimitKind,
+    LimitSpec,
+    overrides_from_json,
+    overrides_to_json,
+)
+
+_COLUMNS: Final = 'id, name, kind, "limit", period, burst, overrides, version, created_at, updated_at'
+_DEFAULT_TIMEOUT: Final = timedelta(seconds=5)
+MAX_PAGE_SIZE: Final = 1000
+DEFAULT_PAGE_SIZE: Final = 100
+# Jobs named in a FAILED_PRECONDITION refusing a delete, at most (then ", ...").
+_NAMED_JOBS: Final = 10
+_KINDS: Final = {member.value: member for member in LimitKind}
+
+
+@dataclass(frozen=True)
+class LimitPage:
+    """One page of limits, by name."""
+
+    limits: list[Limit]
+    next_page_token: str
+
+
+def limit_from_row(row: asyncpg.Record) -> Limit:
+    return Limit(
+        id=str(row["id"]),
+        name=row["name"],
+        kind=_KINDS[row["kind"]],
+        limit=row["limit"],
+        period=row["period"],
+        burst=row["burst"],
+        overrides=overrides_from_json(row["overrides"]),
+        version=row["version"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _limit_id(value: str, field: str = "id") -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except (ValueError, AttributeError, TypeError):
+        raise InvalidArgument(field, f"{str(value)[:40]!r} is not a valid id") from None
+
+
+async def shared_limits(conn: Any, names: Sequence[str]) -> dict[str, Limit]:
+    """The limits named `names` that exist, each row locked `FOR SHARE` until the caller's
+    transaction ends (so none of them can be deleted meanwhile: see the module docstring)."""
+    if not names:
+        return {}
+    rows = await conn.fetch(
+        f"SELECT {_COLUMNS} FROM limits WHERE name = ANY($1::text[]) ORDER BY name FOR SHARE", list(names)
+    )
+    return {row["name"]: limit_from_row(row) for row in rows}
+
+
+class LimitRepository:
+    """CRUD on `limits`; every call is bounded by `timeout` (pool wait included).
+
+    Args:
+        pool: The process's asyncpg pool.
+        timeout: Bound on each call.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, *, timeout: timedelta = _DEFAULT_TIMEOUT) -> None:
+        self._pool = pool
+        self._timeout = timeout.total_seconds()
+
+    async def create(self, spec: LimitSpec, request_id: str | None = None) -> Limit:
+        """Store a new limit; with a `request_id` seen before, return the limit that request created.
+
+        Raises:
+            AlreadyExists: another limit has this name.
+            Aborted: the limit this `request_id` created was deleted meanwhile.
+        """
+        try:
+            async with asyncio.timeout(self._timeout):
+                row = await self._pool.fetchrow(
+                    f"""INSERT INTO limits (name, kind, "limit", period, burst, overrides, request_id)
+                        VALUES ($1, $2, $3, $4, $5, $6, $7)
+                        ON CONFLICT (request_id) DO NOTHING RETURNING {_COLUMNS}""",
+                    spec.name,
+                    spec.kind.value,
+                    spec.limit,
+                    spec.period,
+                    spec.burst,
+                    overrides_to_json(spec.overrides),
+                    request_id,
+                )
+        except asyncpg.UniqueViolationError:
+            # A retry racing the first call can trip over the name first: then the limit of this
+            # request_id is the answer.
+            taken = await self._by_request_id(request_id) if request_id is not None else None
+            if taken is None:
+                raise AlreadyExists(f"name: a limit named {spec.name!r} already exists") from None
+            return taken
+        if row is None:  # the request_id was used before: same request, same answer
+            taken = await self._by_request_id(request_id) if request_id is not None else None
+            if taken is None:
+                raise Aborted("request_id: the limit created by this request was deleted meanwhile")
+            return taken
+        return limit_from_row(row)
+
+    async def _by_request_id(self, request_id: str) -> Limit | None:
+        async with asyncio.timeout(self._timeout):
+            row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM limits WHERE request_id = $1", request_id)
+        return None if row is None else limit_from_row(row)
+
+    async def get(self, limit_id: str) -> Limit:
+        """The limit with this id.
+
+        Raises:
+            InvalidArgument: `limit_id` is not a UUID.
+            NotFound: no such limit.
+        """
+        parsed = _limit_id(limit_id)
+        async with asyncio.timeout(self._timeout):
+            row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM limits WHERE id = $1", parsed)
+        if row is None:
+            raise NotFound(f"limit {limit_id} not found")
+        return limit_from_row(row)
+
+    async def get_by_name(self, name: str) -> Limit:
+        """The limit named `name`.
+
+        Raises:
+            NotFound: no such limit.
+        """
+        async with asyncio.timeout(self._timeout):
+            row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM limits WHERE name = $1", name)
+        if row is None:
+            raise NotFound(f"limit named {name!r} not found")
+        return limit_from_row(row)
+
+    async def list_page(self, page_size: int = 0, page_token: str = "") -> LimitPage:
+        """Limits by name.
+
+        Raises:
+            InvalidArgument: `page_size` out of range or a `page_token` this server did not issue.
+        """
+        if not 0 <= page_size <= MAX_PAGE_SIZE:
+            raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
+        size = page_size or DEFAULT_PAGE_SIZE
+        after: str | None = None
+        if page_token:
+            position = pagetokens.decode(page_token, "limits", {})
+            if len(position) != 1 or not isinstance(position[0], str):
+                raise InvalidArgument("page_token", "not a token this server issued")
+            after = position[0]
+        async with asyncio.timeout(self._timeout):
+            rows = await self._pool.fetch(
+                f"""SELECT {_COLUMNS} FROM limits WHERE $1::text IS NULL OR name > $1
+                    ORDER BY name LIMIT $2""",
+                after,
+                size + 1,
+            )
+        limits = [limit_from_row(row) for row in rows[:size]]
+        token = pagetokens.encode("limits", {}, [limits[-1].name]) if len(rows) > size else ""
+        return LimitPage(limits, token)
+
+    async def update(self, limit_id: str, spec: LimitSpec, expected_version: int) -> Limit:
+        """Replace a limit's definition (its name stays) if it is still at `expected_version`.
+
+        Raises:
+            InvalidArgument: `limit_id` is not a UUID.
+            NotFound: no such limit.
+            Aborted: someone else changed it first (stale etag).
+        """
+        parsed = _limit_id(limit_id)
+        async with asyncio.timeout(self._timeout):
+            row = await self._pool.fetchrow(
+                f"""UPDATE limits SET kind = $3, "limit" = $4, period = $5, burst = $6, overrides = $7,
+                        version = version + 1, updated_at = now()
+                    WHERE id = $1 AND version = $2 RETURNING {_COLUMNS}""",
+                parsed,
+                expected_version,
+                spec.kind.value,
+                spec.limit,
+                spec.period,
+                spec.burst,
+                overrides_to_json(spec.overrides),
+            )
+        if row is None:
+            current = await self.get(limit_id)
+            raise Aborted(f"etag: limit changed meanwhile (now {current.etag}); read it again and retry")
+        return limit_from_row(row)
+
+    async def delete(self, limit_id: str, *, expected_version: int | None = None) -> Limit:
+        """Delete a limit no job uses; returns the row as it was.
+
+        Raises:
+            InvalidArgument: `limit_id` is not a UUID.
+            NotFound: no such limit.
+            Aborted: the limit is not at `expected_version` (a stale etag).
+            FailedPrecondition: jobs use it (the message names up to 10 of them).
+        """
+        parsed = _limit_id(limit_id)
+        async with asyncio.timeout(self._timeout), self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM limits WHERE id = $1 FOR UPDATE", parsed)
+            if row is None:
+                raise NotFound(f"limit {limit_id} not found")
+            current = limit_from_row(row)
+            if expected_version is not None and current.version != expected_version:
+                raise Aborted(f"etag: limit changed meanwhile (now {current.etag}); read it again and retry")
+            # A statement after the lock: it sees every job committed by a write that held the
+            # row FOR SHARE before us.
+            users = await conn.fetch(
+                """SELECT name FROM jobs
+                   WHERE limits <> '[]'::jsonb AND limits @> jsonb_build_array(jsonb_build_object('limit', $1::text))
+                   ORDER BY name LIMIT $2""",
+                current.name,
+                _NAMED_JOBS + 1,
+            )
+            if users:
+                names = ", ".join(user["name"] for user in users[:_NAMED_JOBS])
+                more = ", ..." if len(users) > _NAMED_JOBS else ""
+                raise FailedPrecondition(
+                    f"id: jobs use limit {current.name!r} ({names}{more}); remove it from them first"
+                )
+            await conn.execute("DELETE FROM limits WHERE id = $1", parsed)
+        return current
