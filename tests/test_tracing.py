@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from scheduler_client.v1 import executions_pb2, jobs_pb2
 
 from scheduler_grpc import tracing
+from scheduler_grpc.auth import Role
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.executions import Advance, Outcome, PlannedSlot
@@ -35,6 +36,7 @@ from scheduler_grpc.jobs import JobSpec, RetryPolicy, ScheduleKind
 from scheduler_grpc.worker import Worker
 from tests.engine_helpers import eventually, make_settings
 from tests.test_api_support import Harness, running_api
+from tests.test_console import _with_cookie, running_console
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -335,3 +337,28 @@ def test_inject_replaces_a_traceparent_the_job_set(exporter: InMemorySpanExporte
         tracing.inject(headers)
     span.end()
     assert headers == {"X-Other": "kept", "traceparent": tracing.traceparent(span)}
+
+
+async def test_the_console_execution_page_shows_the_run_trace_id(
+    redis_url: str, database_url: str, pool: asyncpg.Pool, exporter: InMemorySpanExporter
+) -> None:
+    async with running_console(redis_url, database_url, pool) as console:
+        control = console.server.api.control
+        job = await control.create_job(JobSpec(name="traced-page", handler="test.echo"))
+        traced = await control.trigger_execution(job.id)  # no worker: it stays queued
+        assert traced.trace_id is not None
+        tracing.uninstall()
+        untraced = await control.trigger_execution(job.id)
+        assert untraced.trace_id is None
+        token = await console.session_for("victor", Role.VIEWER)
+        async with console.client() as http:
+            _with_cookie(http, token)
+            async with http.get(f"/executions/{traced.id}") as page:
+                body = await page.text()
+            assert f'<p id="trace-id">trace <code>{traced.trace_id}</code></p>' in body
+            async with http.get(f"/executions/{untraced.id}") as page:
+                body = await page.text()
+            assert 'id="trace-id"' not in body
+    [span] = _by_name(exporter.get_finished_spans(), "run.trigger")
+    assert span.context is not None
+    assert f"{span.context.trace_id:032x}" == traced.trace_id
