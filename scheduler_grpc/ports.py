@@ -176,9 +176,14 @@ class FiringStore(Protocol):
     """
 
     async def fire_clocked(
-        self, term: int, advances: Sequence[Advance], slots: Sequence[PlannedSlot]
+        self,
+        term: int,
+        advances: Sequence[Advance],
+        slots: Sequence[PlannedSlot],
+        trace_contexts: Sequence[str | None] = (),
     ) -> tuple[list[Queued], datetime]:
-        """Record slots and advance their jobs under `term`; the runs to enqueue, and the database clock."""
+        """Record slots and advance their jobs under `term` (each run with its slot's trace context,
+        if any); the runs to enqueue, and the database clock."""
         ...
 
     async def open_run_ids(self, job_ids: Sequence[str], *, excluding: Sequence[str] = ()) -> list[str]:

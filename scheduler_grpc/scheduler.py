@@ -46,7 +46,7 @@ from datetime import datetime, timedelta
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import flowrun, metrics, stores
+from scheduler_grpc import flowrun, metrics, stores, tracing
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.db.executions import Advance, PlannedSlot, Queued
@@ -472,7 +472,42 @@ class LeaderLoops:
         return job.next_run_time - self._loop.fire_ahead if fires_ahead(job) else job.next_run_time
 
     async def _fire(self, term: Term, jobs: Sequence[Job], plan: Plan) -> None:
+        if tracing.enabled:
+            await self._fire_traced(term, jobs, plan)
+            return
         queued, fired_at = await self._firing.fire_clocked(term.token, plan.advances, plan.slots)
+        await self._dispatch_fired(term, jobs, plan, queued, fired_at)
+
+    async def _fire_traced(self, term: Term, jobs: Sequence[Job], plan: Plan) -> None:
+        """`_fire` with a `run.fire` span per slot to run, each the root of its run's trace: its
+        `traceparent` is recorded with the run, and the span ends once the run is enqueued."""
+        spans = {
+            index: tracing.start(
+                "run.fire",
+                attributes={
+                    "scheduler.job_id": slot.job_id,
+                    "scheduler.scheduled_for": slot.scheduled_for.isoformat(),
+                    "scheduler.term": term.token,
+                },
+            )
+            for index, slot in enumerate(plan.slots)
+            if slot.status is ExecutionStatus.QUEUED
+        }
+        contexts = [tracing.traceparent(spans[i]) if i in spans else None for i in range(len(plan.slots))]
+        try:
+            queued, fired_at = await self._firing.fire_clocked(term.token, plan.advances, plan.slots, contexts)
+            await self._dispatch_fired(term, jobs, plan, queued, fired_at)
+        except BaseException as exc:
+            for span in spans.values():
+                tracing.span_error(span, repr(exc))
+            raise
+        finally:
+            for span in spans.values():
+                span.end()
+
+    async def _dispatch_fired(
+        self, term: Term, jobs: Sequence[Job], plan: Plan, queued: Sequence[Queued], fired_at: datetime
+    ) -> None:
         fired = time.monotonic()
         # `replace`: the earlier runs are cancelled before the new ones can be claimed, so the two
         # overlap as little as possible (if this fails, reconcile enqueues the new runs later).

@@ -34,6 +34,7 @@ from scheduler_grpc import outputs, pagetokens
 from scheduler_grpc.db.leadership import Connection
 from scheduler_grpc.executions import DeadReason, Execution, ExecutionStatus, Trigger
 from scheduler_grpc.jobs import RetryPolicy
+from scheduler_grpc.tracing import trace_id_of
 
 # What a store runs its statements on: a pool (each call on a connection of its own) or the one
 # connection of a transaction (its stores use only `fetch`, `fetchrow`, `fetchval` and `execute`,
@@ -42,7 +43,7 @@ Queryable: TypeAlias = asyncpg.Pool | Connection
 
 COLUMNS = """e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.status, e.trigger, e.due_at, e.priority,
     e.created_at, e.worker_id, e.started_at, e.finished_at, e.error, e.result, e.term, e.missed_through,
-    e.missed_count"""
+    e.missed_count, e.trace_context"""
 
 # What the API reads of an execution: its columns plus its flow run (job dependencies), if any.
 FLOW_RUN = "(SELECT n.flow_run_id FROM flow_nodes n WHERE n.run_id = e.run_id) AS flow_run_id"
@@ -109,6 +110,7 @@ def execution_from_row(row: asyncpg.Record) -> Execution:
         missed_through=row.get("missed_through"),
         missed_count=row.get("missed_count"),
         flow_run_id=str(row["flow_run_id"]) if row.get("flow_run_id") is not None else None,
+        trace_id=trace_id_of(row.get("trace_context")),
     )
 
 
@@ -165,6 +167,7 @@ class TriggerRequest:
     job_id: str
     slot: datetime
     request_id: str | None = None
+    trace_context: str | None = None  # the `traceparent` of the span that asked for the run (tracing on)
 
 
 class TriggerOutcome(enum.Enum):
@@ -217,6 +220,8 @@ class Claim:
     trigger: Trigger = Trigger.SCHEDULE  # what created this attempt (a backfill's slot lies in the past)
     # In a flow run: each upstream job's result by job name (the handler's `upstream_results`).
     upstream_results: Mapping[str, Any] = field(default_factory=dict)
+    # The `traceparent` of the span that made the run (migration 0013); None when tracing was off.
+    trace_context: str | None = None
 
     @property
     def budget_attempt(self) -> int:

@@ -50,7 +50,11 @@ class FiringRepository:
         return queued
 
     async def fire_clocked(
-        self, term: int, advances: Sequence[Advance], slots: Sequence[PlannedSlot]
+        self,
+        term: int,
+        advances: Sequence[Advance],
+        slots: Sequence[PlannedSlot],
+        trace_contexts: Sequence[str | None] = (),
     ) -> tuple[list[Queued], datetime]:
         """Record planned slots and advance their jobs, atomically, under leader term `term`.
 
@@ -73,6 +77,9 @@ class FiringRepository:
             first; if we crash before enqueueing, reconcile finds them), and the database clock as
             the statement ended: a run due later is enqueued delayed by its due time less this
             clock, which was read before the enqueue whatever the offset of the Redis clock.
+
+        `trace_contexts`: the `traceparent` each slot's run is made under (tracing on), in the
+        order of `slots`; empty (tracing off): none.
 
         Raises:
             Fenced: `term` is no longer the current term; nothing was written.
@@ -105,18 +112,19 @@ class FiringRepository:
                                  AND p.scheduled_for < max(p.scheduled_for) FILTER (WHERE p.status = 'queued') OVER w
                             THEN 'skipped'
                             ELSE p.status END AS final_status
+                -- unnest pads a shorter array with NULLs: $12 is empty when tracing is off.
                 FROM unnest($6::uuid[], $7::timestamptz[], $8::text[], $9::timestamptz[], $10::timestamptz[],
-                            $11::integer[]) WITH ORDINALITY
-                     AS p(job_id, scheduled_for, status, due_at, missed_through, missed_count, n)
+                            $11::integer[], $12::text[]) WITH ORDINALITY
+                     AS p(job_id, scheduled_for, status, due_at, missed_through, missed_count, trace_context, n)
                 JOIN advanced a ON a.id = p.job_id
                 WINDOW w AS (PARTITION BY p.job_id)
             ), inserted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
                                             priority, term, finished_at, missed_through, missed_count,
-                                            {SNAPSHOT_COLUMNS})
+                                            trace_context, {SNAPSHOT_COLUMNS})
                 SELECT id, id, job_id, scheduled_for, 1, final_status, 'schedule', due_at, priority, $2,
                        CASE WHEN final_status = 'queued' THEN NULL ELSE now() END, missed_through, missed_count,
-                       {SNAPSHOT_COLUMNS}
+                       trace_context, {SNAPSHOT_COLUMNS}
                 FROM planned
                 ON CONFLICT DO NOTHING
                 RETURNING id, job_id, status, priority, due_at
@@ -140,6 +148,7 @@ class FiringRepository:
             [slot.due_at for slot in slots],
             [slot.missed_through for slot in slots],
             [slot.missed_count for slot in slots],
+            list(trace_contexts),
         )
         if not rows or rows[0]["fenced_in"] == 0:
             raise Fenced(f"leader term {term} is no longer current")
@@ -242,10 +251,11 @@ class FiringRepository:
         return await self._pool.fetch(
             f"""
             WITH r AS (
-                SELECT * FROM unnest($1::integer[], $2::uuid[], $3::uuid[], $4::timestamptz[], $5::text[])
-                    AS r(ord, id, job_id, slot, request_id)
+                -- $6 is empty (NULLs) when tracing is off.
+                SELECT * FROM unnest($1::integer[], $2::uuid[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[])
+                    AS r(ord, id, job_id, slot, request_id, trace_context)
             ), eligible AS (
-                SELECT r.id, r.job_id, r.slot, r.request_id, j.priority, {snapshot("j")}
+                SELECT r.id, r.job_id, r.slot, r.request_id, r.trace_context, j.priority, {snapshot("j")}
                 FROM r JOIN jobs j ON j.id = r.job_id
                 WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
                     SELECT 1 FROM (
@@ -256,8 +266,9 @@ class FiringRepository:
                 )
             ), inserted AS (
                 INSERT INTO job_executions AS e (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                                 priority, request_id, {SNAPSHOT_COLUMNS})
-                SELECT id, id, job_id, slot, 1, 'queued', 'manual', now(), priority, request_id, {SNAPSHOT_COLUMNS}
+                                                 priority, request_id, trace_context, {SNAPSHOT_COLUMNS})
+                SELECT id, id, job_id, slot, 1, 'queued', 'manual', now(), priority, request_id, trace_context,
+                       {SNAPSHOT_COLUMNS}
                 FROM eligible
                 ON CONFLICT DO NOTHING
                 RETURNING {COLUMNS}, e.handler, e.queue, e.payload
@@ -276,4 +287,5 @@ class FiringRepository:
             [uuid.UUID(request.job_id) for request in requests],
             [request.slot for request in requests],
             [request.request_id for request in requests],
+            [request.trace_context for request in requests] if any(r.trace_context for r in requests) else [],
         )

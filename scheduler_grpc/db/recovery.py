@@ -193,9 +193,9 @@ class RecoveryRepository:
                 WHERE x.status IN ('dead', 'failed', 'timed_out', 'abandoned', 'cancelled')
             )
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
-                                        {SNAPSHOT_COLUMNS})
+                                        trace_context, {SNAPSHOT_COLUMNS})
             SELECT uuid_v7(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'queued', 'dlq_requeue',
-                   l.priority, {snapshot_of_run("l")}
+                   l.priority, l.trace_context, {snapshot_of_run("l")}
             FROM latest l JOIN jobs j ON j.id = l.job_id
             ON CONFLICT DO NOTHING  -- a concurrent requeue of the same run added that attempt first
             RETURNING run_id, job_id, priority, due_at, handler, queue, payload

@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from scheduler_grpc import metrics, stores
+from scheduler_grpc import metrics, stores, tracing
 from scheduler_grpc.db.executions import REFUSED_ERROR, Claim, Completed
 from scheduler_grpc.events import EventType
 from scheduler_grpc.executions import DeadReason, ExecutionStatus, Trigger
@@ -225,6 +225,7 @@ class Claimer:
         wanted = await self._defer_blocked(runs, fetched)
         if not wanted:
             return
+        began = time.time_ns() if tracing.enabled else 0
         claims, replied = await self._claim(wanted, fetched)
         by_run = {claim.run_id: claim for claim in claims}
         claimed: list[Attempt] = []
@@ -236,6 +237,8 @@ class Claimer:
             else:
                 run.claim = claim
                 claimed.append(run)
+        if began:
+            _trace_claims(claimed, began, self._shared.id)
         self._executor.start(claimed, replied)
         self._shared.stats.claimed += len(claimed)
         if nothing_to_do:  # finished meanwhile, or its job was deleted
@@ -291,6 +294,23 @@ class Claimer:
             await give_back_runs(shared, runs, fetched)
             raise
         return claims, replied
+
+
+def _trace_claims(claimed: Sequence[Attempt], began: int, worker_id: str) -> None:
+    """A `run.claim` span per claimed run that has a trace (a child of the span that made it),
+    over the batch's claim statement."""
+    for run in claimed:
+        claim = run.claim
+        if claim.trace_context is None:
+            continue
+        tracing.start(
+            "run.claim",
+            parent=tracing.parent(claim.trace_context),
+            start_time=began,
+            attributes={"scheduler.run_id": claim.run_id, "scheduler.execution_id": claim.execution_id,
+                        "scheduler.attempt": claim.attempt, "scheduler.worker_id": worker_id,
+                        "scheduler.claim_batch": len(claimed), "scheduler.reserved": run.reserved},
+        ).end()  # fmt: skip
 
 
 class Completer:
