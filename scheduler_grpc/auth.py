@@ -485,13 +485,15 @@ class Authenticator:
             await self._users.set_password_hash(user.id, rehash)
             verified.add(rehash)
         session = await self.open_session(user)
-        return await self._settle(session, user, verified)
+        return await self._settle(session, user, verified, password)
 
-    async def _settle(self, session: Session, user: User, verified: set[str]) -> Session:
+    async def _settle(self, session: Session, user: User, verified: set[str], password: str) -> Session:
         """`session` as the user now stands, read again once the session is in the user's index.
 
         A change made while the password was being checked re-scoped the sessions indexed before it
-        (not this one, maybe): a change that came later than that read is seen here and applied.
+        (not this one, maybe): a change that came later than that read is seen here and applied. A
+        new hash of the same password (another server writing the admin's password at start-up, with
+        its own salt) is not a reset: the password checked is still the user's.
 
         Raises:
             Unauthenticated: the user was meanwhile disabled or deleted, or its password reset.
@@ -500,6 +502,12 @@ class Authenticator:
         if fresh is not None and fresh.version == user.version:
             return session
         digest = hash_token(session.token)
+        if (
+            fresh is not None
+            and fresh.password_hash not in verified
+            and await self._verify(fresh.password_hash, password)
+        ):
+            verified.add(fresh.password_hash)
         if fresh is None or fresh.disabled or fresh.password_hash not in verified:
             async with asyncio.timeout(self._timeout):
                 await self._redis.delete(self._keys.session(digest))

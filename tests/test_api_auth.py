@@ -18,9 +18,9 @@ from redis.asyncio import Redis
 from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, limits_pb2, queue_pb2, users_pb2
 
 from scheduler_grpc import auth
-from scheduler_grpc.auth import METHOD_ROLES, PUBLIC, Authenticator, Role
+from scheduler_grpc.auth import METHOD_ROLES, PUBLIC, Authenticator, Role, Session
 from scheduler_grpc.db.api_keys import ApiKeyRepository
-from scheduler_grpc.db.users import UserRepository
+from scheduler_grpc.db.users import User, UserRepository
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.keys import AuthKeys
 from tests.engine_helpers import eventually
@@ -400,3 +400,24 @@ def test_admin_password_policy(password: str | None, production: bool, loopback:
             auth.admin_password(password, production=production, loopback=loopback)
     else:
         assert auth.admin_password(password, production=production, loopback=loopback) == expected
+
+
+async def test_a_login_survives_another_server_rehashing_the_same_password_meanwhile(
+    api: Harness,  # noqa: F811
+) -> None:
+    """Two servers starting at once both write the admin's password (the same one, each with its own
+    salt). A login checked against the first hash while the second lands is still the right password:
+    it gets its session (a reset to another password meanwhile still ends it, see test_api_users)."""
+    here = wide_admission(api)
+    other = cached_authenticator(api, timedelta(seconds=1))
+    await other.ensure_admin("admin", "first-password-1")
+    opened = here.open_session
+
+    async def rehashed_meanwhile(user: User) -> Session:
+        await other._users.upsert("admin", await other.hash_password("first-password-1"), Role.ADMIN.value)
+        return await opened(user)
+
+    here.open_session = rehashed_meanwhile  # type: ignore[method-assign]
+    session = await here.login("admin", "first-password-1", "ipv4:198.51.100.9:1")
+    assert session.role is Role.ADMIN
+    assert (await here.authenticate(session.token)).role is Role.ADMIN

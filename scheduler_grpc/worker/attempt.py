@@ -27,7 +27,7 @@ class Attempt(Run):
     slot or a deadline; `started_at` is then its real start (database clock).
     """
 
-    __slots__ = ("claim", "deadline", "due", "lease", "outcome", "seconds", "span", "started_at", "task", "waiter")
+    __slots__ = ("claim", "deadline", "due", "lease", "outcome", "seconds", "started_at", "task", "waiter")
     claim: Claim  # set when claimed (state HELD or RUNNING on)
 
     def __init__(self, lease: Lease) -> None:
@@ -46,7 +46,6 @@ class Attempt(Run):
         self.due = 0.0
         self.started_at: datetime | None = None
         self.waiter: asyncio.Future[None] | None = None  # a STARTING run's wait for a slot
-        self.span: Any = None  # its `run.attempt` span while it runs (tracing on, and the run has a trace)
 
     def end_with(
         self, status: ExecutionStatus, error: str | None = None, result: Any = None, dead: DeadReason | None = None

@@ -130,7 +130,7 @@ class Executor:
         if claim.trace_context is None:
             await self._execute(run)
             return
-        span = run.span = tracing.start(
+        span = tracing.start(
             "run.attempt",
             parent=tracing.parent(claim.trace_context),
             kind="CONSUMER",
@@ -143,7 +143,7 @@ class Executor:
         )  # fmt: skip
         try:
             with tracing.current(span):
-                await self._execute(run)
+                await self._execute(run, traced=True)
             if run.outcome is not None:
                 span.set_attribute("scheduler.status", run.outcome.status.value)
                 if failed(run.outcome):
@@ -154,8 +154,9 @@ class Executor:
         finally:
             span.end()
 
-    async def _execute(self, run: Attempt) -> None:
-        """A started run: its handler under its breaker; its outcome to the completion stage."""
+    async def _execute(self, run: Attempt, *, traced: bool = False) -> None:
+        """A started run: its handler under its breaker (with its span when `traced`); its outcome to
+        the completion stage."""
         shared, claim = self._shared, run.claim
         try:
             handler = self._registry.get(claim.handler)
@@ -171,7 +172,7 @@ class Executor:
         except SchedulerError as exc:  # unknown handler (plugin removed): a permanent failure
             outcome = run.end_with(ExecutionStatus.DEAD, error=str(exc), dead=DeadReason.PERMANENT)
         else:
-            if run.span is None:
+            if not traced:
                 outcome = await run_handler(run, handler, self._context(run))
             else:
                 outcome = await run_handler_traced(run, handler, self._context(run))
