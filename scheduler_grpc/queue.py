@@ -225,8 +225,8 @@ class KeyState:
         running: Concurrency units held by leased runs (0 for a rate limit).
         queued: Runs waiting in groups that contain this key (ready or parked; not delayed ones).
         next_admission: When the key admits one unit by its rate and pause (the read time when it
-            would now); None when a concurrency limit is full (it waits for a unit to come back)
-            or the limit has no definition in this queue.
+            would now); None when a concurrency limit is full (it waits for a unit to come back),
+            the key is paused until resumed, or the limit has no definition in this queue.
         paused_until: The end of a pause (`pause_key`, back-pressure); None when not paused.
     """
 
@@ -1094,7 +1094,7 @@ class Queue:
         return KeyState(
             running=running,
             queued=queued,
-            next_admission=None if next_ms < 0 else _from_ms(min(next_ms, _FOREVER_MS - 1)),
+            next_admission=None if next_ms < 0 or next_ms >= _FOREVER_MS else _from_ms(next_ms),
             paused_until=None if paused_ms < 0 or paused_ms >= _FOREVER_MS else _from_ms(paused_ms),
         )
 
