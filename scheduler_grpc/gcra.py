@@ -16,6 +16,11 @@ milliseconds plus a remainder in 1/limit-ms steps (`tat_ms * limit + rem`), so `
 steps and nothing is rounded. Only the distance of the TAT from `now` is ever multiplied (at most
 `(burst + 1) * period_ms`), so every value stays exact in Lua's doubles.
 
+Requests are seen on the Redis clock's millisecond ticks. When `T` is not a whole number of
+milliseconds and the burst is 0, a backlogged caller that comes back on the tick after its retry
+time finds the TAT passed and starts from `now`: the rate then errs low (by under a millisecond per
+unit), never high.
+
 A request larger than the whole tolerance (`n > burst + 1`) could never pass the test above; it is
 admitted when the key is idle (`TAT <= now`) instead, and pushes the TAT by its full cost, so the
 long-run rate still holds and such a run never blocks its key for ever. The same holds for a

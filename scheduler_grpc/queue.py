@@ -1,7 +1,9 @@
 """The reliable priority queue: Redis sorted sets moved between by one Lua script per operation.
 
-An item is an id (an execution UUID later), a priority and an opaque payload. It is in exactly one
-of four sorted sets of its queue (all keys share the hash tag `{q:<name>}`, see `QueueKeys`):
+An item is an id (an execution UUID later), a priority, an opaque payload and, optionally, limit
+keys. It is in exactly one of four sorted sets of its queue (all keys share the hash tag
+`{q:<name>}`, see `QueueKeys`), except that an item with limit keys waits in its group's backlog
+where another would wait in ready (see "Keyed flow control" below):
 
 - ready: waiting to run, scored `(PRIORITY_MAX - priority) * 2**42 + seq`, so the lowest score is the
   most urgent item and, within a priority, the earliest to become ready. `seq` comes from `INCR`, so
@@ -33,6 +35,31 @@ that every script making work ready sets (BullMQ's marker pattern), so an enqueu
 at once and the marker persists until consumed, which rules out a lost wake-up. An empty dequeue
 says when the earliest delayed item is due, and the wait ends then; an enqueue of a delayed item
 that becomes the earliest sets the marker too, so a waiter learns the new time.
+
+Keyed flow control (limits). An item may carry limit keys (`NewItem.limits`: `LimitKey(limit, key,
+units)`), resolved by the caller; the definitions (`LimitDefinition`: a concurrency cap per key, or
+a GCRA rate per key with a burst, see `gcra.py`; per-key overrides) live in the queue's `limdef`
+hash, written by `put_limit_definitions` or along with an `enqueue_many`. Limit state is per queue,
+under its hash tag: jobs on two queues that name the same limit and key are counted separately. An
+item with limit keys never enters ready: whenever it would (enqueue, promote, nack, hand-back,
+recover, requeue), it joins its *group*'s backlog, the group being the canonical string of its
+sorted limit keys (`gcra.encode_group`), ordered by the same ready score (priority, then FIFO). A
+dequeue serves the active groups round-robin, merged with ready by ready score, and leases a
+group's best run only when every key admits its units: a concurrency key while the units held
+leave room (a run asking for more than the limit runs when its key holds none), a rate key by
+GCRA, a paused key never. Taking the units is part of the lease script. A group found blocked is
+parked (on the key for a concurrency unit, a pause or a missing definition; in the `gdelay` set
+until the exact GCRA retry time or the pause's end), `gblock` recording why and since when
+(`blocked_by`). So a key with a huge backlog delays no other key, and the work per dequeue grows
+with the groups that have room (at most `count + 8` group turns per call), never with the parked
+ones; an empty dequeue's wait accounts for the earliest parked group's time. Concurrency units are
+held exactly while the lease is: every script that ends a lease (ack, finish, nack, recover,
+dead_letter) gives them back through the run's `holds` record, deleted on return, so a resent or
+late return gives nothing back twice, and a returned unit wakes the groups parked on its key.
+`pause_key`/`resume_key` pause a key by hand; `nack(retry_after=)` pauses the run's keys and hands
+the run back without counting the delivery. `key_state` reads a key. In a queue where no item
+carries limit keys, every item takes exactly the path above, and each script call pays one EXISTS
+more (whether any item does), not a lookup per item.
 
 The queue knows nothing of gRPC or PostgreSQL; the scheduler records what `recover_expired`,
 `dead_letter`, `requeue_dead` and `purge_dead` report.

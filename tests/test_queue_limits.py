@@ -349,3 +349,23 @@ async def test_parked_groups_cost_nothing_and_blocked_ones_are_bounded_per_deque
     assert await redis.zcard(queue.keys.kpark) == 200
     assert await queue.resume_key("gate", "shared") == 200
     assert len(await queue.dequeue("w", VT, 1000)) == 200
+
+
+async def test_a_queue_without_limits_pays_one_check_per_call_not_per_item(redis: aioredis.Redis) -> None:
+    queue = Queue(redis)
+    await queue.enqueue_many([NewItem(f"i{n}") for n in range(50)])
+
+    async def calls() -> dict[str, int]:
+        stats = await redis.info("commandstats")
+        return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+
+    before = await calls()
+    leases = await queue.dequeue("w", VT, 50)
+    assert len(leases) == 50
+    assert all(await queue.finish_many(acks=leases[:25], retries=[(lease, timedelta(0)) for lease in leases[25:]]))
+    after = await calls()
+    delta = {name: count - before.get(name, 0) for name, count in after.items() if count != before.get(name)}
+    assert delta.get("exists") == 2  # one per script call
+    assert "hexists" not in delta
+    # As before limits: a lease reads data and priority, a finish the token, a retry its priority.
+    assert delta.get("hget", 0) == 50 * 2 + 50 + 25

@@ -11,6 +11,16 @@
 -- cannot hold one; the queue refuses it) and a group string no control character (JSON escapes
 -- them), so those separators and the '\1' range ends are unambiguous.
 
+-- Whether any item of the queue carries limit keys, read once per script call: a queue without
+-- limits pays this one EXISTS per call, not a lookup per item.
+local limits_seen
+local function any_limits()
+  if limits_seen == nil then
+    limits_seen = redis.call('EXISTS', lims_key) == 1
+  end
+  return limits_seen
+end
+
 local function pad16(digits)
   return string.rep('0', 16 - #digits) .. digits
 end
@@ -70,7 +80,7 @@ end
 -- Make a waiting item ready with its priority: into ready, or into its group when it has limits.
 -- Returns true when a worker should wake for it.
 local function make_ready(id, priority)
-  local group = redis.call('HGET', lims_key, id)
+  local group = any_limits() and redis.call('HGET', lims_key, id)
   if group then
     return group_add(id, group, ready_score(priority))
   end
@@ -153,6 +163,11 @@ local function group_remove(id)
     drop_group(group)
   end
   return true
+end
+
+-- Whether the item carries limit keys (one EXISTS per call when none does).
+local function has_limits(id)
+  return any_limits() and redis.call('HEXISTS', lims_key, id) == 1
 end
 
 -- Give back the concurrency units a run holds (its holds record, deleted here: a second call finds

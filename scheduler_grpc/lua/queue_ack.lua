@@ -27,7 +27,7 @@ for i = 1, #ARGV, 2 do
     redis.call('HDEL', deliveries_key, id)
     redis.call('HDEL', lease_key, id)
     redis.call('HDEL', owner_key, id)
-    if redis.call('HDEL', lims_key, id) == 1 and return_units(id) then
+    if any_limits() and redis.call('HDEL', lims_key, id) == 1 and return_units(id) then
       woke = true
     end
     out[#out + 1] = 1

@@ -26,11 +26,11 @@ if ARGV[2] ~= '' then
   redis.call('ZREM', processing_key, id)
   redis.call('HDEL', lease_key, id)
   redis.call('HDEL', owner_key, id)
-  if redis.call('HEXISTS', lims_key, id) == 1 and return_units(id) then
+  if has_limits(id) and return_units(id) then
     redis.call('ZADD', marker_key, 0, 'ready')
   end
 elseif redis.call('ZREM', ready_key, id) == 0 and redis.call('ZREM', delayed_key, id) == 0
-    and not group_remove(id) then
+    and not (any_limits() and group_remove(id)) then
   return 0
 else
   redis.call('SREM', solo_key, id)  -- a waiting item may be solo; a parked one is not

@@ -83,7 +83,7 @@ if #earliest > 0 then
 end
 
 -- Whether any item carries limit keys: the one check the queue without limits pays.
-local limited = redis.call('EXISTS', lims_key) == 1
+local limited = any_limits()
 local grouped = false
 if limited then
   if not t then

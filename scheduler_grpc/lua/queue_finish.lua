@@ -42,9 +42,9 @@ for i = 1, #ARGV, 4 do
       redis.call('HDEL', priority_key, id)
       redis.call('HDEL', data_key, id)
       redis.call('HDEL', deliveries_key, id)
-      limited = redis.call('HDEL', lims_key, id) == 1
+      limited = any_limits() and redis.call('HDEL', lims_key, id) == 1
     else
-      limited = redis.call('HEXISTS', lims_key, id) == 1
+      limited = has_limits(id)
     end
     if limited and return_units(id) then
       made_ready = true

@@ -52,7 +52,7 @@ for i = 5, #ARGV, 2 do
     if solo then
       redis.call('SADD', solo_key, id)
     end
-    local group = redis.call('HGET', lims_key, id)
+    local group = any_limits() and redis.call('HGET', lims_key, id)
     local wait = delay
     if group then
       if pause > 0 then

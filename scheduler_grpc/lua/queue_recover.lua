@@ -44,7 +44,7 @@ for _, id in ipairs(expired) do
   -- is parked (its last two deliveries alone on a worker, see above) instead of circulating.
   local deliveries = tonumber(redis.call('HGET', deliveries_key, id) or '0')
   local solo = string.sub(token, -1) == 's'
-  if redis.call('HEXISTS', lims_key, id) == 1 and return_units(id) then
+  if has_limits(id) and return_units(id) then
     woke = true
   end
   if max_deliveries <= 1 or (solo and deliveries > max_deliveries) then

@@ -18,13 +18,14 @@ local ready_key, delayed_key, priority_key, data_key, deliveries_key, solo_key, 
 
 local out = {}
 for i, id in ipairs(ARGV) do
-  if redis.call('ZREM', ready_key, id) == 1 or redis.call('ZREM', delayed_key, id) == 1 or group_remove(id) then
+  if redis.call('ZREM', ready_key, id) == 1 or redis.call('ZREM', delayed_key, id) == 1
+      or (any_limits() and group_remove(id)) then
     redis.call('HDEL', priority_key, id)
     redis.call('HDEL', data_key, id)
     redis.call('HDEL', deliveries_key, id)
     redis.call('SREM', solo_key, id)
-    redis.call('HDEL', lims_key, id)
-    if return_units(id) then  -- none in normal operation: a waiting item holds nothing
+    -- (return_units finds nothing in normal operation: a waiting item holds no units)
+    if any_limits() and redis.call('HDEL', lims_key, id) == 1 and return_units(id) then
       redis.call('ZADD', marker_key, 0, 'ready')
     end
     out[i] = 1
