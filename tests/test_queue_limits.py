@@ -369,3 +369,102 @@ async def test_a_queue_without_limits_pays_one_check_per_call_not_per_item(redis
     assert "hexists" not in delta
     # As before limits: a lease reads data and priority, a finish the token, a retry its priority.
     assert delta.get("hget", 0) == 50 * 2 + 50 + 25
+
+
+async def test_caps_hold_and_nothing_sticks_under_mixed_returns(redis: aioredis.Redis) -> None:
+    # Runs of 2 keys each (a customer cap of 1 and a host cap of 2), some asking 2 host units,
+    # returned by every path at random: caps never exceed, nothing waits for ever, nothing leaks.
+    queue = Queue(redis, max_stalls=100)
+    await queue.put_limit_definitions(
+        [LimitDefinition("cust", "concurrency", 1), LimitDefinition("host", "concurrency", 2)]
+    )
+    rng = random.Random(22)
+    items = [
+        NewItem(
+            f"r{n}",
+            rng.randint(-1, 1),
+            limits=(
+                LimitKey("cust", str(rng.randrange(15))),
+                LimitKey("host", f"h{rng.randrange(3)}", rng.choice((1, 2))),
+            ),
+        )
+        for n in range(200)
+    ]
+    spec = {i.id: i.limits for i in items}
+    await queue.enqueue_many(items)
+    usage: dict[tuple[str, str], int] = {}
+    caps = {"cust": 1, "host": 2}
+    violations: list[str] = []
+    done: set[str] = set()
+
+    def take(item_id: str, sign: int) -> None:
+        for limit in spec[item_id]:
+            slot = (limit.limit, limit.key)
+            usage[slot] = usage.get(slot, 0) + sign * limit.units
+            # A run asking more units than the cap runs alone on its key.
+            if sign > 0 and usage[slot] > max(caps[limit.limit], limit.units):
+                violations.append(f"{slot} at {usage[slot]}")
+
+    async def consumer(name: str) -> None:
+        idle = 0
+        while len(done) < len(items) and idle < 3000:
+            leases = await queue.dequeue(name, VT, 4)
+            if not leases:
+                idle += 1
+                await asyncio.sleep(0)
+                continue
+            idle = 0
+            for lease in leases:
+                take(lease.id, +1)
+            await asyncio.sleep(0)
+            for lease in leases:
+                take(lease.id, -1)
+                roll = rng.random()
+                if roll < 0.6:
+                    assert await queue.ack(lease.id, lease.token)
+                    done.add(lease.id)
+                elif roll < 0.75:
+                    assert await queue.nack(lease.id, lease.token)
+                elif roll < 0.85:
+                    assert (await queue.finish_many(retries=[(lease, timedelta(0))]))[0]
+                elif roll < 0.92:
+                    assert await queue.nack(lease.id, lease.token, retry_after=timedelta(milliseconds=5))
+                else:
+                    assert await queue.dead_letter(lease.id, lease.token, "x")
+                    assert await queue.requeue_dead([lease.id]) == [lease.id]
+
+    await asyncio.gather(*(consumer(f"w{n}") for n in range(4)))
+    assert violations == []
+    assert done == set(spec), f"stuck: {sorted(set(spec) - done)[:5]}"
+    for key in ("held", "holds", "lims", "gwait", "gmem", "gactive", "gdelay", "gblock", "kpark", "kqueued"):
+        assert await redis.exists(getattr(queue.keys, key)) == 0, key
+
+
+async def test_a_freed_unit_is_not_left_with_groups_asleep_on_it(redis: aioredis.Redis) -> None:
+    # A returned unit wakes one group parked on its key; when that group turns out blocked by
+    # another key, it passes the wake-up on, so the next group parked on the freed key runs.
+    queue = Queue(redis)
+    await queue.put_limit_definitions(
+        [LimitDefinition("a_host", "concurrency", 1), LimitDefinition("b_cust", "concurrency", 1)]
+    )
+    await queue.enqueue_many(
+        [item("p1", ("a_host", "h"), ("b_cust", "a")), item("p2", ("a_host", "g2"), ("b_cust", "b"))]
+    )
+    p1, p2 = await queue.dequeue("w", VT, 2)
+    assert (p1.id, p2.id) == ("p1", "p2")
+    await queue.enqueue_many(
+        [
+            item("g1", ("a_host", "g"), ("b_cust", "a")),  # parks on b_cust a
+            item("g2", ("a_host", "h"), ("b_cust", "b")),  # parks on a_host h (its first blocked key)
+            item("g3", ("a_host", "h"), ("b_cust", "c")),  # parks on a_host h, behind g2
+        ]
+    )
+    assert await queue.dequeue("w", VT, 10) == []
+    assert {run: block.key for run, block in (await queue.blocked_by(["g1", "g2", "g3"])).items()} == {
+        "g1": "a",
+        "g2": "h",
+        "g3": "h",
+    }
+    assert await queue.ack(p1.id, p1.token)  # frees a_host h and b_cust a
+    assert {lease.id for lease in await queue.dequeue("w", VT, 10)} == {"g1", "g3"}
+    assert (await queue.blocked_by(["g2"]))["g2"].key == "b"  # waits for p2 now
