@@ -468,3 +468,18 @@ async def test_a_freed_unit_is_not_left_with_groups_asleep_on_it(redis: aioredis
     assert await queue.ack(p1.id, p1.token)  # frees a_host h and b_cust a
     assert {lease.id for lease in await queue.dequeue("w", VT, 10)} == {"g1", "g3"}
     assert (await queue.blocked_by(["g2"]))["g2"].key == "b"  # waits for p2 now
+
+
+async def test_rate_state_of_keys_no_longer_used_is_dropped(redis: aioredis.Redis, deadline: Deadline) -> None:
+    queue = Queue(redis)
+    await queue.put_limit_definitions([LimitDefinition("api", "rate", 1000, timedelta(seconds=1))])
+    await queue.enqueue_many([item("old", ("api", "old"))])
+    assert len(await queue.dequeue("w", VT, 1)) == 1
+    tat = int(await redis.zscore(queue.keys.tat, lk("api", "old")) or 0)
+    until = deadline(5)
+    while await redis_ms(redis) <= tat:
+        assert time.monotonic() < until
+        await asyncio.sleep(0.001)
+    await queue.enqueue_many([item("new", ("api", "new"))])
+    assert len(await queue.dequeue("w", VT, 1)) == 1
+    assert await redis.zrange(queue.keys.tat, 0, -1) == [lk("api", "new").encode()]

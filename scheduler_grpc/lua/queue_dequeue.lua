@@ -145,6 +145,7 @@ end
 -- a limit of 0 > 'c' concurrency > 'r' rate, the latest retry among rates), plus the concurrency
 -- keys that had room.
 local RANK = {p = 4, u = 3, c = 2, r = 1}
+local tats_pruned = false
 local function admit(id, group)
   local block
   local function refuse(kind, e, until_ms)
@@ -202,6 +203,14 @@ local function admit(id, group)
   end
   if #holds > 0 then
     redis.call('HSET', holds_key, id, cjson.encode(holds))
+  end
+  if #rates > 0 and not tats_pruned then
+    -- A TAT in the past is the same as none: drop a few, so keys no longer used cost no memory.
+    tats_pruned = true
+    for _, stale in ipairs(redis.call('ZRANGE', tat_key, '-inf', string.format('(%.0f', now), 'BYSCORE', 'LIMIT', 0, 4)) do
+      redis.call('ZREM', tat_key, stale)
+      redis.call('HDEL', tatrem_key, stale)
+    end
   end
   for _, r in ipairs(rates) do
     redis.call('ZADD', tat_key, string.format('%.0f', r[2]), r[1])

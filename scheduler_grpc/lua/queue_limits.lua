@@ -60,6 +60,11 @@ elseif op == 'undefine' then
 elseif op == 'pause' then
   local ms = tonumber(ARGV[4])
   local until_ms = ms < 0 and 4503599627370496 or now + ms
+  -- Ended pauses are dropped when a run meets them; drop a few others here, so keys paused once
+  -- and never used again cost no memory.
+  for _, stale in ipairs(redis.call('ZRANGE', kpause_key, '-inf', string.format('%.0f', now), 'BYSCORE', 'LIMIT', 0, 4)) do
+    redis.call('ZREM', kpause_key, stale)
+  end
   redis.call('ZADD', kpause_key, string.format('%.0f', until_ms), lk_of(ARGV[2], ARGV[3]))
   return until_ms
 elseif op == 'resume' then
