@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import redis.asyncio as aioredis
 
-from scheduler_grpc.queue import ItemState, Lease, LimitDefinition, LimitKey, NewItem, Queue
+from scheduler_grpc.queue import SEQ_SPAN, ItemState, Lease, LimitDefinition, LimitKey, NewItem, Queue
 
 VT = timedelta(seconds=30)
 Deadline = Callable[[float], float]
@@ -483,3 +483,12 @@ async def test_rate_state_of_keys_no_longer_used_is_dropped(redis: aioredis.Redi
     await queue.enqueue_many([item("new", ("api", "new"))])
     assert len(await queue.dequeue("w", VT, 1)) == 1
     assert await redis.zrange(queue.keys.tat, 0, -1) == [lk("api", "new").encode()]
+
+
+async def test_the_sequence_restarts_only_when_no_group_waits_either(redis: aioredis.Redis) -> None:
+    queue = Queue(redis)
+    await queue.put_limit_definitions([LimitDefinition("cust", "concurrency", 100)])
+    await redis.set(queue.keys.seq, SEQ_SPAN // 2 - 1)  # the next but one passes the restart point
+    await queue.enqueue_many([item("first", ("cust", "k"))])
+    await queue.enqueue_many([item("second", ("cust", "k"))])  # ready is empty, the group is not
+    assert [lease.id for lease in await queue.dequeue("w", VT, 2)] == ["first", "second"]
