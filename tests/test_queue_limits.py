@@ -492,3 +492,29 @@ async def test_the_sequence_restarts_only_when_no_group_waits_either(redis: aior
     await queue.enqueue_many([item("first", ("cust", "k"))])
     await queue.enqueue_many([item("second", ("cust", "k"))])  # ready is empty, the group is not
     assert [lease.id for lease in await queue.dequeue("w", VT, 2)] == ["first", "second"]
+
+
+async def test_a_rate_drains_a_backlog_at_the_rate_and_no_second_exceeds_it_plus_the_burst(
+    redis: aioredis.Redis,
+) -> None:
+    # The acceptance row, scaled down: 100/s with burst 10 over 300 runs, two consumers.
+    queue = Queue(redis)
+    await queue.put_limit_definitions([LimitDefinition("api", "rate", 100, timedelta(seconds=1), burst=10)])
+    await queue.enqueue_many([item(f"r{n}", ("api", "host")) for n in range(300)])
+    starts: list[int] = []
+    vt_ms = int(VT.total_seconds() * 1000)
+
+    async def consumer(name: str) -> None:
+        while len(starts) < 300:
+            leases = await queue.dequeue_blocking(name, VT, 20, timedelta(seconds=1))
+            starts.extend(round(lease.deadline.timestamp() * 1000) - vt_ms for lease in leases)
+            if leases:
+                assert all(await queue.ack_many(leases))
+
+    await asyncio.wait_for(asyncio.gather(consumer("w1"), consumer("w2")), timeout=30)
+    starts.sort()
+    fullest = max(sum(1 for other in starts[i:] if other < start + 1000) for i, start in enumerate(starts))
+    rate = (len(starts) - 11) / ((starts[-1] - starts[0]) / 1000)
+    print(f"drained at {rate:.1f}/s, fullest second {fullest} starts")
+    assert fullest <= 110
+    assert 85 <= rate <= 100.5, rate
