@@ -88,14 +88,15 @@ local function make_ready(id, priority)
   return true
 end
 
--- The best waiting item of a group: member, id, ready score; nil when the group is empty.
+-- The best waiting item of a group: member, id, ready score, and whether another waits behind it;
+-- nil when the group is empty.
 local function group_head(group)
-  local head = redis.call('ZRANGE', gwait_key, '[' .. group .. '\0', '(' .. group .. '\1', 'BYLEX', 'LIMIT', 0, 1)
+  local head = redis.call('ZRANGE', gwait_key, '[' .. group .. '\0', '(' .. group .. '\1', 'BYLEX', 'LIMIT', 0, 2)
   if #head == 0 then
     return nil
   end
   local member = head[1]
-  return member, string.sub(member, #group + 19), tonumber(string.sub(member, #group + 2, #group + 17))
+  return member, string.sub(member, #group + 19), tonumber(string.sub(member, #group + 2, #group + 17)), #head > 1
 end
 
 -- Unpark a group (it stays "woken" in gblock, keeping why and since when it waited, until a run of
@@ -118,8 +119,20 @@ local function wake(group)
   return true
 end
 
+-- Whether any group is parked on a key, read once per script call (parking in this call sets it).
+local parked_seen
+local function any_parked()
+  if parked_seen == nil then
+    parked_seen = redis.call('EXISTS', kpark_key) == 1
+  end
+  return parked_seen
+end
+
 -- Wake up to `most` groups parked on a key, longest parked first. Returns how many woke.
 local function wake_key(lk, most)
+  if not any_parked() then
+    return 0
+  end
   local parked = redis.call('ZRANGE', kpark_key, '[' .. lk .. '\0', '(' .. lk .. '\1', 'BYLEX', 'LIMIT', 0, most)
   for _, member in ipairs(parked) do
     redis.call('ZREM', kpark_key, member)

@@ -145,6 +145,19 @@ end
 -- a limit of 0 > 'c' concurrency > 'r' rate, the latest retry among rates), plus the concurrency
 -- keys that had room.
 local RANK = {p = 4, u = 3, c = 2, r = 1}
+local paused_seen, blocked_seen
+local function any_blocked()
+  if blocked_seen == nil then
+    blocked_seen = redis.call('EXISTS', gblock_key) == 1
+  end
+  return blocked_seen
+end
+local function any_paused()
+  if paused_seen == nil then
+    paused_seen = redis.call('EXISTS', kpause_key) == 1
+  end
+  return paused_seen
+end
 local tats_pruned = false
 local function admit(id, group)
   local block
@@ -157,7 +170,7 @@ local function admit(id, group)
   for _, e in ipairs(group_entries(group)) do
     local lk = lk_of(e[1], e[2])
     local units = tonumber(e[3])
-    local paused = redis.call('ZSCORE', kpause_key, lk)
+    local paused = any_paused() and redis.call('ZSCORE', kpause_key, lk)
     if paused and tonumber(paused) > now then
       refuse('p', e, tonumber(paused))
     else
@@ -241,6 +254,7 @@ local function park(group, block)
   if kind ~= 'r' then
     member = lk_of(limit, key) .. '\0' .. pad16(string.format('%d', redis.call('INCR', grr_key))) .. '\0' .. group
     redis.call('ZADD', kpark_key, 0, member)
+    parked_seen = true
   end
   if until_ms and until_ms < FOREVER then
     redis.call('ZADD', gdelay_key, string.format('%.0f', until_ms), group)
@@ -248,6 +262,7 @@ local function park(group, block)
     redis.call('ZREM', gdelay_key, group)
   end
   redis.call('HSET', gblock_key, group, cjson.encode({l = limit, k = key, s = since, c = kind, m = member, w = '0'}))
+  blocked_seen = true
 end
 
 -- Ready's head (`head`, from ZRANGE WITHSCORES) merged with the active groups, round-robin, into
@@ -265,9 +280,9 @@ local function take_merged(head)
     if turns < count + MAX_EXTRA_TURNS then
       group = redis.call('ZRANGE', gactive_key, 0, 0)[1]
     end
-    local member, gid, gscore
+    local member, gid, gscore, more
     if group then
-      member, gid, gscore = group_head(group)
+      member, gid, gscore, more = group_head(group)
       if not member then
         turns = turns + 1
         drop_group(group)
@@ -287,8 +302,10 @@ local function take_merged(head)
           redis.call('ZREM', gwait_key, member)
           redis.call('HDEL', gmem_key, gid)
           group_count(group, -1)
-          redis.call('HDEL', gblock_key, group)
-          if group_head(group) then
+          if any_blocked() then
+            redis.call('HDEL', gblock_key, group)
+          end
+          if more then
             redis.call('ZADD', gactive_key, 'XX', turn, group)
           else
             redis.call('ZREM', gactive_key, group)
