@@ -518,3 +518,19 @@ async def test_a_rate_drains_a_backlog_at_the_rate_and_no_second_exceeds_it_plus
     print(f"drained at {rate:.1f}/s, fullest second {fullest} starts")
     assert fullest <= 110
     assert 85 <= rate <= 100.5, rate
+
+
+async def test_runs_with_limits_are_never_reserved_ahead(redis: aioredis.Redis) -> None:
+    # A reservation would skip admission; a limited run is taken when due, through its group.
+    queue = Queue(redis)
+    await queue.put_limit_definitions([CONC1])
+    await queue.enqueue_many([NewItem("later", delay=timedelta(milliseconds=400), limits=(LimitKey("cust", "k"),))])
+    leases, wait_s = await queue._take("w", VT, 5, reserve=timedelta(seconds=5), reserve_count=5)
+    assert leases == []
+    assert wait_s is not None
+    assert 0.2 < wait_s <= 0.4  # until it is due, not until it comes within the window
+    [lease] = await queue.dequeue_blocking(
+        "w", VT, 5, timedelta(seconds=3), reserve=timedelta(seconds=5), reserve_count=5
+    )
+    assert lease.id == "later"
+    assert lease.due_in is None  # leased when ready, not reserved
