@@ -911,8 +911,9 @@ class Queue:
 
         Args:
             item_id: The item.
-            token: Its lease token when a worker holds it; None for an item waiting in ready or
-                delayed (a processing item is only parked under its token).
+            token: Its lease token when a worker holds it (its limit units come back); None for
+                an item waiting in ready, delayed or its group (a processing item is only parked
+                under its token). A parked item keeps its limit keys for a requeue.
             reason: Why, shown by `list_dead`.
 
         Returns:
@@ -1026,7 +1027,7 @@ class Queue:
     # -- inspection and cancellation ------------------------------------------------------------
 
     async def remove(self, item_id: str) -> bool:
-        """Forget an item waiting in ready or delayed (e.g. its execution was cancelled).
+        """Forget an item waiting in ready, delayed or its group (e.g. its execution was cancelled).
 
         Returns:
             True if removed; False if it was not waiting (unknown, processing or dead).
