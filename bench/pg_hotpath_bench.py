@@ -5,7 +5,7 @@
 Starts embedded PostgreSQL (or uses DATABASE_URL), seeds `--history` finished attempts
 (bench/console_bench.py's generator; a database already holding exactly that many rows is reused,
 since seeding a million takes minutes), queues `--runs` runs of one job, then claims and completes
-them in batches of `--batch` through `ExecutionRepository` (no Redis, no handler). Per execution and
+them in batches of `--batch` through `RunRepository` (no Redis, no handler). Per execution and
 per statement kind: PostgreSQL CPU µs (its process tree, from /proc; the machine's load inflates
 it, so compare the ratio to the `UPDATE ... FROM unnest` floor measured first), WAL bytes
 (pg_current_wal_lsn), and how many row updates were HOT (pg_stat_user_tables; its counters lag up
@@ -35,10 +35,12 @@ from benchlib import servers  # noqa: E402
 from console_bench import HANDLERS, QUEUES, SEED_HISTORY, SEED_JOBS  # noqa: E402
 from floors import pg_update_floor, postgres_pid, tree_cpu_seconds  # noqa: E402
 
-from scheduler_grpc.db.executions import ExecutionRepository, Outcome  # noqa: E402
+from scheduler_grpc.db.executions import Outcome  # noqa: E402
+from scheduler_grpc.db.firing import FiringRepository  # noqa: E402
 from scheduler_grpc.db.jobs import JobRepository  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
+from scheduler_grpc.db.runs import RunRepository  # noqa: E402
 from scheduler_grpc.executions import ExecutionStatus, Trigger  # noqa: E402
 from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
 
@@ -71,7 +73,7 @@ async def main(args: argparse.Namespace, database_url: str) -> dict[str, object]
             if args.history:
                 await pool.execute(SEED_HISTORY, args.history, 1000)
             print(f"seeded {args.history} history rows in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-        repo = ExecutionRepository(pool)
+        repo = RunRepository(pool)
         job = await JobRepository(pool).create(
             JobSpec(name="probe", handler="test.echo", retry=RetryPolicy(max_retries=0)), None
         )
@@ -79,7 +81,7 @@ async def main(args: argparse.Namespace, database_url: str) -> dict[str, object]
         runs: list[str] = []
         for start in range(0, args.runs, 1000):
             slots = [base + timedelta(microseconds=i) for i in range(start, min(start + 1000, args.runs))]
-            runs += [q.run_id for q in await repo.trigger(job.id, Trigger.BACKFILL, slots)]
+            runs += [q.run_id for q in await FiringRepository(pool).trigger(job.id, Trigger.BACKFILL, slots)]
         await pool.execute("VACUUM ANALYZE job_executions")
         await pool.execute("CHECKPOINT")
         ppid = await postgres_pid(pool)
@@ -143,7 +145,7 @@ class _Explaining:
 async def _explain(pool: Any, items: list[tuple[str, str]], tokens_of: dict[str, str]) -> None:
     """The plans of one claim and one completion of `items`, both rolled back."""
     async with pool.acquire() as connection:
-        explaining = ExecutionRepository(_Explaining(connection))  # type: ignore[arg-type]
+        explaining = RunRepository(_Explaining(connection))  # type: ignore[arg-type]
         transaction = connection.transaction()
         await transaction.start()
         try:
@@ -153,7 +155,7 @@ async def _explain(pool: Any, items: list[tuple[str, str]], tokens_of: dict[str,
             # The completion needs claimed rows: claim for real in the transaction, then explain.
             transaction = connection.transaction()
             await transaction.start()
-            claims = await ExecutionRepository(connection).claim(items, "worker-probe")
+            claims = await RunRepository(connection).claim(items, "worker-probe")
             outcomes = [
                 Outcome(c.execution_id, tokens_of[c.run_id], ExecutionStatus.SUCCEEDED, None, {"ok": True}, None)
                 for c in claims

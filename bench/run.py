@@ -64,6 +64,15 @@ MEASUREMENTS = (
         "floors: raw Lua dequeue and raw UPDATE FROM unnest, just before",
     ),
     Measurement(
+        "drain-traced",
+        "drain_bench.py",
+        ("--runs", "50000", "--tracing"),
+        ("--runs", "2000", "--tracing"),
+        420,
+        "the same drain with OpenTelemetry on in the worker (every run with a trace, spans exported over "
+        "OTLP/gRPC to a sink in the bench process)",
+    ),
+    Measurement(
         "grpc-floor",
         "floors.py",
         ("grpc", "--callers", "50", "--seconds", "5"),
@@ -291,6 +300,22 @@ ROWS = (
         "raw UPDATE…FROM unnest, µs/row",
     ),
     Row(
+        "drain, tracing on: executions/s",
+        ("drain-traced", "executions_per_s"),
+        "/s",
+        None,
+        floor_of("drain", "executions_per_s"),
+        "the drain, tracing off",
+    ),
+    Row(
+        "drain, tracing on: worker CPU per execution",
+        ("drain-traced", "worker_cpu_us"),
+        "µs",
+        None,
+        floor_of("drain", "worker_cpu_us"),
+        "the drain, tracing off",
+    ),
+    Row(
         "TriggerJob RPCs/s (50 clients)",
         ("trigger", "rpcs_per_s"),
         "/s",
@@ -432,6 +457,7 @@ Floors (measured in the same run, on the same servers, right before or beside th
   1,000 timers/s       1,000 uvloop call_at timers due at each whole second for 10 s: (ran - due)
   SELECT now() round trip  the least any statement of a scan tick costs, same pool, same moment
   10,000 ÷ drain rate  the burst cannot all start sooner than the worker can run 10,000 executions
+  the drain, tracing off  the drain row above (same run): the ratio is the cost of tracing on
   no-op gRPC fan-out   a no-op grpc.aio server pushing as many tiny messages to as many streams (same client code)
   bare uvloop process  a Python process whose loop wakes every 100 ms and does nothing
   failover             no floor: the time includes the wait for the next whole-second slot (0-1 s)

@@ -28,7 +28,7 @@ from benchlib import servers  # noqa: E402
 
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.control import Control  # noqa: E402
-from scheduler_grpc.db.executions import ExecutionRepository  # noqa: E402
+from scheduler_grpc.db.firing import FiringRepository  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
 from scheduler_grpc.dispatch import Queues, enqueue_runs  # noqa: E402
@@ -92,7 +92,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> N
     queued_at = time.perf_counter()
     for start in range(0, args.runs, BATCH):
         slots = [base + timedelta(microseconds=i) for i in range(start, min(start + BATCH, args.runs))]
-        runs = await ExecutionRepository(pool).trigger(job.id, Trigger.BACKFILL, slots)
+        runs = await FiringRepository(pool).trigger(job.id, Trigger.BACKFILL, slots)
         await enqueue_runs(queues, runs)
     print(f"queued {args.runs} runs in {time.perf_counter() - queued_at:.1f}s")
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",

@@ -47,7 +47,7 @@ from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, executions_pb2, executi
 
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.control import Control  # noqa: E402
-from scheduler_grpc.db.executions import ExecutionRepository  # noqa: E402
+from scheduler_grpc.db.firing import FiringRepository  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
 from scheduler_grpc.dispatch import Queues, enqueue_runs  # noqa: E402
@@ -134,7 +134,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
         tasks = [asyncio.create_task(subscriber(call)) for call in calls]
         slots = [datetime(2020, 1, 1, tzinfo=UTC) + timedelta(microseconds=i) for i in range(args.runs)]
         for start in range(0, args.runs, 1000):
-            runs = await ExecutionRepository(pool).trigger(job.id, Trigger.BACKFILL, slots[start : start + 1000])
+            runs = await FiringRepository(pool).trigger(job.id, Trigger.BACKFILL, slots[start : start + 1000])
             await enqueue_runs(queues, runs)
         _, pending = await asyncio.wait(tasks, timeout=args.timeout)
         for task in pending:

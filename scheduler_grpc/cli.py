@@ -18,7 +18,7 @@ from typing import Any
 
 import uvloop
 
-from scheduler_grpc import config, logs
+from scheduler_grpc import config, logs, tracing
 from scheduler_grpc.config import Settings
 from scheduler_grpc.errors import SchedulerError
 
@@ -26,6 +26,8 @@ log = logging.getLogger("scheduler_grpc.cli")
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+# The roles that make spans when the OTEL_* variables turn tracing on (`up` only supervises them).
+TRACED_ROLES = frozenset({"server", "scheduler", "worker"})
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = config.load(os.environ, vars(args))
         logs.setup(command.name, settings.log_level, settings.log_format)
-        code = uvloop.run(_run(command, settings, args))
+        if command.name in TRACED_ROLES:
+            tracing.configure(command.name)
+        try:
+            code = uvloop.run(_run(command, settings, args))
+        finally:
+            tracing.shutdown()  # the spans still buffered go out (bounded by the exporter's timeout)
     except SchedulerError as exc:
         print(f"scheduler-grpc {command.name}: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)

@@ -21,11 +21,14 @@ from scheduler_grpc.control_bulk import BulkControl, RunActions
 from scheduler_grpc.control_flows import FlowReads
 from scheduler_grpc.db.bulk import BulkQueries
 from scheduler_grpc.db.console import ConsoleQueries, ExecutionRow, JobRow, Overview
-from scheduler_grpc.db.executions import ExecutionPage, ExecutionRepository, Queued, TriggerOutcome, TriggerResult
+from scheduler_grpc.db.executions import ExecutionPage, Queued, TriggerOutcome, TriggerResult
+from scheduler_grpc.db.firing import FiringRepository
 from scheduler_grpc.db.flow_views import FlowViews
 from scheduler_grpc.db.flows import FlowRepository
+from scheduler_grpc.db.history import HistoryRepository
 from scheduler_grpc.db.jobs import JobPage, JobRepository
 from scheduler_grpc.db.pool import Pool
+from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.db.search import DeadLetter as DeadLetter  # noqa: PLC0414 - re-exported: the console's rows
 from scheduler_grpc.db.search import SearchQueries
 from scheduler_grpc.db.search import Series as Series  # noqa: PLC0414 - re-exported: the charts' aggregates
@@ -134,12 +137,14 @@ class Control:
         # Private: callers (the servicers, the console, embedding programs) go through the methods
         # below, so every rule about jobs and runs is kept here (`tests/test_layout.py`).
         self._jobs = JobRepository(pool)
-        self._executions = ExecutionRepository(pool)
+        self._firing = FiringRepository(pool)
+        self._history = HistoryRepository(pool)
+        self._recovery = RecoveryRepository(pool)
         self._flows = FlowRepository(pool)
         self._reads = ConsoleQueries(pool, timeout=read_timeout)
         self._searches = SearchQueries(pool, timeout=read_timeout.total_seconds())
         self._queues = Queues(redis, capacity=QUEUE_CACHE_SIZE)
-        self._triggers = TriggerBatcher(self._executions, self._dispatch)
+        self._triggers = TriggerBatcher(self._firing, self._dispatch)
         self._bulk = BulkControl(
             BulkQueries(pool),
             RunActions(cancel=self._cancel_runs, retry=self._retry_runs, requeue_dead=self.requeue_dead_runs),
@@ -324,14 +329,14 @@ class Control:
                 "end_time", f"the range holds more than {MAX_BACKFILL_SLOTS} slots; backfill it in smaller ranges"
             )
         runs = await self.backfill_job(job.id, slots)
-        return await self._executions.get_many([run.run_id for run in runs])
+        return await self._history.get_many([run.run_id for run in runs])
 
     async def backfill_job(self, job_id: str, slots: Sequence[datetime]) -> list[Queued]:
         """One run per past slot (idempotent per slot), trigger `backfill`."""
         job = await self._jobs.get(job_id)
         if job.schedule_kind.value != "cron":
             raise FailedPrecondition("job: only cron jobs can be backfilled")
-        runs = await self._executions.trigger(job.id, Trigger.BACKFILL, list(slots))
+        runs = await self._firing.trigger(job.id, Trigger.BACKFILL, list(slots))
         await self._dispatch(runs)
         return runs
 
@@ -353,7 +358,7 @@ class Control:
             token = page.next_page_token
 
     async def _requeue_dead(self, target: Queue, run_ids: Sequence[str]) -> list[Queued]:
-        runs = await self._executions.requeue_runs(run_ids)
+        runs = await self._recovery.requeue_runs(run_ids)
         if runs:
             await target.requeue_dead([run.run_id for run in runs])
         return runs
@@ -370,7 +375,7 @@ class Control:
         """
         target = self._queue(queue)
         if run_ids is not None:
-            await self._executions.mark_dead_letters_purged([i for i in run_ids if _is_uuid(i)])
+            await self._recovery.mark_dead_letters_purged([i for i in run_ids if _is_uuid(i)])
             return await target.purge_dead(run_ids)
         purged: list[str] = []
         token: str | None = None
@@ -378,7 +383,7 @@ class Control:
             # One page at a time: the page order is stable while items leave the dead set.
             page = await target.list_dead(MAX_BATCH, token)
             ids = [item.id for item in page.items]
-            await self._executions.mark_dead_letters_purged([i for i in ids if _is_uuid(i)])
+            await self._recovery.mark_dead_letters_purged([i for i in ids if _is_uuid(i)])
             purged += await target.purge_dead(ids)
             if page.next_page_token is None:
                 return purged
@@ -392,21 +397,21 @@ class Control:
             NotFound: no such execution.
             FailedPrecondition: the run has already finished.
         """
-        execution = await self._executions.get(execution_id)
+        execution = await self._history.get(execution_id)
         job = await self._jobs.get(execution.job_id)
-        latest = await cancel_runs(self._redis, self._queues, self._executions, job.queue, [execution.run_id])
+        latest = await cancel_runs(self._redis, self._queues, self._recovery, job.queue, [execution.run_id])
         if not latest:
             raise FailedPrecondition(f"id: the run of execution {execution_id} has already finished")
         return latest[0]
 
     async def _cancel_runs(self, queue: str, run_ids: Sequence[str]) -> list[Execution]:
         """Cancel runs of `queue` (as `cancel_execution`, for `control_bulk`); finished ones stay."""
-        return await cancel_runs(self._redis, self._queues, self._executions, queue, run_ids)
+        return await cancel_runs(self._redis, self._queues, self._recovery, queue, run_ids)
 
     async def _retry_runs(self, run_ids: Sequence[str]) -> list[Queued]:
         """A new queued attempt for each run whose latest attempt ended unsuccessfully (trigger
         `dlq_requeue`), enqueued (for `control_bulk`)."""
-        runs = await self._executions.requeue_runs(run_ids)
+        runs = await self._recovery.requeue_runs(run_ids)
         await self._dispatch(runs)
         return runs
 
@@ -432,7 +437,7 @@ class Control:
         for run_id, queue in started:
             by_queue.setdefault(queue, []).append(run_id)
         for queue, run_ids in by_queue.items():
-            await cancel_runs(self._redis, self._queues, self._executions, queue, run_ids)
+            await cancel_runs(self._redis, self._queues, self._recovery, queue, run_ids)
         return await self._flows.get(flow_run_id)
 
     async def _dispatch(self, runs: Sequence[Queued]) -> None:
@@ -485,7 +490,7 @@ class Control:
         Raises:
             NotFound: no such execution.
         """
-        return await self._executions.get(execution_id)
+        return await self._history.get(execution_id)
 
     async def list_executions(
         self,
@@ -503,7 +508,7 @@ class Control:
         Raises:
             InvalidArgument: `page_size` out of range or a `page_token` of another listing.
         """
-        return await self._executions.list_page(
+        return await self._history.list_page(
             job_id=job_id,
             statuses=statuses,
             page_size=page_size,

@@ -27,7 +27,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Final
 
-from scheduler_grpc import metrics
+from scheduler_grpc import metrics, redaction
+from scheduler_grpc.auth import Role
 from scheduler_grpc.db.bulk import BATCH, MAX_NAME_MATCHES, BulkQueries, ExecutionFilter
 from scheduler_grpc.db.bulk import JobFilter as JobFilter  # noqa: PLC0414  (re-exported: the doors see no db)
 from scheduler_grpc.db.executions import Queued
@@ -36,6 +37,7 @@ from scheduler_grpc.executions import Execution, ExecutionStatus
 from scheduler_grpc.jobs import Job, JobStatus
 
 MAX_BULK: Final = 10_000
+_OVER_THE_CAP: Final = f"matches more than {MAX_BULK} executions; narrow it (e.g. a time range)"
 """Most executions or jobs one bulk request acts on."""
 MAX_IDS: Final = 1000
 """Most ids one bulk request may list explicitly (a larger set is a filter)."""
@@ -171,9 +173,12 @@ class BulkControl:
         ids: Sequence[str] = (),
         search: Search | None = None,
         validate_only: bool = False,
+        reader: Role = Role.ADMIN,
     ) -> BulkOutcome:
         """Cancel, retry or requeue the runs of the executions `ids` (any attempt of a run stands for
-        it), or of every execution `search` matches.
+        it), or of every execution `search` matches. A search's error text matches the error as
+        `reader` may read it (`redaction.error_matches`), so neither the count nor the action is an
+        oracle for a secret.
 
         Raises:
             InvalidArgument: neither or both of ids and search (`ids`), more than `MAX_IDS` ids or one not a
@@ -193,9 +198,11 @@ class BulkControl:
             selected = replace(selected, until=datetime.now(UTC))
         if selected.job_ids == ():
             return BulkOutcome(0, [], [])
+        if selected.error and not redaction.sees_secrets(reader):
+            return await self._by_readable_error(action, selected, selected.error, reader, validate_only)
         count = await self._queries.count_executions(selected, MAX_BULK)
         if count > MAX_BULK:
-            raise InvalidArgument("filter", f"matches more than {MAX_BULK} executions; narrow it (e.g. a time range)")
+            raise InvalidArgument("filter", _OVER_THE_CAP)
         if validate_only:
             return BulkOutcome(count, [], [])
         done: list[str] = []
@@ -209,6 +216,19 @@ class BulkControl:
             if batch.cursor is None or len(seen) >= MAX_BULK:
                 return BulkOutcome(len(seen), done, [])
             cursor = batch.cursor
+
+    async def _by_readable_error(
+        self, action: ExecutionAction, selected: ExecutionFilter, term: str, reader: Role, validate_only: bool
+    ) -> BulkOutcome:
+        """A filtered action for a reader of redacted errors: the store's matches (a superset),
+        kept where the text is found in the error as `reader` reads it."""
+        found = await self._queries.errors_of_matches(selected, MAX_BULK)
+        if len(found) > MAX_BULK:
+            raise InvalidArgument("filter", _OVER_THE_CAP)
+        ids = [execution_id for execution_id, error in found if redaction.error_matches(reader, error, term)]
+        if validate_only or not ids:
+            return BulkOutcome(len(ids), [], [])
+        return BulkOutcome(len(ids), await self._act(action, await self._queries.runs_of(ids)), [])
 
     async def _act(self, action: ExecutionAction, runs: Sequence[tuple[str, str]]) -> list[str]:
         """The action on up to `BATCH` runs, grouped by queue; returns the run ids changed."""

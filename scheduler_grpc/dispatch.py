@@ -15,11 +15,12 @@ from datetime import UTC, datetime, timedelta
 from redis.asyncio import Redis
 
 from scheduler_grpc import events, metrics, stores
-from scheduler_grpc.db.executions import ExecutionRepository, Queued
+from scheduler_grpc.db.executions import Queued
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution
 from scheduler_grpc.handlers import breaker_key
 from scheduler_grpc.keys import WorkerKeys
+from scheduler_grpc.ports import CancelStore
 from scheduler_grpc.queue import NewItem, Queue
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ async def dispatch_committed(redis: Redis, queues: Queues, runs: Sequence[Queued
 async def cancel_runs(
     redis: Redis,
     queues: Queues,
-    executions: ExecutionRepository,
+    executions: CancelStore,
     queue: str,
     run_ids: Sequence[str],
     *,

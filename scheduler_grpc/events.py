@@ -249,6 +249,28 @@ async def trim_before(redis: Redis, older_than: datetime) -> int:
     return trimmed
 
 
+class RedisEventBus:
+    """The event stream of one Redis client as an object (`ports.EventBus`): `publish`,
+    `publish_encoded`, `read_after` and `trim_before` over `redis`."""
+
+    __slots__ = ("redis",)
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    async def publish(self, events: Iterable[ExecutionEvent]) -> list[str]:
+        return await publish(self.redis, events)
+
+    async def publish_encoded(self, encoded: Sequence[bytes], *, ids: bool = True) -> list[str]:
+        return await publish_encoded(self.redis, encoded, ids=ids)
+
+    async def read_after(self, cursor: str = "0-0", count: int = 1000) -> list[ExecutionEvent]:
+        return await read_after(self.redis, cursor, count)
+
+    async def trim_before(self, older_than: datetime) -> int:
+        return await trim_before(self.redis, older_than)
+
+
 # -- fan-out to subscribers (the gRPC server's WatchExecutions) -----------------------------------
 
 

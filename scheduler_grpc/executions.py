@@ -76,3 +76,4 @@ class Execution:
     missed_through: datetime | None = None  # `missed` only: the last slot of the range not run
     missed_count: int | None = None  # `missed` only: slots in the range (None: not counted)
     flow_run_id: str | None = None  # the flow run (job dependencies) the run belongs to, if any
+    trace_id: str | None = None  # the run's OpenTelemetry trace (None: tracing was off when it was made)

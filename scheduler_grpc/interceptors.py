@@ -1,7 +1,8 @@
 """The server interceptor (`ApiInterceptor`): what every call goes through, in this order.
 
 1. Observe: one structured log line per call (method, code, duration, principal, peer) and the
-   metrics hooks, recorded before the call's status is sent.
+   metrics hooks, recorded before the call's status is sent; with tracing on (`tracing`), a
+   server span per call (Health excepted), continuing the caller's `traceparent` if it sent one.
 2. Errors: exceptions become status codes by the one mapping (`statuses.status_of`, shared with
    the console, applied in `status_for`); unexpected ones are logged
    with their traceback and answered INTERNAL with a generic message. Unary calls are bounded by a
@@ -33,7 +34,7 @@ from typing import Any, Final
 
 import grpc
 
-from scheduler_grpc import auth, statuses
+from scheduler_grpc import auth, statuses, tracing
 from scheduler_grpc.auth import Authenticator, ResourceExhausted
 from scheduler_grpc.logs import TRACE
 from scheduler_grpc.metrics import Metrics
@@ -46,6 +47,10 @@ Iterate = Callable[[], AsyncIterator[Any]]
 
 CALL_TIMEOUT_MESSAGE: Final = "the call ran past the server's own time limit for one call; retry later"
 _QUIET_METHODS: Final = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
+# The codes that make a server span an error (OpenTelemetry's semantic conventions for gRPC).
+_SERVER_ERRORS: Final = frozenset(
+    {"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"}
+)
 _EXEMPT_FROM_LIMIT: Final = frozenset({"/grpc.health.v1.Health/Check"})
 
 
@@ -69,6 +74,7 @@ class CallInfo:
     peer: str = ""
     # The caller's W3C `traceparent` trace id or `x-request-id`, else a fresh id; in every log line.
     trace: str = ""
+    span: Any = None  # the call's span (tracing on; Health's calls have none)
 
 
 _CALL: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("scheduler_call", default=None)
@@ -174,6 +180,16 @@ class ApiInterceptor(_WrappingInterceptor):
         self.active = 0
 
     async def around(self, call: CallInfo, invoke: Invoke) -> Any:
+        if tracing.enabled and call.method not in _QUIET_METHODS:
+            span = _start_span(call)
+            try:
+                with tracing.current(span):
+                    return await self._around(call, invoke)
+            finally:
+                span.end()
+        return await self._around(call, invoke)
+
+    async def _around(self, call: CallInfo, invoke: Invoke) -> Any:
         began = time.perf_counter()
         self._metrics.rpc_started(call.method)
         admitted = False
@@ -213,6 +229,17 @@ class ApiInterceptor(_WrappingInterceptor):
                 self.active -= 1
 
     async def around_stream(self, call: CallInfo, iterate: Iterate) -> AsyncIterator[Any]:
+        # A stream's span is not made current: its generator may be closed from another context,
+        # where the context token is invalid (its log lines carry the span's trace id, `TRACE`).
+        span = _start_span(call) if tracing.enabled and call.method not in _QUIET_METHODS else None
+        try:
+            async for item in self._around_stream(call, iterate):
+                yield item
+        finally:
+            if span is not None:
+                span.end()
+
+    async def _around_stream(self, call: CallInfo, iterate: Iterate) -> AsyncIterator[Any]:
         began = time.perf_counter()
         self._metrics.rpc_started(call.method)
         admitted = False
@@ -284,6 +311,12 @@ class ApiInterceptor(_WrappingInterceptor):
     def _finish(self, call: CallInfo, code: str, began: float) -> None:
         seconds = time.perf_counter() - began
         self._metrics.rpc_finished(call.method, code, seconds)
+        if call.span is not None:
+            call.span.set_attribute("rpc.grpc.status_code", grpc.StatusCode[code].value[0] if code in _CODES else 2)
+            if call.principal:
+                call.span.set_attribute("enduser.id", call.principal)
+            if code in _SERVER_ERRORS:
+                tracing.span_error(call.span, code)
         level = logging.DEBUG if call.method in _QUIET_METHODS and code == "OK" else logging.INFO
         if code in {"INTERNAL", "UNKNOWN", "DATA_LOSS"}:
             level = logging.WARNING
@@ -299,6 +332,35 @@ class ApiInterceptor(_WrappingInterceptor):
                     "peer": call.peer,
                 },
             )
+
+
+_CODES: Final = frozenset(code.name for code in grpc.StatusCode)
+
+
+def _start_span(call: CallInfo) -> Any:
+    """The call's server span: a child of the caller's `traceparent` if it sent one; its trace id
+    becomes the call's (`TRACE`, in every log line)."""
+    carrier: dict[str, str] = {}
+    for key, value in call.context.invocation_metadata() or ():
+        if key in ("traceparent", "tracestate"):
+            carrier[key] = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    name = call.method.lstrip("/")
+    service, _, method = name.rpartition("/")
+    span = tracing.start(
+        name,
+        parent=tracing.extract(carrier),
+        kind="SERVER",
+        attributes={
+            "rpc.system": "grpc",
+            "rpc.service": service,
+            "rpc.method": method,
+            "network.peer.address": call.peer,
+        },
+    )
+    call.span = span
+    call.trace = f"{span.get_span_context().trace_id:032x}"
+    TRACE.set(call.trace)
+    return span
 
 
 def _trace_id(context: Context) -> str:

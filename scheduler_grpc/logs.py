@@ -20,6 +20,7 @@ import contextvars
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +29,10 @@ import orjson
 # The trace id of the gRPC call being served, set by the interceptors; every log line written while
 # serving it carries it, so one call's lines can be found together.
 TRACE: contextvars.ContextVar[str | None] = contextvars.ContextVar("scheduler_trace", default=None)
+
+# Set by `tracing` while OpenTelemetry tracing is on: the current span's (trace id, span id), or
+# None outside any span. Then a line carries those ids (`trace`, `span`) instead of TRACE's.
+span_ids: Callable[[], tuple[str, str] | None] | None = None
 
 # Attributes every LogRecord has; anything else on a record came from `extra=` and is context.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
@@ -43,6 +48,9 @@ _make_record = logging.getLogRecordFactory()
 def _record_with_trace(*args: Any, **kwargs: Any) -> logging.LogRecord:
     # Stamp the trace when the record is made (in the call's context), not when it is formatted.
     record = _make_record(*args, **kwargs)
+    if span_ids is not None and (ids := span_ids()) is not None and not hasattr(record, "trace"):
+        record.trace, record.span = ids
+        return record
     trace = TRACE.get()
     if trace is not None and not hasattr(record, "trace"):
         record.trace = trace

@@ -123,6 +123,13 @@ def error_for(role: Role, error: str) -> str:
     return error if sees_secrets(role) or not error else redact_text(error)
 
 
+def error_matches(role: Role, error: str, term: str) -> bool:
+    """Whether an error search for `term` finds `error` as a caller with `role` reads it: below
+    SECRET_READER a term found only inside a redacted credential finds nothing, so a search is no
+    oracle for a secret (the store's ILIKE selects candidates; this decides)."""
+    return term.casefold() in error_for(role, error).casefold()
+
+
 def job_for(role: Role, job: Job) -> Job:
     """`job` as a caller with `role` may read it (secrets of its payload redacted below SECRET_READER)."""
     if sees_secrets(role):

@@ -2,7 +2,7 @@
 
 * scan: due jobs (one statement on the partial index: O(due)) -> planned (next slots by arithmetic
   or a cached walk, `schedule.next_instant`) -> recorded and advanced in chunks, one fenced
-  statement each, two in flight (see `ExecutionRepository.fire`) -> each chunk's queued runs are
+  statement each, two in flight (see `FiringRepository.fire_clocked`) -> each chunk's queued runs are
   enqueued in Redis as soon as it is recorded. `allow` jobs are fired `fire_ahead` before their
   slot, their runs delayed in the queue until it (`fires_ahead`), so recording a big second is
   off the lateness path. Between scans: asleep until the next job is to fire.
@@ -24,7 +24,7 @@ status 1, so a supervisor restarts it.
 
 Fencing. Every PostgreSQL write of the leader is fenced by its term in the write's own transaction:
 `fire` in its one statement, the stalled runs' `dead` marks and the `replace` cancels through
-`ExecutionRepository.fenced`. The Redis-only moves are not fenced, and need not be: recovering
+`RecoveryRepository.fenced`. The Redis-only moves are not fenced, and need not be: recovering
 expired leases, promoting due retries and enqueueing runs (scan, reconcile, the DLQ rebuild) are
 idempotent and converge to the same state whichever leader (or both) makes them, and a deposed
 leader's dead-lettering that PostgreSQL refuses is undone (the items go back to ready).
@@ -46,20 +46,23 @@ from datetime import datetime, timedelta
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import flowrun, metrics, stores
+from scheduler_grpc import flowrun, metrics, stores, tracing
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
-from scheduler_grpc.db.executions import Advance, ExecutionRepository, PlannedSlot, Queued
+from scheduler_grpc.db.executions import Advance, PlannedSlot, Queued
+from scheduler_grpc.db.firing import FiringRepository
 from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.jobs import JobChanges, JobRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.pool import Pool
+from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.dispatch import Queues, cancel_runs, created_events, enqueue_runs, queue_item
 from scheduler_grpc.errors import Fenced
 from scheduler_grpc.events import EventType, ExecutionEvent, publish
 from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.jobs import ConcurrencyPolicy, Job, MisfirePolicy, ScheduleKind
 from scheduler_grpc.leader import LeaderElector, Term
+from scheduler_grpc.ports import FiringStore, RecoveryStore
 from scheduler_grpc.queue import MAX_BATCH, SOLO_RETRY_DELAY, ItemState
 from scheduler_grpc.schedule import count_fires, instants, last_fire_before
 
@@ -217,7 +220,7 @@ def plan_job(job: Job, now: datetime, loop: LoopSettings, plan: Plan, *, until: 
       (scheduled_for = L), and the range is first..the slot before L (none when L is the first).
 
     The slots inside a range get no row of their own: the range's row and the compare-and-set of
-    `next_run_time` past them (see `ExecutionRepository.fire`) make a later row for them impossible.
+    `next_run_time` past them (see `FiringRepository.fire_clocked`) make a later row for them impossible.
 
     `run_all` records and runs every slot, at most `max_slots_per_job` per scan (and
     `max_slots_per_scan` per scan over all jobs): after a long outage it catches up at that
@@ -288,7 +291,8 @@ class LeaderLoops:
         self._step_down = step_down
         self._scanned_at = time.monotonic()
         self._jobs = JobRepository(pool)
-        self._executions = ExecutionRepository(pool)
+        self._firing: FiringStore = FiringRepository(pool)
+        self._recovery: RecoveryStore = RecoveryRepository(pool)
         self._changes = JobChanges(pool)
         self._flows = FlowRepository(pool)
         self._queues = Queues(redis)
@@ -468,7 +472,42 @@ class LeaderLoops:
         return job.next_run_time - self._loop.fire_ahead if fires_ahead(job) else job.next_run_time
 
     async def _fire(self, term: Term, jobs: Sequence[Job], plan: Plan) -> None:
-        queued, fired_at = await self._executions.fire_clocked(term.token, plan.advances, plan.slots)
+        if tracing.enabled:
+            await self._fire_traced(term, jobs, plan)
+            return
+        queued, fired_at = await self._firing.fire_clocked(term.token, plan.advances, plan.slots)
+        await self._dispatch_fired(term, jobs, plan, queued, fired_at)
+
+    async def _fire_traced(self, term: Term, jobs: Sequence[Job], plan: Plan) -> None:
+        """`_fire` with a `run.fire` span per slot to run, each the root of its run's trace: its
+        `traceparent` is recorded with the run, and the span ends once the run is enqueued."""
+        spans = {
+            index: tracing.start(
+                "run.fire",
+                attributes={
+                    "scheduler.job_id": slot.job_id,
+                    "scheduler.scheduled_for": slot.scheduled_for.isoformat(),
+                    "scheduler.term": term.token,
+                },
+            )
+            for index, slot in enumerate(plan.slots)
+            if slot.status is ExecutionStatus.QUEUED
+        }
+        contexts = [tracing.traceparent(spans[i]) if i in spans else None for i in range(len(plan.slots))]
+        try:
+            queued, fired_at = await self._firing.fire_clocked(term.token, plan.advances, plan.slots, contexts)
+            await self._dispatch_fired(term, jobs, plan, queued, fired_at)
+        except BaseException as exc:
+            for span in spans.values():
+                tracing.span_error(span, repr(exc))
+            raise
+        finally:
+            for span in spans.values():
+                span.end()
+
+    async def _dispatch_fired(
+        self, term: Term, jobs: Sequence[Job], plan: Plan, queued: Sequence[Queued], fired_at: datetime
+    ) -> None:
         fired = time.monotonic()
         # `replace`: the earlier runs are cancelled before the new ones can be claimed, so the two
         # overlap as little as possible (if this fails, reconcile enqueues the new runs later).
@@ -489,11 +528,11 @@ class LeaderLoops:
             if run.job_id in replacing:
                 fresh_by_queue.setdefault(run.queue, []).append(run)
         for queue, fresh in fresh_by_queue.items():
-            earlier = await self._executions.open_run_ids(
+            earlier = await self._firing.open_run_ids(
                 [run.job_id for run in fresh], excluding=[run.run_id for run in fresh]
             )
             if earlier:
-                await cancel_runs(self._redis, self._queues, self._executions, queue, earlier, term=term.token)
+                await cancel_runs(self._redis, self._queues, self._recovery, queue, earlier, term=term.token)
                 log.info("replaced earlier runs", extra={"queue": queue, "runs": len(earlier)})
 
     async def _announce(self, queued: Sequence[Queued], slots: Sequence[PlannedSlot]) -> None:
@@ -547,7 +586,7 @@ class LeaderLoops:
         limit = self._loop.max_stalls
         # Parked at the second solo stall (`Queue.recover_expired`): one more than the limit.
         reason = STALLED_REASON.format(times=limit + 1) if limit > 1 else STALLED_AT_ONCE_REASON
-        async with self._executions.fenced(term.token) as fenced:
+        async with self._recovery.fenced(term.token) as fenced:
             dead = await fenced.mark_runs_dead(run_ids, reason)
         metrics.DEAD_LETTERED.labels("stalled").inc(len(dead))
         await publish(self._redis, [
@@ -577,7 +616,7 @@ class LeaderLoops:
         after: str | None = None
         restored = 0
         while True:
-            runs = await self._executions.open_runs(
+            runs = await self._recovery.open_runs(
                 older_than=self._loop.reconcile_grace, after_run_id=after, limit=MAX_BATCH
             )
             missing, dead = await self._redis_disagrees(runs)
@@ -587,7 +626,7 @@ class LeaderLoops:
             if len(runs) < MAX_BATCH:
                 break
             after = runs[-1].run_id
-        stale = await self._executions.stale_running_runs(grace=self._loop.stale_running_grace, limit=MAX_BATCH)
+        stale = await self._recovery.stale_running_runs(grace=self._loop.stale_running_grace, limit=MAX_BATCH)
         missing, dead = await self._redis_disagrees(stale)
         restored += await self._enqueue(missing)
         for run_ids in dead.values():
@@ -611,7 +650,7 @@ class LeaderLoops:
         after: str | None = None
         parked = 0
         while True:
-            dead = await self._executions.dead_runs(after_run_id=after, limit=MAX_BATCH)
+            dead = await self._recovery.dead_runs(after_run_id=after, limit=MAX_BATCH)
             for name, group in itertools.groupby(sorted(dead, key=lambda d: d.run.queue), key=lambda d: d.run.queue):
                 batch = list(group)
                 queue = self._queues.get(name)

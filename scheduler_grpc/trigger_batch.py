@@ -31,15 +31,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from scheduler_grpc import stores
-from scheduler_grpc.db.executions import (
-    ExecutionRepository,
-    Queued,
-    TriggerOutcome,
-    TriggerRequest,
-    TriggerResult,
-)
+from scheduler_grpc import stores, tracing
+from scheduler_grpc.db.executions import Queued, TriggerOutcome, TriggerRequest, TriggerResult
 from scheduler_grpc.errors import Aborted, InvalidArgument
+from scheduler_grpc.ports import TriggerStore
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +55,7 @@ class _Waiter:
     request_id: str | None
     future: asyncio.Future[TriggerResult]
     collisions: int = 0
+    trace_context: str | None = None  # the `traceparent` of its `run.trigger` span (tracing on)
 
 
 @dataclass
@@ -74,7 +70,7 @@ class TriggerBatcher:
     """Runs manual triggers in batches (see the module docstring).
 
     Args:
-        executions: Where runs are created (`ExecutionRepository.trigger_now`).
+        executions: Where runs are created (`ports.TriggerStore`: `FiringRepository.trigger_now`).
         dispatch: Announces and enqueues a batch's new runs (one publish, one script call per queue);
             bounded, and it should not raise: the runs are committed (`dispatch.dispatch_committed`).
         max_batch: Most requests per batch.
@@ -83,7 +79,7 @@ class TriggerBatcher:
 
     def __init__(
         self,
-        executions: ExecutionRepository,
+        executions: TriggerStore,
         dispatch: Dispatch,
         *,
         max_batch: int = MAX_BATCH,
@@ -118,9 +114,31 @@ class TriggerBatcher:
         except (ValueError, AttributeError, TypeError):
             raise InvalidArgument("id", f"{job_id!r} is not a valid id") from None
         waiter = _Waiter(job_id, request_id, asyncio.get_running_loop().create_future())
+        if tracing.enabled:
+            return await self._traced(waiter)
         self._pending.append(waiter)
         self._pump()
         return await waiter.future
+
+    async def _traced(self, waiter: _Waiter) -> TriggerResult:
+        """`trigger` under a `run.trigger` span (a child of the caller's, e.g. the TriggerJob call's):
+        the run is recorded with its `traceparent`, so the run's attempts join the caller's trace."""
+        span = tracing.start("run.trigger", attributes={"scheduler.job_id": waiter.job_id})
+        waiter.trace_context = tracing.traceparent(span)
+        try:
+            self._pending.append(waiter)
+            self._pump()
+            result = await waiter.future
+        except BaseException as exc:
+            tracing.span_error(span, repr(exc))
+            raise
+        else:
+            span.set_attribute("scheduler.trigger_outcome", result.outcome.value)
+            if result.execution is not None:
+                span.set_attribute("scheduler.run_id", result.execution.run_id)
+            return result
+        finally:
+            span.end()
 
     def _slot(self) -> datetime:
         """Now, but never the same microsecond twice in this process."""
@@ -141,7 +159,9 @@ class TriggerBatcher:
                 key = (waiter.job_id, waiter.request_id) if waiter.request_id else (waiter.job_id, str(id(waiter)))
                 group = groups.get(key)
                 if group is None:
-                    group = groups[key] = _Group(TriggerRequest(waiter.job_id, self._slot(), waiter.request_id))
+                    group = groups[key] = _Group(
+                        TriggerRequest(waiter.job_id, self._slot(), waiter.request_id, waiter.trace_context)
+                    )
                 group.waiters.append(waiter)
             if not groups:
                 return

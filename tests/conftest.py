@@ -6,17 +6,12 @@ the Redis database of REDIS_URL before each test: point them at a server you can
 
 from __future__ import annotations
 
-import gc
 import ipaddress
 import os
-import sys
-import threading
 import time
-import traceback
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -65,39 +60,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(kind)
         if kind == "browser" and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(BROWSER_TIMEOUT_S))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """A browser test that hangs names itself before pytest-timeout ends the run. The timeout's own
-    dump shows only the threads, and Playwright's sync API runs the test in a greenlet whose frames
-    no thread shows; this dump prints the test's id and every greenlet's stack, then exits."""
-    if tier(item) != "browser":
-        return (yield)
-    capture = item.config.pluginmanager.getplugin("capturemanager")
-    watchdog = threading.Timer(BROWSER_TIMEOUT_S - 5, _dump_hung_browser_test, (item.nodeid, capture))
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        return (yield)
-    finally:
-        watchdog.cancel()
-
-
-def _dump_hung_browser_test(nodeid: str, capture: Any) -> None:
-    import greenlet  # Playwright's dependency, so only where a browser test runs
-
-    if capture is not None:
-        capture.suspend_global_capture(in_=True)
-    lines = [f"\n+++ hung browser test: {nodeid} (greenlet stacks follow) +++\n"]
-    for task in (obj for obj in gc.get_objects() if isinstance(obj, greenlet.greenlet)):
-        if task.gr_frame is not None:
-            lines.extend(traceback.format_stack(task.gr_frame)[-12:])  # the test end of it
-            lines.append("----\n")
-    lines.append(f"+++ hung browser test: {nodeid} +++\n")
-    sys.stderr.write("".join(lines))
-    sys.stderr.flush()
-    os._exit(1)
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], object]]:

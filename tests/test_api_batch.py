@@ -4,6 +4,7 @@ field errors. The batching itself is tested in test_control_bulk."""
 
 from __future__ import annotations
 
+import asyncpg
 import grpc
 import pytest
 from scheduler_client.v1 import executions_pb2, jobs_pb2
@@ -81,3 +82,32 @@ async def test_batch_pause_resume_and_delete_jobs(api: Harness) -> None:  # noqa
     assert sorted(deleted.job_ids) == sorted(ids[1:])
     listed = await api.jobs.ListJobs(jobs_pb2.ListJobsRequest(), metadata=api.viewer)
     assert [j.id for j in listed.jobs] == ids[:1]
+
+
+async def test_a_batch_by_error_text_counts_only_what_the_caller_may_read(api: Harness, pool: asyncpg.Pool) -> None:  # noqa: F811
+    """An operator's error filter is no oracle for a credential in an error (admins read errors whole)."""
+    job = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job("leaky-batch")), metadata=api.admin)).job
+    run = (await api.jobs.TriggerJob(jobs_pb2.TriggerJobRequest(id=job.id), metadata=api.operator)).execution
+    await pool.execute(
+        "UPDATE job_executions SET error = $1 WHERE id = $2", "login refused: password=hunter2secret", run.id
+    )
+    for term, caller, matched in [
+        ("hunter2", api.operator, 0),
+        ("login refused", api.operator, 1),
+        ("hunter2", api.admin, 1),
+    ]:
+        request = executions_pb2.BatchCancelExecutionsRequest(
+            filter=executions_pb2.ExecutionFilter(error_contains=term), validate_only=True
+        )
+        counted = await api.executions.BatchCancelExecutions(request, metadata=caller)
+        assert counted.matched_count == matched, (term, matched)
+    done = await api.executions.BatchCancelExecutions(
+        executions_pb2.BatchCancelExecutionsRequest(filter=executions_pb2.ExecutionFilter(error_contains="hunter2")),
+        metadata=api.operator,
+    )
+    assert list(done.run_ids) == []
+    done = await api.executions.BatchCancelExecutions(
+        executions_pb2.BatchCancelExecutionsRequest(filter=executions_pb2.ExecutionFilter(error_contains="refused")),
+        metadata=api.operator,
+    )
+    assert list(done.run_ids) == [run.run_id]

@@ -46,7 +46,7 @@ async def test_a_page_of_big_executions_is_bounded_too(api: Harness) -> None:  #
     job = await control.create_job(JobSpec(name="results", handler="test.echo"))
     slots = []
     for _ in range(100):
-        slots += await control._executions.trigger(job.id, Trigger.MANUAL, [datetime.now(UTC)])
+        slots += await control._firing.trigger(job.id, Trigger.MANUAL, [datetime.now(UTC)])
     pool = control._pool
     await pool.execute(
         """UPDATE job_executions SET result = $1, error = $2, status = 'failed', worker_id = 'w',
@@ -78,7 +78,7 @@ async def test_forged_and_foreign_page_tokens_are_refused_by_every_listing(api: 
     control = api.server.api.control
     for index in range(3):
         job = await control.create_job(JobSpec(name=f"job-{index}", handler="test.echo"))
-        await control._executions.trigger(job.id, Trigger.MANUAL, [datetime.now(UTC)])
+        await control._firing.trigger(job.id, Trigger.MANUAL, [datetime.now(UTC)])
     jobs_page = await api.jobs.ListJobs(jobs_pb2.ListJobsRequest(page_size=1), metadata=api.viewer)
     runs_page = await api.executions.ListExecutions(
         executions_pb2.ListExecutionsRequest(page_size=1), metadata=api.viewer
@@ -124,7 +124,7 @@ async def test_forged_and_foreign_page_tokens_are_refused_by_every_listing(api: 
 async def test_the_basic_view_leaves_out_payloads_results_and_errors(api: Harness) -> None:  # noqa: F811
     control = api.server.api.control
     job = await control.create_job(JobSpec(name="viewed", handler="test.echo", payload={"blob": "x" * 1000}))
-    await control._executions.trigger(job.id, Trigger.MANUAL, [datetime.now(UTC)])
+    await control._firing.trigger(job.id, Trigger.MANUAL, [datetime.now(UTC)])
     await control._pool.execute(
         """UPDATE job_executions SET result = '{"r": 1}', error = 'boom', status = 'failed', worker_id = 'w',
                started_at = now(), finished_at = now()"""

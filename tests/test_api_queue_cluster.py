@@ -14,7 +14,9 @@ from scheduler_client.v1 import cluster_pb2, executions_pb2, jobs_pb2, queue_pb2
 
 from scheduler_grpc import registry as workers
 from scheduler_grpc.breakers import BreakerState
+from scheduler_grpc.db.history import HistoryRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
+from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.handlers import HandlerSettings, default_registry
 from scheduler_grpc.keys import LeaderKeys, WorkerKeys
 from scheduler_grpc.queue import Queue
@@ -30,7 +32,7 @@ async def dead_run(harness: Harness, redis: Redis, job_id: str) -> str:
     (lease,) = await Queue(redis).dequeue("test-worker", timedelta(seconds=30), 1)
     assert lease.id == run.run_id
     await Queue(redis).dead_letter(lease.id, lease.token, "retry budget spent")
-    await harness.server.api.control._executions.mark_runs_dead([run.run_id], "retry budget spent")
+    await harness.server.api.control._recovery.mark_runs_dead([run.run_id], "retry budget spent")
     return run.run_id
 
 
@@ -90,7 +92,10 @@ async def test_list_workers_shows_live_workers_only(
     await workers.beat(redis, workers.WorkerInfo(id="host:2:gone", handlers=("test.echo",), last_beat=gone))
     settings = make_settings(redis_url, database_url)
     registry = default_registry(HandlerSettings(dev_mode=True))
-    worker = Worker(redis, pool, registry, settings, worker_id="host:1:live", concurrency=3)
+    worker = Worker(
+        redis, RunRepository(pool), registry, settings,
+        history=HistoryRepository(pool), worker_id="host:1:live", concurrency=3,
+    )  # fmt: skip
     # A real failure trips the breaker the worker then reports (one failed call opens it: min_calls 1).
     breaker = worker.breakers.get("test.fail")
     while breaker.state is not BreakerState.OPEN:
@@ -148,3 +153,19 @@ async def test_scheduler_status_reports_the_leader_and_its_term(api: Harness, re
     assert (status.has_leader, status.leader, status.term) == (True, "sched-1:42", record.term)
     since = status.leader_since_time.ToDatetime(tzinfo=UTC)
     assert abs(since - record.acquired_at) < timedelta(milliseconds=1)
+
+
+async def test_a_dead_letters_reason_is_redacted_below_admin(api: Harness, redis: Redis) -> None:  # noqa: F811
+    """The reason is the run's last error: credentials in it are redacted for a viewer, as everywhere."""
+    job = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job()), metadata=api.admin)).job
+    run = (await api.jobs.TriggerJob(jobs_pb2.TriggerJobRequest(id=job.id), metadata=api.operator)).execution
+    (lease,) = await Queue(redis).dequeue("test-worker", timedelta(seconds=30), 1)
+    reason = "POST https://deploy:hunter2secret@hooks.example.com/x failed: 401"
+    await Queue(redis).dead_letter(lease.id, lease.token, reason)
+    request = queue_pb2.ListDeadLettersRequest()
+    (seen_by_viewer,) = (await api.queue.ListDeadLetters(request, metadata=api.viewer)).dead_letters
+    assert seen_by_viewer.run_id == run.run_id
+    assert "hunter2secret" not in seen_by_viewer.reason
+    assert "hooks.example.com" in seen_by_viewer.reason
+    (seen_by_admin,) = (await api.queue.ListDeadLetters(request, metadata=api.admin)).dead_letters
+    assert seen_by_admin.reason == reason

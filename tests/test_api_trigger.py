@@ -83,13 +83,13 @@ async def test_a_bad_request_in_a_batch_fails_only_its_own_call(api: Harness) ->
 async def test_concurrent_triggers_share_statements(control: Control, monkeypatch: pytest.MonkeyPatch) -> None:
     job = await control.create_job(JobSpec(name="batched", handler="test.echo", schedule_kind=ScheduleKind.MANUAL))
     statements: list[int] = []
-    trigger_now = control._executions.trigger_now
+    trigger_now = control._firing.trigger_now
 
     async def counted(requests: Any) -> Any:
         statements.append(len(requests))
         return await trigger_now(requests)
 
-    monkeypatch.setattr(control._executions, "trigger_now", counted)
+    monkeypatch.setattr(control._firing, "trigger_now", counted)
     runs = await asyncio.gather(*(control.trigger_job(job.id) for _ in range(100)))
     assert len({run.run_id for [run] in runs}) == 100
     assert sum(statements) == 100
@@ -100,7 +100,7 @@ async def test_concurrent_triggers_share_statements(control: Control, monkeypatc
 async def test_a_trigger_that_collides_with_a_run_at_its_slot_retries_with_another(control: Control) -> None:
     job = await control.create_job(JobSpec(name="collides", handler="test.echo", schedule_kind=ScheduleKind.MANUAL))
     taken = datetime.now(UTC) + timedelta(seconds=1)
-    [other] = await control._executions.trigger(job.id, Trigger.MANUAL, [taken])
+    [other] = await control._firing.trigger(job.id, Trigger.MANUAL, [taken])
     # The batcher's next slot is `taken`, as another server process may have used it already.
     control._triggers._last_slot = taken - timedelta(microseconds=1)
     execution = await control.trigger_execution(job.id)
@@ -170,7 +170,7 @@ async def test_concurrent_triggers_with_one_request_id_share_one_run(control: Co
     job = await control.create_job(JobSpec(name="once", handler="test.echo", schedule_kind=ScheduleKind.MANUAL))
     answers = await asyncio.gather(*(control.trigger_execution(job.id, request_id="same") for _ in range(10)))
     assert len({answer.id for answer in answers}) == 1
-    assert len(await control._executions.history(job.id)) == 1
+    assert len(await control._history.history(job.id)) == 1
 
 
 async def test_a_trigger_whose_enqueue_fails_after_the_commit_returns_its_run(

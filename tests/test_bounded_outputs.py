@@ -18,10 +18,12 @@ from scheduler_client.v1 import executions_pb2, jobs_pb2
 
 from scheduler_grpc import outputs
 from scheduler_grpc.control import Control
-from scheduler_grpc.db.executions import REFUSED_ERROR, ExecutionRepository, Outcome
+from scheduler_grpc.db.executions import REFUSED_ERROR, Outcome
+from scheduler_grpc.db.firing import FiringRepository
 from scheduler_grpc.db.flows import REFUSED_ERROR as FLOW_REFUSED_ERROR
 from scheduler_grpc.db.flows import FlowRepository, NodeDecision
 from scheduler_grpc.db.jobs import JobRepository
+from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.executions import ExecutionStatus, Trigger
 from scheduler_grpc.jobs import JobSpec, RetryPolicy, ScheduleKind
 from scheduler_grpc.outputs import MAX_DEPTH, MAX_ERROR_CHARS
@@ -34,9 +36,9 @@ async def _claimed(pool: asyncpg.Pool, n: int) -> list[tuple[str, str]]:
     """`n` runs of a new job, claimed: (execution id, claim token) each."""
     job = await JobRepository(pool).create(JobSpec(name=f"bounded-{uuid.uuid4().hex[:8]}", handler="test.echo"), None)
     base = datetime(2020, 1, 1, tzinfo=UTC)
-    executions = ExecutionRepository(pool)
-    runs = [q.run_id for q in await executions.trigger(job.id, Trigger.BACKFILL, [base + timedelta(seconds=i)
-                                                                                  for i in range(n)])]  # fmt: skip
+    executions = RunRepository(pool)
+    slots = [base + timedelta(seconds=i) for i in range(n)]
+    runs = [q.run_id for q in await FiringRepository(pool).trigger(job.id, Trigger.BACKFILL, slots)]
     claims = {c.run_id: c for c in await executions.claim([(run, f"t-{run}") for run in runs], "w")}
     return [(claims[run].execution_id, f"t-{run}") for run in runs]
 
@@ -66,7 +68,7 @@ async def test_a_refused_result_fails_only_its_own_outcome_of_a_completion_batch
     ]
     outcomes.append(Outcome(*claimed[4], ExecutionStatus.FAILED, "e" * 20_000, retry_after=timedelta(seconds=9)))
     outcomes.append(Outcome(*claimed[5], ExecutionStatus.FAILED, "nul \x00 and \ud800", retry_after=timedelta(0)))
-    done = {d.execution_id: d for d in await ExecutionRepository(pool).complete(outcomes, resent=False)}
+    done = {d.execution_id: d for d in await RunRepository(pool).complete(outcomes, resent=False)}
     ids = [i for i, _ in claimed]
     assert set(done) == set(ids)
     assert [done[i].status for i in ids] == [ExecutionStatus.SUCCEEDED] + [ExecutionStatus.DEAD] * 3 + [
@@ -88,7 +90,7 @@ async def test_a_refused_result_fails_only_its_own_outcome_of_a_completion_batch
 async def test_a_refused_result_inside_a_transaction_keeps_the_transaction(pool: asyncpg.Pool) -> None:
     [(i, token), (j, token_j)] = await _claimed(pool, 2)
     async with pool.acquire() as connection, connection.transaction():
-        done = await ExecutionRepository(connection).complete(
+        done = await RunRepository(connection).complete(
             [Outcome(i, token, ExecutionStatus.SUCCEEDED, result={"big": "x" * 70_000}),
              Outcome(j, token_j, ExecutionStatus.SUCCEEDED, result=[1])]
         )  # fmt: skip

@@ -165,19 +165,10 @@ def admin(browser: Browser, topology: Topology) -> Iterator[BrowserContext]:
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     context.set_default_timeout(TIMEOUT_MS)
     try:
-        close_tab(log_in(context, topology))
+        log_in(context, topology).close()
         yield context
     finally:
         context.close()
-
-
-def close_tab(tab: Page) -> None:
-    """Close a tab without racing a navigation. `Page.close` has no timeout and Chromium can ack a
-    close that meets a navigation commit without closing (crbug.com/536385539; Playwright issue
-    42366): the close then waits forever, as a CI run once did for 300 s after a trigger's redirect.
-    A finished navigation to about:blank (bounded by the default timeout) leaves nothing in flight."""
-    tab.goto("about:blank")
-    tab.close()
 
 
 @pytest.fixture
@@ -189,7 +180,7 @@ def page(admin: BrowserContext) -> Iterator[Page]:
     try:
         yield tab
     finally:
-        close_tab(tab)
+        tab.close()
     violations = [text for text in messages if "Content Security Policy" in text]
     assert violations == []
 

@@ -46,7 +46,7 @@ async def test_bulk_cancel_by_filter_confirms_the_count_then_cancels(console: Co
             assert page.status == 200
             body = await page.text()
         assert re.search(r"Cancel the runs of 12 executions matching job name contains &#39;NIGHTLY&#39;", body)
-        assert {e.status for e in await control._executions.history(target)} == {ExecutionStatus.QUEUED}
+        assert {e.status for e in await control._history.history(target)} == {ExecutionStatus.QUEUED}
         pinned = re.search(r'name="filter" value="([^"]*)"', body)
         assert pinned is not None
         assert "until=" in pinned.group(1), "the confirmed filter is pinned to the count"
@@ -60,9 +60,9 @@ async def test_bulk_cancel_by_filter_confirms_the_count_then_cancels(console: Co
         assert '<p class="flash" role="status" id="flash">12 runs cancelled</p>' in body
         async with http.get("/executions?job_name=nightly") as page:
             assert 'id="flash"' not in await page.text(), "a flash is shown once"
-    assert {e.status for e in await control._executions.history(target)} == {ExecutionStatus.CANCELLED}
-    assert {e.run_id for e in await control._executions.history(target)} == set(runs)
-    assert {e.status for e in await control._executions.history(other)} == {ExecutionStatus.QUEUED}
+    assert {e.status for e in await control._history.history(target)} == {ExecutionStatus.CANCELLED}
+    assert {e.run_id for e in await control._history.history(target)} == set(runs)
+    assert {e.status for e in await control._history.history(other)} == {ExecutionStatus.QUEUED}
 
 
 async def test_bulk_actions_are_role_checked(console: Console) -> None:  # noqa: F811
@@ -126,7 +126,7 @@ async def test_dead_letters_show_job_handler_error_and_age_and_search(
     other = await _manual(console, "dlq-reports")
     runs = [(await control.trigger_job(job))[0].run_id for _ in range(2)]
     other_run = (await control.trigger_job(other))[0].run_id
-    await control._executions.mark_runs_dead([*runs, other_run], "card declined: insufficient funds")
+    await control._recovery.mark_runs_dead([*runs, other_run], "card declined: insufficient funds")
     queue = control._queues.get("default")
     for lease in await queue.dequeue("test-worker", timedelta(seconds=30), count=10):
         await queue.dead_letter(lease.id, lease.token, "card declined")

@@ -20,7 +20,6 @@ from tests.test_console_browser import (  # noqa: F401 - fixtures
     Topology,
     admin,
     browser,
-    close_tab,
     create_job,
     log_in,
     page,
@@ -110,7 +109,7 @@ def phone(browser: Browser, topology: Topology) -> Iterator[BrowserContext]:  # 
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     context.set_default_timeout(TIMEOUT_MS)
     try:
-        close_tab(log_in(context, topology))
+        log_in(context, topology).close()
         yield context
     finally:
         context.close()

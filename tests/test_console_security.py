@@ -754,3 +754,25 @@ async def test_bidi_controls_are_shown_escaped(console: Console) -> None:
 
     assert orjson.loads(html.unescape(match.group(1)))["file"] == spoof
     assert visible("\u200f") == "\\u200F"
+
+
+async def test_an_error_search_finds_no_run_by_a_secret_it_cannot_read(console: Console, pool: asyncpg.Pool) -> None:
+    """Searching error text is no oracle for credentials: below admin the search looks at the error as
+    the caller reads it (redacted), on the executions page and the dead-letter search alike."""
+    echo = await console.server.api.control.create_job(JobSpec(name="leaky", handler="test.echo"))
+    run = await console.server.api.control.trigger_execution(echo.id)
+    await pool.execute(
+        "UPDATE job_executions SET status = 'dead', finished_at = now(), error = $1 WHERE id = $2",
+        "login refused: password=hunter2secret for deploy",
+        run.id,
+    )
+    for role, finds_secret in [(Role.VIEWER, False), (Role.OPERATOR, False), (Role.ADMIN, True)]:
+        async with console.client() as http:
+            token = await console.session_for(f"user-{role.value}", role)
+            http.cookie_jar.update_cookies({"scheduler_session": token})
+            for path in ("/executions?error=", "/dead-letters?error="):
+                async with http.get(path + "hunter2") as page:
+                    assert page.status == 200
+                    assert (run.run_id in await page.text()) is finds_secret, (role, path)
+                async with http.get(path + "login refused") as page:  # what it can read is found
+                    assert run.run_id in await page.text(), (role, path)

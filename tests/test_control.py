@@ -60,7 +60,7 @@ async def test_a_trigger_with_a_request_id_answers_its_first_run_again(control: 
     other = await control.trigger_execution(job.id)
     assert again.id == first.id
     assert other.id != first.id
-    assert [e.trigger for e in await control._executions.history(job.id)] == [Trigger.MANUAL, Trigger.MANUAL]
+    assert [e.trigger for e in await control._history.history(job.id)] == [Trigger.MANUAL, Trigger.MANUAL]
 
 
 async def test_a_backfill_creates_each_missing_slot_once_in_slot_order(control: Control) -> None:
@@ -83,7 +83,7 @@ async def test_requeue_all_moves_every_dead_run_back_and_leaves_foreign_items(
 ) -> None:
     job = await control.create_job(replace(minutely("requeued"), schedule_kind=ScheduleKind.MANUAL, cron=None))
     runs = [(await control.trigger_job(job.id))[0] for _ in range(3)]
-    await control._executions.mark_runs_dead([run.run_id for run in runs], "test")
+    await control._recovery.mark_runs_dead([run.run_id for run in runs], "test")
     queue = Queue(redis, "default")
     await queue.enqueue_many([NewItem("not-a-run", 0, "", None)])  # a foreign item: it stays
     for lease in await queue.dequeue("test-worker", timedelta(seconds=30), count=10):
@@ -92,5 +92,5 @@ async def test_requeue_all_moves_every_dead_run_back_and_leaves_foreign_items(
     requeued = await control.requeue_dead_runs("default", None)
     assert sorted(run.run_id for run in requeued) == sorted(run.run_id for run in runs)
     assert [item.id for item in (await queue.list_dead()).items] == ["not-a-run"]
-    latest = {e.run_id: e for e in await control._executions.history(job.id)}
+    latest = {e.run_id: e for e in await control._history.history(job.id)}
     assert {e.trigger for e in latest.values()} == {Trigger.DLQ_REQUEUE}

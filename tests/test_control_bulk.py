@@ -44,9 +44,9 @@ async def test_cancel_by_filter_in_batches_touches_only_what_matched_before_it_s
     assert (preview.matched, preview.done) == (30, [])
     outcome = await bulk.executions(ExecutionAction.CANCEL, search=search)
     assert (outcome.matched, sorted(outcome.done)) == (30, sorted(runs))
-    latest = {e.run_id: e.status for e in await control._executions.history(target.id)}
+    latest = {e.run_id: e.status for e in await control._history.history(target.id)}
     assert set(latest.values()) == {ExecutionStatus.CANCELLED}
-    assert {e.status for e in await control._executions.history(other.id)} == {ExecutionStatus.QUEUED}
+    assert {e.status for e in await control._history.history(other.id)} == {ExecutionStatus.QUEUED}
     assert (await control._queues.get("default").stats()).ready == len(others)
 
     # Nothing left to match: a second cancel changes nothing.
@@ -62,7 +62,7 @@ async def test_retry_gives_cancelled_runs_a_new_attempt_and_requeues_dead_ones_f
     dead = [(await control.trigger_job(job.id))[0].run_id for _ in range(2)]
     bulk = control.bulk
     await bulk.executions(ExecutionAction.CANCEL, ids=cancelled)
-    await control._executions.mark_runs_dead(dead, "test")
+    await control._recovery.mark_runs_dead(dead, "test")
     queue = Queue(redis, "default")
     for lease in await queue.dequeue("test-worker", timedelta(seconds=30), count=10):
         await queue.dead_letter(lease.id, lease.token, "test")
@@ -74,7 +74,7 @@ async def test_retry_gives_cancelled_runs_a_new_attempt_and_requeues_dead_ones_f
     retried = await bulk.executions(ExecutionAction.RETRY, ids=cancelled)
     assert sorted(retried.done) == sorted(cancelled)
     latest: dict[str, tuple[int, ExecutionStatus, Trigger]] = {}
-    for e in await control._executions.history(job.id):
+    for e in await control._history.history(job.id):
         if e.attempt > latest.get(e.run_id, (0,))[0]:
             latest[e.run_id] = (e.attempt, e.status, e.trigger)
     assert {run: value[1:] for run, value in latest.items()} == {
@@ -96,7 +96,7 @@ async def test_a_filter_matching_too_many_is_refused_naming_the_filter(
     with pytest.raises(InvalidArgument) as caught:
         await bulk.executions(ExecutionAction.CANCEL, search=Search(job_id=job.id))
     assert caught.value.field == "filter"
-    assert {e.status for e in await control._executions.history(job.id)} == {ExecutionStatus.QUEUED}
+    assert {e.status for e in await control._history.history(job.id)} == {ExecutionStatus.QUEUED}
     with pytest.raises(InvalidArgument) as caught:
         await bulk.executions(ExecutionAction.CANCEL, ids=["not-a-uuid"])
     assert caught.value.field == "ids"

@@ -10,7 +10,6 @@ import redis.asyncio as aioredis
 
 from scheduler_grpc import metrics
 from scheduler_grpc.control import Control
-from scheduler_grpc.db.executions import ExecutionRepository
 from scheduler_grpc.handlers import ExecutionContext, Handler, HandlerError, JSONValue, PermanentHandlerError
 from scheduler_grpc.jobs import JobSpec, RetryPolicy
 from tests.engine_helpers import eventually
@@ -49,8 +48,7 @@ async def test_a_permanent_failure_that_mentions_the_retry_budget_is_counted_per
     )
     before = {reason: dead_lettered(reason) for reason in ("permanent", "retries_exhausted")}
     # The breaker stays closed: its deferrals would add `interrupted` attempts to the histories.
-    executions = ExecutionRepository(pool)
-    async with running_worker(redis_url, database_url, executions, registry, SCHEDULER_BREAKER_MIN_CALLS="1000"):
+    async with running_worker(redis_url, database_url, pool, registry, SCHEDULER_BREAKER_MIN_CALLS="1000"):
         runs = [(await control.trigger_job(job.id))[0] for job in (permanent, exhausted)]
 
         async def both_dead() -> list[list[str]]:

@@ -13,7 +13,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from scheduler_grpc.control import Control
-from scheduler_grpc.db.executions import Advance, ExecutionRepository, PlannedSlot
+from scheduler_grpc.db.executions import Advance, PlannedSlot
+from scheduler_grpc.db.firing import FiringRepository
 from scheduler_grpc.db.leadership import LeadershipRepository, TermRecord
 from scheduler_grpc.errors import FailedPrecondition
 from scheduler_grpc.executions import ExecutionStatus
@@ -150,7 +151,7 @@ async def _fire_together(
         gone = first - timedelta(seconds=1)
         planned.insert(0, PlannedSlot(job.id, gone, ExecutionStatus.MISSED, gone, gone, 1))
     advance = Advance(job.id, first, slots[-1] + timedelta(seconds=1))
-    queued = await ExecutionRepository(pool).fire(term.term, [advance], planned)
+    queued = await FiringRepository(pool).fire(term.term, [advance], planned)
     rows = await pool.fetch(
         "SELECT run_id::text, status FROM job_executions WHERE job_id = $1 AND trigger = 'schedule' "
         "ORDER BY scheduled_for",

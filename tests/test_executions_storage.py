@@ -10,8 +10,10 @@ import asyncpg
 import pytest
 
 from scheduler_grpc.db.console import ConsoleQueries
-from scheduler_grpc.db.executions import ExecutionRepository, Outcome
+from scheduler_grpc.db.executions import Outcome
+from scheduler_grpc.db.firing import FiringRepository
 from scheduler_grpc.db.jobs import JobRepository
+from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.executions import ExecutionStatus, Trigger
 from scheduler_grpc.jobs import JobSpec
 
@@ -24,7 +26,7 @@ async def _job(pool: asyncpg.Pool, name: str = "storage") -> str:
 async def _runs(pool: asyncpg.Pool, job_id: str, n: int) -> list[str]:
     base = datetime(2020, 1, 1, tzinfo=UTC)
     slots = [base + timedelta(seconds=i) for i in range(n)]
-    return [q.run_id for q in await ExecutionRepository(pool).trigger(job_id, Trigger.BACKFILL, slots)]
+    return [q.run_id for q in await FiringRepository(pool).trigger(job_id, Trigger.BACKFILL, slots)]
 
 
 async def test_a_claim_is_a_hot_update_and_a_completion_adds_no_open_row_entries(pool: asyncpg.Pool) -> None:
@@ -33,14 +35,14 @@ async def test_a_claim_is_a_hot_update_and_a_completion_adds_no_open_row_entries
     runs = await _runs(pool, job_id, 300)
     async with pool.acquire() as connection, connection.transaction():
         # This transaction's own counters: exact, no waiting for the statistics collector.
-        claims = await ExecutionRepository(connection).claim([(run, f"t-{run}") for run in runs], "w")
+        claims = await RunRepository(connection).claim([(run, f"t-{run}") for run in runs], "w")
         updated, hot = await connection.fetchrow(
             """SELECT pg_stat_get_xact_tuples_updated('job_executions'::regclass),
                       pg_stat_get_xact_tuples_hot_updated('job_executions'::regclass)"""
         )
     assert len(claims) == 300
     assert (updated, hot) == (300, 300)
-    done = await ExecutionRepository(pool).complete(
+    done = await RunRepository(pool).complete(
         [Outcome(c.execution_id, f"t-{c.run_id}", ExecutionStatus.SUCCEEDED, None, {"ok": 1}) for c in claims],
         resent=False,
     )
@@ -56,7 +58,7 @@ async def test_a_claim_is_a_hot_update_and_a_completion_adds_no_open_row_entries
 async def test_final_status_is_null_while_open_and_the_status_once_final(pool: asyncpg.Pool) -> None:
     job_id = await _job(pool)
     [run] = await _runs(pool, job_id, 1)
-    executions = ExecutionRepository(pool)
+    executions = RunRepository(pool)
     final = "SELECT status, final_status FROM job_executions WHERE run_id = $1 ORDER BY attempt DESC LIMIT 1"
     assert tuple(await pool.fetchrow(final, uuid.UUID(run))) == ("queued", None)
     [claim] = await executions.claim([(run, "t")], "w")
@@ -73,7 +75,7 @@ async def test_an_open_row_has_no_finished_at_and_a_finished_one_has_one(pool: a
     [run] = await _runs(pool, job_id, 1)
     with pytest.raises(asyncpg.CheckViolationError):
         await pool.execute("UPDATE job_executions SET finished_at = now() WHERE run_id = $1", uuid.UUID(run))
-    [claim] = await ExecutionRepository(pool).claim([(run, "t")], "w")
+    [claim] = await RunRepository(pool).claim([(run, "t")], "w")
     with pytest.raises(asyncpg.CheckViolationError):
         await pool.execute("UPDATE job_executions SET finished_at = now() WHERE id = $1", uuid.UUID(claim.execution_id))
 
@@ -162,7 +164,7 @@ async def test_the_console_state_filter_finds_open_and_finished_attempts(pool: a
     """Console filters by a finished state (final_status), an open one, and both at once."""
     job_id = await _job(pool)
     runs = await _runs(pool, job_id, 3)
-    executions = ExecutionRepository(pool)
+    executions = RunRepository(pool)
     claims = await executions.claim([(runs[0], "a"), (runs[1], "b")], "w")
     by_run = {c.run_id: c for c in claims}
     await executions.complete([Outcome(by_run[runs[0]].execution_id, "a", ExecutionStatus.FAILED, "x")])
@@ -185,7 +187,7 @@ async def test_a_completion_batch_reports_each_retry_with_its_own_outcome(pool: 
     """Retries come back as rows of their own and are joined to their outcome in Python."""
     job_id = await _job(pool)
     runs = await _runs(pool, job_id, 4)
-    executions = ExecutionRepository(pool)
+    executions = RunRepository(pool)
     claims = {c.run_id: c for c in await executions.claim([(run, f"t-{run}") for run in runs], "w")}
     outcomes = [
         Outcome(claims[runs[0]].execution_id, f"t-{runs[0]}", ExecutionStatus.FAILED, "x", None, timedelta(seconds=9)),
@@ -223,7 +225,7 @@ async def test_execution_ids_are_time_ordered_from_python_and_from_sql(pool: asy
     job_id = await _job(pool)
     before = int(datetime.now(UTC).timestamp() * 1000)
     runs = await _runs(pool, job_id, 3)  # ids made in Python
-    executions = ExecutionRepository(pool)
+    executions = RunRepository(pool)
     claims = await executions.claim([(run, "t") for run in runs], "w")
     [done, *_] = await executions.complete(
         [Outcome(c.execution_id, "t", ExecutionStatus.FAILED, "x", None, timedelta(0)) for c in claims]

@@ -18,7 +18,8 @@ from scheduler_client.errors import InvalidArgument as ClientInvalidArgument
 
 from scheduler_grpc import flowrun
 from scheduler_grpc.control import Control
-from scheduler_grpc.db.executions import Advance, ExecutionRepository, PlannedSlot
+from scheduler_grpc.db.executions import Advance, PlannedSlot
+from scheduler_grpc.db.firing import FiringRepository
 from scheduler_grpc.db.flows import FlowRepository, NodeDecision
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.dispatch import Queues
@@ -289,7 +290,7 @@ async def test_a_fired_slot_starts_a_flow_run_over_its_own_descendants_only(
     assert term is not None
     assert middle.next_run_time is not None
     slot = middle.next_run_time
-    (run,) = await ExecutionRepository(pool).fire(
+    (run,) = await FiringRepository(pool).fire(
         term.term,
         [Advance(middle.id, slot, slot + timedelta(minutes=1))],
         [PlannedSlot(middle.id, slot, ExecutionStatus.QUEUED, slot)],

@@ -136,7 +136,7 @@ async def test_failure_records_dependents_upstream_failed_rules_decide_and_from_
     }  # fmt: skip
     # Every node has its history row (never silently absent), each created once.
     for node in flow.nodes:
-        history = await control._executions.history(node.job_id)
+        history = await control._history.history(node.job_id)
         assert len(history) == 1, (node.job_name, history)
         assert history[0].flow_run_id == flow.id
     # The same engine: a `$from` path the upstream's result lacks.
@@ -151,7 +151,7 @@ async def check_a_retried_upstream_lets_the_flow_go_on_once_it_succeeds(control:
     await control.create_job(job("next", "flaky", payload={"attempt": {"$from": "flaky.result.attempt"}}))
     flow = await finished(control, (await control.trigger_job(a.id))[0].run_id)
     assert states(flow) == {"flaky": "succeeded", "next": "succeeded"}
-    assert [e.status.value for e in await control._executions.history(a.id)] == ["failed", "succeeded"]
+    assert [e.status.value for e in await control._history.history(a.id)] == ["failed", "succeeded"]
     downstream = await control.get_execution(next(n.run_id for n in flow.nodes if n.job_name == "next") or "")
     assert downstream.result == {"echo": {"attempt": 2}, "upstream": {"flaky": {"attempt": 2, "failed_attempts": 1}}}
 
@@ -161,7 +161,7 @@ async def check_a_missing_from_path_fails_the_downstream_run_with_the_reference_
     b = await control.create_job(job("down", "up", payload={"y": {"$from": "up.result.echo.nope"}}))
     flow = await finished(control, (await control.trigger_job(a.id))[0].run_id)
     assert states(flow) == {"up": "succeeded", "down": "dead"}
-    (row,) = await control._executions.history(b.id)
+    (row,) = await control._history.history(b.id)
     assert row.error == """payload: {"$from": "up.result.echo.nope"}: up.result.echo has no 'nope'"""
 
 
@@ -238,7 +238,7 @@ async def test_a_downstream_run_committed_but_never_enqueued_is_enqueued_by_reco
     roles.start("scheduler")
     flow = await finished(control, flow_id)
     assert states(flow) == {"first": "succeeded", "second": "succeeded"}
-    assert [e.status.value for e in await control._executions.history(b.id)] == ["succeeded"]
+    assert [e.status.value for e in await control._history.history(b.id)] == ["succeeded"]
 
 
 async def test_kill_9_of_the_leader_mid_flows_loses_and_duplicates_nothing(

@@ -22,7 +22,10 @@ from chaos.proxy import FaultProxy
 from scheduler_grpc.config import load
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
-from scheduler_grpc.db.executions import Claim, ExecutionRepository, Queued
+from scheduler_grpc.db.executions import Claim, Queued
+from scheduler_grpc.db.firing import FiringRepository
+from scheduler_grpc.db.history import HistoryRepository
+from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.dispatch import Queues, enqueue_runs
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.executions import ExecutionStatus, Trigger
@@ -55,7 +58,7 @@ class ClockHandler(Handler):
         return None
 
 
-class SpyRepository(ExecutionRepository):
+class SpyRepository(RunRepository):
     """Notes which runs were claimed as reservations."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
@@ -87,17 +90,22 @@ def clocked(redis: aioredis.Redis, pool: asyncpg.Pool) -> Clocked:
 async def worker_running(
     redis_url: str,
     database_url: str,
-    executions: ExecutionRepository,
+    pool: asyncpg.Pool,
     registry: HandlerRegistry,
     *,
+    runs: RunRepository | None = None,
     concurrency: int = 4,
     **env: str,
 ) -> AsyncIterator[tuple[Worker, asyncio.Event, asyncio.Task[None]]]:
-    """An in-process worker; set the event to stop it (the task then ends)."""
+    """An in-process worker, its run store `runs` (default: a `RunRepository` over `pool`); set the
+    event to stop it (the task then ends)."""
     env = {"SCHEDULER_VISIBILITY_TIMEOUT": "5s", "SCHEDULER_SHUTDOWN_GRACE": "1s", **env}
     settings = make_settings(redis_url, database_url, **env)
     client = redis_client(redis_url)
-    worker = Worker(client, executions, registry, settings, worker_id="reserving", concurrency=concurrency)
+    worker = Worker(
+        client, runs or RunRepository(pool), registry, settings,
+        history=HistoryRepository(pool), worker_id="reserving", concurrency=concurrency,
+    )  # fmt: skip
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
@@ -120,7 +128,7 @@ async def delayed_runs(
     now = await pool.fetchval("SELECT clock_timestamp()")
     due = now + timedelta(seconds=ahead)
     slots = [due + timedelta(microseconds=index) for index in range(count)]
-    runs = await ExecutionRepository(pool).trigger(job_id, Trigger.MANUAL, slots, due_at=due)
+    runs = await FiringRepository(pool).trigger(job_id, Trigger.MANUAL, slots, due_at=due)
     await enqueue_runs(Queues(redis), runs, now)
     return runs
 
@@ -208,7 +216,7 @@ async def test_reserved_runs_start_at_their_due_time_never_before(
     clock, registry, control = clocked
     job = await control.create_job(JobSpec(name="due", handler="test.clock"))
     spy = SpyRepository(pool)
-    async with worker_running(redis_url, database_url, spy, registry, concurrency=10):
+    async with worker_running(redis_url, database_url, pool, registry, runs=spy, concurrency=10):
         runs = await delayed_runs(pool, redis, job.id, 10, ahead=1.5)
         rows = await eventually(lambda: all_with(pool, runs, "succeeded"), within=15)
     assert spy.reserved == {run.run_id for run in runs}, "claimed ahead, as reservations"
@@ -228,7 +236,7 @@ async def test_a_held_run_that_cannot_get_a_slot_starts_late_with_its_real_start
     clock, registry, control = clocked
     blocker = await control.create_job(JobSpec(name="blocker", handler="test.clock", payload={"gate": True}))
     job = await control.create_job(JobSpec(name="late", handler="test.clock"))
-    async with worker_running(redis_url, database_url, ExecutionRepository(pool), registry, concurrency=1):
+    async with worker_running(redis_url, database_url, pool, registry, concurrency=1):
         # Reserved while the slot is free (a worker reserves only then), then the slot gets busy.
         runs = await delayed_runs(pool, redis, job.id, 1, ahead=1.5)
         await eventually(lambda: held(pool, runs), within=5)
@@ -257,7 +265,7 @@ async def test_a_stopping_worker_hands_its_reservations_back_unspent(
     job = await control.create_job(JobSpec(name="handed-back", handler="test.clock"))
     runs = await delayed_runs(pool, redis, job.id, 3, ahead=2.5)
     env = {"SCHEDULER_WORKER_RESERVE_AHEAD": "3s"}
-    async with worker_running(redis_url, database_url, ExecutionRepository(pool), registry, **env) as (_, stop, task):
+    async with worker_running(redis_url, database_url, pool, registry, **env) as (_, stop, task):
         await eventually(lambda: held(pool, runs), within=5)
         stop.set()
         await asyncio.wait_for(task, 10)
@@ -272,7 +280,7 @@ async def test_a_stopping_worker_hands_its_reservations_back_unspent(
     assert deliveries == [None] * 3, "the deliveries were given back"
     assert not clock.began, "nothing ran"
     # Another worker runs them, once each, in their first attempt, not before their due time.
-    async with worker_running(redis_url, database_url, ExecutionRepository(pool), registry):
+    async with worker_running(redis_url, database_url, pool, registry):
         rows = await eventually(lambda: all_with(pool, runs, "succeeded"), within=15)
     assert all(row["attempt"] == 1 and row["started_at"] >= row["due_at"] for row in rows), rows
     assert len(clock.began) == 3
@@ -285,7 +293,7 @@ async def test_a_held_run_without_a_slot_within_the_grace_is_handed_back(
     blocker = await control.create_job(JobSpec(name="blocker", handler="test.clock", payload={"gate": True}))
     job = await control.create_job(JobSpec(name="no-slot", handler="test.clock"))
     env = {"SCHEDULER_WORKER_RESERVE_GRACE": "200ms"}
-    async with worker_running(redis_url, database_url, ExecutionRepository(pool), registry, concurrency=1, **env):
+    async with worker_running(redis_url, database_url, pool, registry, concurrency=1, **env):
         runs = await delayed_runs(pool, redis, job.id, 1, ahead=1.5)
         await eventually(lambda: held(pool, runs), within=5)
         await control.trigger_job(blocker.id)
@@ -305,7 +313,7 @@ async def test_a_cancelled_reservation_never_runs(
     clock, registry, control = clocked
     job = await control.create_job(JobSpec(name="cancel-held", handler="test.clock"))
     env = {"SCHEDULER_WORKER_RESERVE_AHEAD": "3s"}
-    async with worker_running(redis_url, database_url, ExecutionRepository(pool), registry, **env) as (worker, _, _):
+    async with worker_running(redis_url, database_url, pool, registry, **env) as (worker, _, _):
         runs = await delayed_runs(pool, redis, job.id, 1, ahead=2.0)
         await eventually(lambda: held(pool, runs), within=5)
         await control.cancel_execution(runs[0].run_id)
@@ -318,7 +326,7 @@ async def test_a_cancelled_reservation_never_runs(
     assert not clock.began
 
 
-class _BuggyUnclaim(ExecutionRepository):
+class _BuggyUnclaim(RunRepository):
     async def unclaim(self, items: Sequence[tuple[str, str]]) -> dict[str, ExecutionStatus]:
         raise RuntimeError("a bug in the hand-back of a held run")
 
@@ -333,7 +341,7 @@ async def test_a_bug_in_a_runs_own_task_ends_the_worker(
     job = await control.create_job(JobSpec(name="buggy-held", handler="test.clock"))
     env = {"SCHEDULER_WORKER_RESERVE_AHEAD": "3s"}
     executions = _BuggyUnclaim(pool)
-    async with worker_running(redis_url, database_url, executions, registry, **env) as (_, _, task):
+    async with worker_running(redis_url, database_url, pool, registry, runs=executions, **env) as (_, _, task):
         runs = await delayed_runs(pool, redis, job.id, 1, ahead=2.0)
         await eventually(lambda: held(pool, runs), within=5)
         await control.cancel_execution(runs[0].run_id)
@@ -353,7 +361,7 @@ async def test_reserve_ahead_zero_keeps_the_claim_at_the_due_time(
     job = await control.create_job(JobSpec(name="off", handler="test.clock"))
     spy = SpyRepository(pool)
     env = {"SCHEDULER_WORKER_RESERVE_AHEAD": "0"}
-    async with worker_running(redis_url, database_url, spy, registry, **env):
+    async with worker_running(redis_url, database_url, pool, registry, runs=spy, **env):
         runs = await delayed_runs(pool, redis, job.id, 3, ahead=1.0)
         rows = await eventually(lambda: all_with(pool, runs, "succeeded"), within=10)
     assert not spy.reserved

@@ -21,8 +21,9 @@ import redis.asyncio as aioredis
 
 from chaos.proxy import FaultProxy
 from scheduler_grpc.control import Control
-from scheduler_grpc.db.executions import ExecutionRepository
 from scheduler_grpc.db.leadership import LeadershipRepository, TermRecord
+from scheduler_grpc.db.recovery import RecoveryRepository
+from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.errors import Fenced, Unavailable
 from scheduler_grpc.jobs import ConcurrencyPolicy, JobSpec, MisfirePolicy, ScheduleKind
 from scheduler_grpc.keys import LeaderKeys
@@ -358,7 +359,7 @@ async def test_reconcile_rebuilds_a_flushed_dead_letter_queue_but_not_what_was_p
     for name in ("kept", "purged", "requeued"):
         [run] = await control.trigger_job(job.id)
         reason = f"permanent: {name} failed"
-        await control._executions.mark_runs_dead([run.run_id], reason)
+        await control._recovery.mark_runs_dead([run.run_id], reason)
         assert await queue.dead_letter(run.run_id, None, reason)
         runs[name] = run.run_id
     assert await control.purge_dead_runs("default", [runs["purged"]]) == [runs["purged"]]
@@ -403,7 +404,7 @@ async def test_a_leader_stopped_inside_a_fenced_transaction_does_not_block_the_n
     leadership = LeadershipRepository(pool)
     began = time.monotonic()
     with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)):
-        async with ExecutionRepository(pool).fenced(current.token):
+        async with RecoveryRepository(pool).fenced(current.token):
             # This transaction now holds leader_state FOR SHARE and goes idle, as a SIGSTOPped or
             # stalled leader's would: the next term must still be recorded, soon.
             record = await leadership.begin_term("scheduler", "next-leader")
@@ -553,7 +554,7 @@ async def test_reconcile_settles_runs_redis_dead_lettered_but_postgresql_has_ope
     stalled_job = await control.create_job(JobSpec(name="stalled", handler="test.echo", timeout=timedelta(seconds=1)))
     [stalled] = await control.trigger_job(stalled_job.id)
     [lease] = await queue.dequeue("gone-worker", timedelta(seconds=30), 1)
-    await ExecutionRepository(pool).claim([(stalled.run_id, lease.token)], "gone-worker")
+    await RunRepository(pool).claim([(stalled.run_id, lease.token)], "gone-worker")
     await pool.execute("UPDATE job_executions SET started_at = now() - interval '1 hour' WHERE run_id = $1",
                        stalled.run_id)  # fmt: skip
     assert await queue.dead_letter(stalled.run_id, lease.token, "stalled")

@@ -26,8 +26,12 @@ from scheduler_grpc import events, metrics
 from scheduler_grpc.breakers import BreakerOpen, BreakerPolicy, Breakers, BreakerState
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
-from scheduler_grpc.db.executions import Advance, Claim, ExecutionRepository, Outcome, PlannedSlot
+from scheduler_grpc.db.executions import Advance, Claim, Outcome, PlannedSlot
+from scheduler_grpc.db.firing import FiringRepository
+from scheduler_grpc.db.history import HistoryRepository
 from scheduler_grpc.db.pool import create_pool
+from scheduler_grpc.db.recovery import RecoveryRepository
+from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.dispatch import Queues, enqueue_runs
 from scheduler_grpc.events import EventType
 from scheduler_grpc.executions import ExecutionStatus, Trigger
@@ -95,18 +99,23 @@ def gated(redis: aioredis.Redis, pool: asyncpg.Pool) -> Gated:
 async def running_worker(
     redis_url: str,
     database_url: str,
-    executions: ExecutionRepository,
+    pool: asyncpg.Pool,
     registry: HandlerRegistry,
     *,
+    runs: RunRepository | None = None,
     concurrency: int = 4,
     **env: str,
 ) -> AsyncIterator[tuple[Worker, asyncio.Task[None]]]:
-    """An in-process worker on a production-like Redis client (auto-retry and all)."""
+    """An in-process worker on a production-like Redis client (auto-retry and all), its run store
+    `runs` (default: a `RunRepository` over `pool`)."""
     settings = make_settings(
         redis_url, database_url, SCHEDULER_VISIBILITY_TIMEOUT="1s", SCHEDULER_SHUTDOWN_GRACE="1s", **env
     )
     client = redis_client(redis_url)
-    worker = Worker(client, executions, registry, settings, worker_id="in-process", concurrency=concurrency)
+    worker = Worker(
+        client, runs or RunRepository(pool), registry, settings,
+        history=HistoryRepository(pool), worker_id="in-process", concurrency=concurrency,
+    )  # fmt: skip
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
@@ -135,7 +144,7 @@ async def test_a_redis_response_error_does_not_kill_the_worker(
 ) -> None:
     gate, registry, control = gated
     job = await control.create_job(JobSpec(name="oom", handler="test.gate"))
-    async with running_worker(redis_url, database_url, ExecutionRepository(pool), registry) as (worker, task):
+    async with running_worker(redis_url, database_url, pool, registry) as (worker, task):
         run = (await control.trigger_job(job.id))[0]
         await eventually(lambda: _true(gate.started.is_set()))
         before = store_errors("redis")
@@ -161,7 +170,7 @@ async def _true(value: bool) -> bool:
     return value
 
 
-class _CancelsRightAfterTheClaim(ExecutionRepository):
+class _CancelsRightAfterTheClaim(RunRepository):
     """Cancels each run the moment its claim commits, before the worker has registered its task:
     the pub/sub message arrives while the worker cannot match it to a running task."""
 
@@ -182,7 +191,7 @@ async def test_a_cancel_the_pubsub_path_misses_is_still_honoured(
     _, registry, control = gated
     job = await control.create_job(JobSpec(name="cancel-me", handler="test.gate"))
     executions = _CancelsRightAfterTheClaim(pool, control)
-    async with running_worker(redis_url, database_url, executions, registry) as (_, task):
+    async with running_worker(redis_url, database_url, pool, registry, runs=executions) as (_, task):
         run = (await control.trigger_job(job.id))[0]
 
         async def cancelled() -> bool:
@@ -196,9 +205,9 @@ async def test_a_cancel_the_pubsub_path_misses_is_still_honoured(
 async def test_a_claim_does_not_restart_a_run_whose_cancel_was_requested(pool: asyncpg.Pool, control: Control) -> None:
     job = await control.create_job(JobSpec(name="lost-and-cancelled", handler="test.echo"))
     run = (await control.trigger_job(job.id))[0]
-    executions = ExecutionRepository(pool)
+    executions = RunRepository(pool)
     assert await executions.claim([(run.run_id, "token-a")], "worker-a")
-    cancelled, running = await executions.cancel_runs([run.run_id])
+    cancelled, running = await RecoveryRepository(pool).cancel_runs([run.run_id])
     assert not cancelled
     assert [e.run_id for e in running] == [run.run_id]
     # worker-a is lost; its item is recovered and claimed elsewhere: the run must not start again.
@@ -213,7 +222,7 @@ async def test_an_open_webhook_host_breaker_defers_its_work_before_the_claim(
         JobSpec(name="hook", handler="http.webhook", payload={"url": "http://127.0.0.1:9/down"})
     )
     registry = default_registry(_SETTINGS)
-    async with running_worker(redis_url, database_url, ExecutionRepository(pool), registry) as (worker, _):
+    async with running_worker(redis_url, database_url, pool, registry) as (worker, _):
         breaker = worker.breakers.get(registry.get("http.webhook").breaker_key(job.payload))
         for _ in range(worker.breakers.policy.min_calls):
             await breaker.call(_returns_true, lambda result: result)
@@ -242,7 +251,7 @@ async def test_a_postgres_outage_during_completion_records_the_outcome_without_r
     worker_pool = await create_pool(proxied_url, size=4, connect_timeout=timedelta(seconds=2))
     queue = Queue(redis)
     try:
-        async with running_worker(redis_url, database_url, ExecutionRepository(worker_pool), registry) as (_, task):
+        async with running_worker(redis_url, database_url, worker_pool, registry) as (_, task):
             run = (await control.trigger_job(job.id))[0]
             await eventually(lambda: _true(gate.started.is_set()))
             first_deadline = await redis.zscore(queue.keys.processing, run.run_id)
@@ -283,12 +292,11 @@ async def test_a_graceful_hand_back_records_the_interrupted_attempt_without_spen
     job = await control.create_job(
         JobSpec(name="interrupted", handler="test.gate", payload={"fail": True, "only_first_waits": True}, retry=retry)
     )
-    executions = ExecutionRepository(pool)
-    async with running_worker(redis_url, database_url, executions, registry):
+    async with running_worker(redis_url, database_url, pool, registry):
         run = (await control.trigger_job(job.id))[0]
         await eventually(lambda: _true(gate.started.is_set()))
     # The worker stopped: its grace passed and the attempt was handed back.
-    history = await executions.history(job.id)
+    history = await HistoryRepository(pool).history(job.id)
     assert [e.status for e in history] == ["interrupted", "queued"]
     assert history[0].worker_id == "in-process"
     assert history[0].started_at is not None
@@ -296,7 +304,7 @@ async def test_a_graceful_hand_back_records_the_interrupted_attempt_without_spen
     kinds = [event.type for event in await events.read_after(redis) if event.run_id == run.run_id]
     assert kinds == [EventType.CREATED, EventType.STARTED, EventType.INTERRUPTED]  # the STARTED is closed
     queue = Queue(redis)
-    async with running_worker(redis_url, database_url, executions, registry):
+    async with running_worker(redis_url, database_url, pool, registry):
 
         async def dead() -> list[str]:
             await queue.promote_due()
@@ -314,8 +322,8 @@ async def test_a_run_executes_the_definition_of_its_slot_not_a_later_edit(
     job = await control.create_job(spec)
     run = (await control.trigger_job(job.id))[0]
     await control.update_job(job.id, JobSpec(name="edited", handler="test.log", payload={"message": "v2"}))
-    executions = ExecutionRepository(pool)
-    async with running_worker(redis_url, database_url, executions, default_registry(_SETTINGS)):
+    executions = HistoryRepository(pool)
+    async with running_worker(redis_url, database_url, pool, default_registry(_SETTINGS)):
 
         async def finished() -> Any:
             execution = await executions.get(run.run_id)
@@ -346,7 +354,9 @@ async def test_breaker_metrics_are_labelled_by_handler_not_by_host(
 ) -> None:
     registry = default_registry(_SETTINGS)
     settings = make_settings(redis_url, database_url)
-    worker = Worker(redis, ExecutionRepository(pool), registry, settings, worker_id="metrics")
+    worker = Worker(
+        redis, RunRepository(pool), registry, settings, history=HistoryRepository(pool), worker_id="metrics"
+    )
     open_host = worker.breakers.get("http.webhook:open.example")
     worker.breakers.get("http.webhook:closed.example")
     for _ in range(worker.breakers.policy.min_calls):
@@ -363,7 +373,7 @@ async def test_a_completion_sent_again_after_a_lost_reply_is_reported_not_lost(
 ) -> None:
     job = await control.create_job(JobSpec(name="twice", handler="test.echo"))
     run = (await control.trigger_job(job.id))[0]
-    executions = ExecutionRepository(pool)
+    executions = RunRepository(pool)
     [claim] = await executions.claim([(run.run_id, "token")], "worker")
     outcome = Outcome(claim.execution_id, "token", ExecutionStatus.FAILED, error="boom", retry_after=timedelta(0))
     [first] = await executions.complete([outcome])
@@ -383,8 +393,8 @@ async def test_a_fired_slot_and_its_retries_keep_the_definition_of_the_slot(
     )  # fmt: skip
     job = await control.create_job(old)
     await pool.execute("INSERT INTO leader_state (scope, term, holder) VALUES ('scheduler', 1, 'test')")
-    executions = ExecutionRepository(pool)
-    [fired] = await executions.fire(
+    executions = RunRepository(pool)
+    [fired] = await FiringRepository(pool).fire(
         1, [Advance(job.id, slot, None)], [PlannedSlot(job.id, slot, ExecutionStatus.QUEUED, slot)]
     )
     assert fired.payload == {"v": 1}
@@ -438,7 +448,7 @@ async def test_store_errors_are_told_from_bugs_on_real_answers(redis: aioredis.R
     assert not is_store_error(RuntimeError("a bug"))
 
 
-class _BuggyRepository(ExecutionRepository):
+class _BuggyRepository(RunRepository):
     async def cancel_requested(self, execution_ids: Sequence[str]) -> list[str]:
         raise RuntimeError("a bug in the cancel poll")
 
@@ -448,7 +458,7 @@ async def test_a_bug_ends_the_worker(
 ) -> None:
     _, registry, control = gated
     job = await control.create_job(JobSpec(name="buggy", handler="test.gate"))
-    async with running_worker(redis_url, database_url, _BuggyRepository(pool), registry) as (_, task):
+    async with running_worker(redis_url, database_url, pool, registry, runs=_BuggyRepository(pool)) as (_, task):
         await control.trigger_job(job.id)
         await eventually(lambda: _true(task.done()))
         with pytest.raises(ExceptionGroup) as raised:
@@ -472,7 +482,7 @@ async def test_a_bug_in_a_runs_task_ends_the_worker(
     registry = _BuggyLookup(_SETTINGS, default_registry(_SETTINGS))
     control = Control(redis, pool, default_registry(_SETTINGS))
     job = await control.create_job(JobSpec(name="buggy-lookup", handler="test.echo"))
-    async with running_worker(redis_url, database_url, ExecutionRepository(pool), registry) as (_, task):
+    async with running_worker(redis_url, database_url, pool, registry) as (_, task):
         await control.trigger_job(job.id)
         await eventually(lambda: _true(task.done()), within=5)
         with pytest.raises(ExceptionGroup) as raised:
@@ -487,10 +497,10 @@ async def test_a_claim_waiting_on_an_abandon_does_not_fail_on_the_attempt_it_add
     # holds the item, claims the run: B waits for A's row lock and then sees attempt 1 abandoned.
     job = await control.create_job(JobSpec(name="contended", handler="test.echo"))
     [run] = await control.trigger_job(job.id)
-    executions = ExecutionRepository(pool)
+    executions = RunRepository(pool)
     [first] = await executions.claim([(run.run_id, "token-a")], "worker-a")
     async with pool.acquire() as conn, conn.transaction():
-        assert await ExecutionRepository(conn).abandon([(first.execution_id, "token-a")]) == 1
+        assert await RunRepository(conn).abandon([(first.execution_id, "token-a")]) == 1
         claim_b = asyncio.create_task(executions.claim([(run.run_id, "token-b")], "worker-b"))
 
         async def waiting_for_the_lock() -> bool:
@@ -510,8 +520,8 @@ async def test_concurrent_requeues_of_one_dead_run_add_one_attempt(control: Cont
     [run] = await control.trigger_job(job.id)
     await pool.execute("UPDATE job_executions SET status = 'dead', finished_at = now() WHERE run_id = $1", run.run_id)
     async with pool.acquire() as conn, conn.transaction():
-        assert len(await ExecutionRepository(conn).requeue_runs([run.run_id])) == 1
-        second = asyncio.create_task(ExecutionRepository(pool).requeue_runs([run.run_id]))
+        assert len(await RecoveryRepository(conn).requeue_runs([run.run_id])) == 1
+        second = asyncio.create_task(RecoveryRepository(pool).requeue_runs([run.run_id]))
 
         async def waiting_for_the_first() -> bool:
             return bool(await pool.fetchval(
@@ -525,7 +535,7 @@ async def test_concurrent_requeues_of_one_dead_run_add_one_attempt(control: Cont
     assert [tuple(row) for row in attempts] == [(1, "dead"), (2, "queued")]
 
 
-class _HeldCompletions(ExecutionRepository):
+class _HeldCompletions(RunRepository):
     """Outcomes are recorded only once the test lets them through (PostgreSQL slow to record)."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
@@ -544,7 +554,7 @@ async def test_a_slot_is_freed_when_its_handler_returns_not_when_its_outcome_is_
     control = Control(redis, pool, registry)
     job = await control.create_job(JobSpec(name="pipelined", handler="test.echo"))
     executions = _HeldCompletions(pool)
-    async with running_worker(redis_url, database_url, executions, registry) as (worker, task):  # 4 slots
+    async with running_worker(redis_url, database_url, pool, registry, runs=executions) as (worker, task):  # 4 slots
         for _ in range(6):
             await control.trigger_job(job.id)
         # Recording is held back, yet all six ran: the slots came free when the handlers returned.
@@ -593,8 +603,8 @@ async def test_a_cancel_while_the_outcome_waits_for_the_completion_stage_never_s
     registry = registry_with(mark)
     control = Control(redis, pool, registry)
     job = await control.create_job(JobSpec(name="hand-off", handler="test.mark"))
-    executions = _HeldCompletions(pool)
-    async with running_worker(redis_url, database_url, executions, registry, concurrency=1) as (worker, task):
+    held = _HeldCompletions(pool)
+    async with running_worker(redis_url, database_url, pool, registry, runs=held, concurrency=1) as (worker, task):
         runs = []
         for _ in range(6):  # one at a time: the last one is the one whose outcome finds no room
             runs.append((await control.trigger_job(job.id))[0])
@@ -604,7 +614,7 @@ async def test_a_cancel_while_the_outcome_waits_for_the_completion_stage_never_s
         assert execution.status == "running"
         # The cancel reached the worker (pub/sub at once, else the 1 s poll) while the outcome waited.
         await eventually(lambda: _true(worker.active == 0), within=5)
-        executions.release.set()
+        held.release.set()
 
         async def none_running() -> list[str]:
             found = [(await statuses(pool, run.run_id))[-1] for run in runs]
@@ -635,11 +645,11 @@ async def test_a_solo_delivery_runs_alone_after_the_worker_drains(
     busy_job = await control.create_job(JobSpec(name="busy", handler="test.gate"))
     echo = await control.create_job(JobSpec(name="echo", handler="test.echo"))
     queue = Queue(redis)
-    async with running_worker(redis_url, database_url, ExecutionRepository(pool), registry, concurrency=2) as (_, task):
+    async with running_worker(redis_url, database_url, pool, registry, concurrency=2) as (_, task):
         [busy] = await control.trigger_job(busy_job.id)
         await eventually(lambda: _true(gate.started.is_set()))  # one slot busy, one free
         # A run whose next delivery is solo (as after max_stalls - 1 stalls), enqueued as the API does.
-        [solo] = await ExecutionRepository(pool).trigger(echo.id, Trigger.MANUAL, [datetime.now(UTC)])
+        [solo] = await FiringRepository(pool).trigger(echo.id, Trigger.MANUAL, [datetime.now(UTC)])
         await redis.sadd(queue.keys.solo, solo.run_id)
         await enqueue_runs(Queues(redis), [solo])
 
@@ -678,7 +688,7 @@ async def test_runs_claimed_together_time_out_each_by_its_own_job_timeout(
         for name, seconds, timeout in (("stuck", 30, 1), ("quick", 0.1, 1), ("longer", 1.5, 5))
     }
     runs = {name: (await control.trigger_job(job.id))[0] for name, job in jobs.items()}
-    async with running_worker(redis_url, database_url, ExecutionRepository(pool), default_registry(_SETTINGS)):
+    async with running_worker(redis_url, database_url, pool, default_registry(_SETTINGS)):
 
         async def first_attempts() -> dict[str, str]:
             found = {name: (await statuses(pool, run.run_id))[0] for name, run in runs.items()}

@@ -127,7 +127,9 @@ async def executions_bulk(request: web.Request) -> web.StreamResponse:
     bulk = request.app[CONSOLE].api.control.bulk
     verb, done_word, question = _EXECUTION_VERBS[action]
     if form.get("confirm") != "1":
-        counted = await bulk.executions(action, ids=ids, search=search, validate_only=True)
+        counted = await bulk.executions(
+            action, ids=ids, search=search, validate_only=True, reader=request[PRINCIPAL].role
+        )
         what = f"{counted.matched} selected run{'s' if counted.matched != 1 else ''}"
         if search is not None:
             what = f"{counted.matched} execution{'s' if counted.matched != 1 else ''} matching {describe(search)}"
@@ -149,7 +151,7 @@ async def executions_bulk(request: web.Request) -> web.StreamResponse:
                 "back": back,
             },
         )
-    outcome = await bulk.executions(action, ids=ids, search=search)
+    outcome = await bulk.executions(action, ids=ids, search=search, reader=request[PRINCIPAL].role)
     skipped = outcome.matched - len(outcome.done)
     note = f" ({skipped} left as they were)" if skipped > 0 else ""
     plural = "s" if len(outcome.done) != 1 else ""

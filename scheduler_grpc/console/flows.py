@@ -10,7 +10,6 @@ a second. Every read goes through `Control` (`Control.flow_reads`, `control_flow
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -18,15 +17,14 @@ from typing import Any, Final
 from aiohttp import web
 
 from scheduler_grpc import redaction
-from scheduler_grpc.console import dag
+from scheduler_grpc.console import dag, sse
 from scheduler_grpc.console.context import CONSOLE, render
 from scheduler_grpc.console.security import PRINCIPAL, rpc
 from scheduler_grpc.control_flows import FLOW_STATES
 from scheduler_grpc.errors import InvalidArgument
-from scheduler_grpc.events import CursorExpired, EventFilter, FanoutClosed, SubscriberTooSlow
+from scheduler_grpc.events import EventFilter, ExecutionEvent
 
 PAGE_SIZE: Final = 50
-KEEPALIVE_SECONDS: Final = 15.0
 _V: Final = "/scheduler.v1."
 
 
@@ -110,43 +108,17 @@ async def cancel_flow_run(request: web.Request) -> web.StreamResponse:
 async def flow_events(request: web.Request) -> web.StreamResponse:
     """Server-Sent Events: a `data: {}` message whenever a job of the flow run has an event (the
     page then fetches its graph again); `event: done` once the flow run has finished."""
-    console = request.app[CONSOLE]
-    flow = await console.api.control.get_flow_run(request.match_info["id"])
-    cursor = request.headers.get("Last-Event-ID") or request.query.get("cursor") or None
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"})
+    flow = await request.app[CONSOLE].api.control.get_flow_run(request.match_info["id"])
     if flow.state != "running":
+        response = sse.stream_response()
         await response.prepare(request)
         await response.write(b"event: done\ndata: {}\n\n")
         return response
-    event_filter = EventFilter(job_ids=frozenset(node.job_id for node in flow.nodes))
-    try:
-        async with console.api.fanout.subscribe(event_filter, cursor) as subscription:
-            await response.prepare(request)
-            await response.write(f"retry: 1000\nid: {subscription.cursor}\nevent: hello\ndata: {{}}\n\n".encode())
 
-            async def forward() -> None:
-                async for event in subscription:
-                    await response.write(b"id: " + event.cursor.encode() + b"\ndata: {}\n\n")
+    async def encode(event: ExecutionEvent) -> bytes:
+        return b"{}"
 
-            forwarder = asyncio.ensure_future(forward())
-            try:
-                while True:
-                    done, _ = await asyncio.wait({forwarder}, timeout=KEEPALIVE_SECONDS)
-                    if done:
-                        forwarder.result()
-                        break
-                    await response.write(b": keepalive\n\n")
-            finally:
-                forwarder.cancel()
-                # Waits without raising the forwarder's outcome; a cancellation of this handler
-                # (the client went away) still propagates.
-                await asyncio.wait({forwarder})
-    except CursorExpired:
-        await response.prepare(request)
-        await response.write(b"event: expired\ndata: {}\n\n")
-    except (SubscriberTooSlow, FanoutClosed):
-        pass  # the browser reconnects with the last event id and resumes from there
-    return response
+    return await sse.relay(request, EventFilter(job_ids=frozenset(node.job_id for node in flow.nodes)), encode)
 
 
 ROUTES: Final = (

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from scheduler_grpc import redaction, statuses
 from scheduler_grpc.auth import ResourceExhausted, Role, Unauthenticated
-from scheduler_grpc.console import charts, forms, live, search, security, timecharts
+from scheduler_grpc.console import charts, forms, live, search, security, sse, timecharts
 from scheduler_grpc.console.context import CONSOLE, Console, render
 from scheduler_grpc.console.security import (
     PRINCIPAL,
@@ -31,14 +31,13 @@ from scheduler_grpc.console.security import (
 )
 from scheduler_grpc.control import preview_fire_times
 from scheduler_grpc.errors import InvalidArgument, NotFound
-from scheduler_grpc.events import CursorExpired, EventFilter, FanoutClosed, SubscriberTooSlow
+from scheduler_grpc.events import EventFilter, ExecutionEvent
 from scheduler_grpc.executions import Execution, ExecutionStatus
 from scheduler_grpc.jobs import JobStatus
 from scheduler_grpc.schedule import parse_cron
 
 PAGE_SIZE: Final = 50
 PREVIEW_COUNT: Final = 10
-SSE_KEEPALIVE: Final = timedelta(seconds=15)
 SLOTS_SHOWN: Final = 60
 _V: Final = "/scheduler.v1."
 
@@ -438,6 +437,9 @@ async def executions(request: web.Request) -> web.StreamResponse:
             **{k: v for k, v in query.items() if k != "before"},
             "before": f"{last.created_at.isoformat()}_{last.id}",
         }
+    if error is not None:  # paged by what the store found; shown by what the caller may read
+        role = request[PRINCIPAL].role
+        rows = [row for row in rows if redaction.error_matches(role, row.execution.error or "", error)]
     handlers, _ = await console.api.control.handlers_and_queues()
     return await render(
         request,
@@ -500,71 +502,37 @@ async def cancel_execution(request: web.Request) -> web.StreamResponse:
 
 @rpc(_V + "ExecutionService/WatchExecutions")
 async def events(request: web.Request) -> web.StreamResponse:
-    """Server-Sent Events: execution events from the shared fan-out (WatchExecutions' source).
-
-    Each event's `id` is its stream cursor: a browser that reconnects sends it back as
-    `Last-Event-ID` and the stream resumes right after it.
-    """
-    console = _console(request)
-    cursor = request.headers.get("Last-Event-ID") or request.query.get("cursor") or None
+    """Server-Sent Events: execution events from the shared fan-out (WatchExecutions' source), each
+    a JSON row for the executions page (`sse.relay`)."""
     job = request.query.get("job")
     event_filter = EventFilter(
         job_ids=frozenset({_uuid(job, "job")}) if job else frozenset(), handler=request.query.get("handler", "")
     )
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"})
-    try:
-        async with console.api.fanout.subscribe(event_filter, cursor) as subscription:
-            # Headers only once subscribed: a refusal (a malformed cursor, Redis unreachable) is
-            # still an ordinary error response.
-            await response.prepare(request)
-            await response.write(f"retry: 1000\nid: {subscription.cursor}\nevent: hello\ndata: {{}}\n\n".encode())
+    labels = request.app[live.LABELS]
+    role = request[PRINCIPAL].role
 
-            labels = request.app[live.LABELS]
-            role = request[PRINCIPAL].role
+    async def encode(event: ExecutionEvent) -> bytes:
+        # A row shows the job's name and the trigger, not an id fragment (live.Labels).
+        label = await labels.of(event.execution_id)
+        return orjson.dumps(
+            {
+                "type": event.type.value,
+                "execution_id": event.execution_id,
+                "run_id": event.run_id,
+                "job_id": event.job_id,
+                "job_name": visible(label.job_name) if label else "",
+                "trigger": label.trigger if label else "",
+                "attempt": event.attempt,
+                # Shown by the page as text: bidi controls made visible here too; credentials in
+                # an error redacted as on every page.
+                "handler": visible(event.handler),
+                "worker_id": visible(event.worker_id),
+                "error": visible(redaction.error_for(role, event.error)),
+                "time": event.time.isoformat() if event.time else "",
+            }
+        )
 
-            async def forward() -> None:
-                async for event in subscription:
-                    # A row shows the job's name and the trigger, not an id fragment (live.Labels).
-                    label = await labels.of(event.execution_id)
-                    data = orjson.dumps(
-                        {
-                            "type": event.type.value,
-                            "execution_id": event.execution_id,
-                            "run_id": event.run_id,
-                            "job_id": event.job_id,
-                            "job_name": visible(label.job_name) if label else "",
-                            "trigger": label.trigger if label else "",
-                            "attempt": event.attempt,
-                            # Shown by the page as text: bidi controls made visible here too;
-                            # credentials in an error redacted as on every page.
-                            "handler": visible(event.handler),
-                            "worker_id": visible(event.worker_id),
-                            "error": visible(redaction.error_for(role, event.error)),
-                            "time": event.time.isoformat() if event.time else "",
-                        }
-                    )
-                    await response.write(b"id: " + event.cursor.encode() + b"\ndata: " + data + b"\n\n")
-
-            forwarder = asyncio.ensure_future(forward())
-            try:
-                while True:
-                    done, _ = await asyncio.wait({forwarder}, timeout=SSE_KEEPALIVE.total_seconds())
-                    if done:
-                        forwarder.result()
-                        break
-                    # A comment line: keeps proxies from timing the stream out, and finds a gone client.
-                    await response.write(b": keepalive\n\n")
-            finally:
-                forwarder.cancel()
-                # Waits without raising the forwarder's outcome; a cancellation of this handler
-                # (the client went away) still propagates.
-                await asyncio.wait({forwarder})
-    except CursorExpired as exc:
-        await response.prepare(request)
-        await response.write(b"event: expired\ndata: " + orjson.dumps({"error": str(exc)}) + b"\n\n")
-    except (SubscriberTooSlow, FanoutClosed):
-        pass  # the browser reconnects with the last event id and resumes from there
-    return response
+    return await sse.relay(request, event_filter, encode)
 
 
 # -- workers, dead letters, API keys -------------------------------------------------------------

@@ -173,6 +173,19 @@ class BulkQueries:
         )
         return int(value)
 
+    async def errors_of_matches(self, selected: ExecutionFilter, cap: int) -> list[tuple[str, str]]:
+        """(execution id, error) of the matching attempts, newest first, up to `cap` + 1 (more says
+        "over the cap"): for a caller that may not read every error to decide on what it reads."""
+        where = execution_where(selected)
+        where.args.append(cap + 1)
+        rows = await self._pool.fetch(
+            f"""SELECT e.id, coalesce(e.error, '') AS error FROM job_executions e {where.sql()}
+                ORDER BY e.created_at DESC, e.id DESC LIMIT ${len(where.args)}""",
+            *where.args,
+            timeout=self._timeout,
+        )
+        return [(str(row["id"]), str(row["error"])) for row in rows]
+
     async def select_runs(
         self, selected: ExecutionFilter, after: tuple[datetime, uuid.UUID] | None, limit: int = BATCH
     ) -> Selected:

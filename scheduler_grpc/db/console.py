@@ -18,8 +18,8 @@ import asyncpg
 
 from scheduler_grpc.db.attempts import latest_attempt
 from scheduler_grpc.db.bulk import like_pattern
-from scheduler_grpc.db.executions import _COLUMNS as _EXECUTION_COLUMNS_FULL
-from scheduler_grpc.db.executions import _COLUMNS_WITHOUT_OUTPUT as _EXECUTION_COLUMNS
+from scheduler_grpc.db.executions import COLUMNS as _EXECUTION_COLUMNS_FULL
+from scheduler_grpc.db.executions import COLUMNS_WITHOUT_OUTPUT as _EXECUTION_COLUMNS
 from scheduler_grpc.db.executions import execution_from_row
 from scheduler_grpc.db.jobs import _COLUMNS_WITHOUT_PAYLOAD as _JOB_COLUMNS
 from scheduler_grpc.db.jobs import job_from_row
@@ -187,7 +187,10 @@ class ConsoleQueries:
             where_sql = ""
         else:
             args.append(limit)
-        selected = f"""SELECT {_EXECUTION_COLUMNS}, j.name AS job_name, coalesce(e.handler, j.handler) AS run_handler
+        # An error search reads the errors too: the console shows a row by the error as its
+        # caller may read it (redaction.error_matches), not by the stored text alone.
+        columns = _EXECUTION_COLUMNS.replace("NULL::text AS error", "e.error") if error else _EXECUTION_COLUMNS
+        selected = f"""SELECT {columns}, j.name AS job_name, coalesce(e.handler, j.handler) AS run_handler
                 FROM {source} LEFT JOIN jobs j ON j.id = e.job_id {where_sql}
                 ORDER BY e.created_at DESC, e.id DESC LIMIT ${len(args)}"""
         rows = await self._pool.fetch(selected, *args, timeout=self._timeout)

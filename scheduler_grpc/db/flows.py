@@ -20,8 +20,9 @@ import asyncpg
 from scheduler_grpc import outputs
 from scheduler_grpc.db import faults
 from scheduler_grpc.db.attempts import latest_attempt
-from scheduler_grpc.db.executions import ExecutionRepository, Queued, new_execution_id
+from scheduler_grpc.db.executions import Queued, new_execution_id
 from scheduler_grpc.db.leadership import Connection, assert_current_term
+from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.flows import FlowRun, Node, TriggerRule
 
@@ -105,7 +106,7 @@ class FlowRepository:
     @asynccontextmanager
     async def fenced(self, term: int) -> AsyncIterator[FlowRepository]:
         """One transaction that commits only while `term` is the current leader term (as
-        `ExecutionRepository.fenced`)."""
+        `RecoveryRepository.fenced`)."""
         if not isinstance(self._pool, asyncpg.Pool):
             raise TypeError("fenced() needs a repository over a pool")
         async with self._pool.acquire() as conn, conn.transaction():
@@ -320,7 +321,7 @@ class FlowRepository:
         """For a run a flow run created: the result of each of its upstream nodes' runs, by job name
         (None where the run has no result, e.g. it failed); empty for a run outside any flow run.
         What the worker hands the handler as `ExecutionContext.upstream_results`."""
-        return (await ExecutionRepository(self._pool).upstream_results([run_id])).get(run_id, {})
+        return (await RunRepository(self._pool).upstream_results([run_id])).get(run_id, {})
 
     async def flow_of_run(self, run_id: str) -> str | None:
         """The flow run a run belongs to, if any."""

@@ -7,7 +7,7 @@ flushed. The record only ever moves up: a candidate whose term is older than the
 
 Every PostgreSQL write a leader makes checks its term inside its own transaction, so a deposed
 leader (paused, partitioned, or simply slow to notice) cannot change anything there: `fire` checks
-it in its one statement, every other leader write runs inside `ExecutionRepository.fenced`, which
+it in its one statement, every other leader write runs inside `RecoveryRepository.fenced`, which
 calls `assert_current_term` first. The leader's Redis moves are not fenced; `scheduler_grpc.scheduler`
 says why each is safe (idempotent, convergent moves).
 """

@@ -12,6 +12,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from scheduler_grpc import tracing
 from scheduler_grpc.handlers.base import (
     ExecutionContext,
     Field,
@@ -185,6 +186,8 @@ class WebhookHandler(Handler):
         headers["Idempotency-Key"] = ctx.execution_id
         headers["X-Scheduler-Execution-Id"] = ctx.execution_id
         headers["X-Scheduler-Attempt"] = str(ctx.attempt)
+        if tracing.enabled:  # the attempt's handler span: the target's spans join the run's trace
+            tracing.inject(headers)
         data: bytes | None = None
         body = payload.get("body")
         if body is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from scheduler_client.v1 import executions_pb2, jobs_pb2
 
+from scheduler_grpc.auth import current_principal
 from scheduler_grpc.control import Control
 from scheduler_grpc.control_bulk import BulkOutcome, ExecutionAction, JobAction, JobFilter, Search
 from scheduler_grpc.errors import InvalidArgument
@@ -40,7 +41,11 @@ async def executions(control: Control, action: ExecutionAction, request: Executi
     search = _search(request.filter) if request.HasField("filter") else None
     try:
         return await control.bulk.executions(
-            action, ids=list(request.ids), search=search, validate_only=request.validate_only
+            action,
+            ids=list(request.ids),
+            search=search,
+            validate_only=request.validate_only,
+            reader=current_principal().role,
         )
     except InvalidArgument as exc:
         if exc.field in _FILTER_FIELDS:

@@ -521,6 +521,7 @@ def execution_to_proto(execution: Execution) -> executions_pb2.Execution:
         missed_through=timestamp(execution.missed_through),
         missed_count=execution.missed_count or 0,
         flow_run_id=execution.flow_run_id or "",
+        trace_id=execution.trace_id or "",
     )
     if execution.result is not None:
         message.result.CopyFrom(_receivable(execution.result))

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 import grpc
 from scheduler_client.v1 import queue_pb2, queue_pb2_grpc
 
+from scheduler_grpc import redaction
 from scheduler_grpc.application import Api
+from scheduler_grpc.auth import current_principal
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.services import convert
 
@@ -55,8 +58,13 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         page = await self._control.list_dead_letters(
             request.queue, convert.page_size(request.page_size), request.page_token or None
         )
+        role = current_principal().role
         return queue_pb2.ListDeadLettersResponse(
-            dead_letters=[convert.dead_letter(item) for item in page.items], next_page_token=page.next_page_token or ""
+            # The reason is the run's last error: credentials in it redacted below admin, as everywhere.
+            dead_letters=[
+                convert.dead_letter(replace(item, reason=redaction.error_for(role, item.reason))) for item in page.items
+            ],
+            next_page_token=page.next_page_token or "",
         )
 
     async def RequeueDeadLetters(

@@ -9,7 +9,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from scheduler_grpc import outputs
+from scheduler_grpc import outputs, tracing
 from scheduler_grpc.db.executions import Claim, Outcome
 from scheduler_grpc.executions import DeadReason, ExecutionStatus
 from scheduler_grpc.handlers import ExecutionContext, HandlerError, PermanentHandlerError
@@ -27,7 +27,7 @@ class Attempt(Run):
     slot or a deadline; `started_at` is then its real start (database clock).
     """
 
-    __slots__ = ("claim", "deadline", "due", "lease", "outcome", "seconds", "started_at", "task", "waiter")
+    __slots__ = ("claim", "deadline", "due", "lease", "outcome", "seconds", "span", "started_at", "task", "waiter")
     claim: Claim  # set when claimed (state HELD or RUNNING on)
 
     def __init__(self, lease: Lease) -> None:
@@ -46,6 +46,7 @@ class Attempt(Run):
         self.due = 0.0
         self.started_at: datetime | None = None
         self.waiter: asyncio.Future[None] | None = None  # a STARTING run's wait for a slot
+        self.span: Any = None  # its `run.attempt` span while it runs (tracing on, and the run has a trace)
 
     def end_with(
         self, status: ExecutionStatus, error: str | None = None, result: Any = None, dead: DeadReason | None = None
@@ -135,6 +136,24 @@ async def run_handler(attempt: Attempt, handler: Any, ctx: ExecutionContext) -> 
         return Outcome(claim.execution_id, attempt.token, status, result=result)
     assert error is not None
     return failure(attempt, status, error)
+
+
+async def run_handler_traced(attempt: Attempt, handler: Any, ctx: ExecutionContext) -> Outcome:
+    """`run_handler` under a `handler <name>` span, current while the handler runs (so its log
+    lines carry it and the webhook handler sends it as `traceparent`)."""
+    span = tracing.start(f"handler {attempt.claim.handler}", attributes={"scheduler.handler": attempt.claim.handler})
+    try:
+        with tracing.current(span):
+            outcome = await run_handler(attempt, handler, ctx)
+    except BaseException as exc:
+        tracing.span_error(span, "cancelled" if isinstance(exc, asyncio.CancelledError) else repr(exc))
+        raise
+    else:
+        if failed(outcome):
+            tracing.span_error(span, outcome.error or outcome.status.value)
+        return outcome
+    finally:
+        span.end()
 
 
 def failure(attempt: Attempt, status: ExecutionStatus, error: str) -> Outcome:

@@ -11,14 +11,14 @@ from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from scheduler_grpc import metrics
+from scheduler_grpc import metrics, tracing
 from scheduler_grpc.breakers import BreakerOpen
 from scheduler_grpc.db.executions import Claim
 from scheduler_grpc.errors import SchedulerError
 from scheduler_grpc.events import EventType
 from scheduler_grpc.executions import DeadReason, ExecutionStatus, Trigger
 from scheduler_grpc.handlers import ExecutionContext, HandlerRegistry, HandlerSettings
-from scheduler_grpc.worker.attempt import Attempt, Deadline, failed, run_handler
+from scheduler_grpc.worker.attempt import Attempt, Deadline, failed, run_handler, run_handler_traced
 from scheduler_grpc.worker.lifecycle import State, Stop
 from scheduler_grpc.worker.support import MS, Maintenance, Shared, faulted, log, sleep_until
 
@@ -61,7 +61,7 @@ class Executor:
                 count = sum(1 for other in ready if other.claim.timeout == timeout)
                 deadline = deadlines[timeout] = Deadline(timeout.total_seconds(), count)
             run.deadline = deadline
-            self._spawn(run, self._execute(run))
+            self._spawn(run, self._execute_traced(run) if tracing.enabled else self._execute(run))
         self.observe_starts([run.claim for run in ready])
 
     def _spawn(self, run: Attempt, body: Coroutine[Any, Any, None]) -> None:
@@ -106,7 +106,7 @@ class Executor:
         run.started_at = max(claim.started_at, claim.clock + timedelta(seconds=time.monotonic() - replied))
         run.deadline = Deadline(claim.timeout.total_seconds(), 1)
         self._started_held(run)
-        await self._execute(run)
+        await (self._execute_traced(run) if tracing.enabled else self._execute(run))
 
     async def _slot(self, run: Attempt) -> bool:
         """Wait for the slot of a STARTING run until the reserve grace is over; True once granted."""
@@ -121,6 +121,38 @@ class Executor:
             finally:
                 run.waiter = None
         return run.state is State.RUNNING  # granted, even if the grace ran out meanwhile
+
+    async def _execute_traced(self, run: Attempt) -> None:
+        """`_execute` under the attempt's `run.attempt` span (a child of the span that made the run,
+        whose `traceparent` the claim read), current while it runs; a run made while tracing was
+        off has no trace to join and runs untraced."""
+        claim = run.claim
+        if claim.trace_context is None:
+            await self._execute(run)
+            return
+        span = run.span = tracing.start(
+            "run.attempt",
+            parent=tracing.parent(claim.trace_context),
+            kind="CONSUMER",
+            attributes={
+                "scheduler.run_id": claim.run_id, "scheduler.execution_id": claim.execution_id,
+                "scheduler.job_id": claim.job_id, "scheduler.job_name": claim.job_name,
+                "scheduler.attempt": claim.attempt, "scheduler.handler": claim.handler,
+                "scheduler.trigger": claim.trigger.value, "scheduler.worker_id": self._shared.id,
+            },
+        )  # fmt: skip
+        try:
+            with tracing.current(span):
+                await self._execute(run)
+            if run.outcome is not None:
+                span.set_attribute("scheduler.status", run.outcome.status.value)
+                if failed(run.outcome):
+                    tracing.span_error(span, run.outcome.error or run.outcome.status.value)
+        except BaseException as exc:
+            tracing.span_error(span, "cancelled" if isinstance(exc, asyncio.CancelledError) else repr(exc))
+            raise
+        finally:
+            span.end()
 
     async def _execute(self, run: Attempt) -> None:
         """A started run: its handler under its breaker; its outcome to the completion stage."""
@@ -139,7 +171,10 @@ class Executor:
         except SchedulerError as exc:  # unknown handler (plugin removed): a permanent failure
             outcome = run.end_with(ExecutionStatus.DEAD, error=str(exc), dead=DeadReason.PERMANENT)
         else:
-            outcome = await run_handler(run, handler, self._context(run))
+            if run.span is None:
+                outcome = await run_handler(run, handler, self._context(run))
+            else:
+                outcome = await run_handler_traced(run, handler, self._context(run))
             breaker.record(failed(outcome))  # a cancelled attempt counts neither way
         run.outcome = outcome
         shared.tracker.finished(run)
@@ -195,7 +230,7 @@ class Executor:
         shared.stats.breaker_deferred += 1
         end = State.LAPSED
         try:
-            await shared.executions.release([(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after)
+            await shared.runs.release([(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after)
             await shared.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
             shared.outbox.add([shared.event(EventType.INTERRUPTED, claim, error=str(exc))])
             end = State.HANDED_BACK
@@ -213,7 +248,7 @@ class Executor:
         shared = self._shared
         ends = dict.fromkeys(runs, State.LAPSED)
         try:
-            statuses = await shared.executions.unclaim([(r.claim.execution_id, r.token) for r in runs])
+            statuses = await shared.runs.unclaim([(r.claim.execution_id, r.token) for r in runs])
             now = time.monotonic()
             retries: list[tuple[Attempt, timedelta]] = []
             cancelled: list[Attempt] = []
@@ -247,7 +282,7 @@ class Executor:
         shared = self._shared
         end = State.LAPSED
         try:
-            await shared.executions.release([(r.claim.execution_id, r.token) for r in runs])
+            await shared.runs.release([(r.claim.execution_id, r.token) for r in runs])
             await shared.queue.nack_many([r.lease for r in runs], count_delivery=False)
             now = datetime.now(UTC).isoformat()
             shared.outbox.add([shared.event(EventType.INTERRUPTED, r.claim, now=now) for r in runs])

@@ -20,8 +20,11 @@ from scheduler_grpc import registry as workers
 from scheduler_grpc.breakers import BreakerPolicy, Breakers, BreakerState
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
-from scheduler_grpc.db.executions import ExecutionRepository
+from scheduler_grpc.db.history import HistoryRepository
+from scheduler_grpc.db.runs import RunRepository
+from scheduler_grpc.events import RedisEventBus
 from scheduler_grpc.handlers import HandlerRegistry, HandlerSettings, default_registry, handler_of_breaker_key
+from scheduler_grpc.ports import HistoryPruning, RunStore
 from scheduler_grpc.queue import Queue
 from scheduler_grpc.registry import HEARTBEAT_INTERVAL
 from scheduler_grpc.worker.attempt import Attempt
@@ -43,21 +46,24 @@ class Worker:
     """Executes runs from one queue with `concurrency` slots.
 
     Args:
-        redis: Client for the queue, events and heartbeats.
-        executions: The execution history in PostgreSQL (claims, completions, cancel requests); the
-            worker needs nothing else from PostgreSQL, so a test can hand it a wrapped repository.
+        redis: Client for the queue, events, heartbeats and the cancel channel.
+        runs: The attempts in PostgreSQL (claims, completions, hand-backs, cancel requests): the
+            worker's hot path needs nothing else of PostgreSQL, so a test can hand it a wrapped
+            `RunRepository`.
         registry: The handlers this worker can run.
         settings: Process settings (visibility timeout, grace, breakers, ...).
+        history: What `system.cleanup` prunes the execution history through.
         worker_id: Unique id of this worker process (default host:pid:random).
     """
 
     def __init__(
         self,
         redis: Redis,
-        executions: ExecutionRepository,
+        runs: RunStore,
         registry: HandlerRegistry,
         settings: Settings,
         *,
+        history: HistoryPruning,
         worker_id: str | None = None,
         concurrency: int | None = None,
     ) -> None:
@@ -76,17 +82,19 @@ class Worker:
         tracker: RunTracker[Attempt] = RunTracker(
             self.concurrency, finished_max=self.concurrency * 4, reserve_max=settings.worker_reserve_max
         )
+        bus = RedisEventBus(redis)
         shared = self._shared = Shared(
             self.id,
             redis=redis,
-            executions=executions,
+            runs=runs,
             queue=self.queue,
+            events=bus,
             settings=settings,
             breakers=self.breakers,
             tracker=tracker,
         )
         self._registry = registry
-        self._executor = Executor(shared, registry, Maintenance(redis, executions, self.queue))
+        self._executor = Executor(shared, registry, Maintenance(history, bus, self.queue))
         tracker.hooks(on_slots=shared.slot_free.set, on_granted=self._executor.granted, on_finished=shared.outcomes.set)
         self._fetcher = Fetcher(shared)
         self._completer = Completer(shared)
@@ -199,8 +207,10 @@ async def run_worker(settings: Settings, args: argparse.Namespace, stop: asyncio
     async with connect(settings, session_reset=False) as conns, metrics.serve(settings.metrics_host, port):
         registry = default_registry(HandlerSettings.from_settings(settings))
         try:
-            executions = ExecutionRepository(conns.pool)
-            worker = Worker(conns.redis, executions, registry, settings, concurrency=args.concurrency)
+            worker = Worker(
+                conns.redis, RunRepository(conns.pool), registry, settings,
+                history=HistoryRepository(conns.pool), concurrency=args.concurrency,
+            )  # fmt: skip
             # What start-up made (modules, the registry, pools) lives as long as the process: out of
             # the collector's sight, so a full collection does not walk it again and again.
             gc.freeze()

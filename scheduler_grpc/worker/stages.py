@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from scheduler_grpc import events, metrics, stores
+from scheduler_grpc import metrics, stores, tracing
 from scheduler_grpc.db.executions import REFUSED_ERROR, Claim, Completed
 from scheduler_grpc.events import EventType
 from scheduler_grpc.executions import DeadReason, ExecutionStatus, Trigger
@@ -225,6 +225,7 @@ class Claimer:
         wanted = await self._defer_blocked(runs, fetched)
         if not wanted:
             return
+        began = time.time_ns() if tracing.enabled else 0
         claims, replied = await self._claim(wanted, fetched)
         by_run = {claim.run_id: claim for claim in claims}
         claimed: list[Attempt] = []
@@ -236,6 +237,8 @@ class Claimer:
             else:
                 run.claim = claim
                 claimed.append(run)
+        if began:
+            _trace_claims(claimed, began, self._shared.id)
         self._executor.start(claimed, replied)
         self._shared.stats.claimed += len(claimed)
         if nothing_to_do:  # finished meanwhile, or its job was deleted
@@ -276,13 +279,13 @@ class Claimer:
         items = [(run.id, run.token) for run in runs]
         try:
             if any(run.reserved for run in runs):
-                claims = await shared.executions.claim(items, shared.id, reserved=[run.reserved for run in runs])
+                claims = await shared.runs.claim(items, shared.id, reserved=[run.reserved for run in runs])
             else:  # a batch without reservations pays nothing for them
-                claims = await shared.executions.claim(items, shared.id)
+                claims = await shared.runs.claim(items, shared.id)
             replied = time.monotonic()
             flow_runs = [claim.run_id for claim in claims if claim.trigger not in _ROOT_TRIGGERS]
             if flow_runs:  # a flow run's downstream runs: their handlers get the upstream results
-                upstream = await shared.executions.upstream_results(flow_runs)
+                upstream = await shared.runs.upstream_results(flow_runs)
                 claims = [
                     replace(claim, upstream_results=upstream[claim.run_id]) if claim.run_id in upstream else claim
                     for claim in claims
@@ -291,6 +294,23 @@ class Claimer:
             await give_back_runs(shared, runs, fetched)
             raise
         return claims, replied
+
+
+def _trace_claims(claimed: Sequence[Attempt], began: int, worker_id: str) -> None:
+    """A `run.claim` span per claimed run that has a trace (a child of the span that made it),
+    over the batch's claim statement."""
+    for run in claimed:
+        claim = run.claim
+        if claim.trace_context is None:
+            continue
+        tracing.start(
+            "run.claim",
+            parent=tracing.parent(claim.trace_context),
+            start_time=began,
+            attributes={"scheduler.run_id": claim.run_id, "scheduler.execution_id": claim.execution_id,
+                        "scheduler.attempt": claim.attempt, "scheduler.worker_id": worker_id,
+                        "scheduler.claim_batch": len(claimed), "scheduler.reserved": run.reserved},
+        ).end()  # fmt: skip
 
 
 class Completer:
@@ -348,7 +368,7 @@ class Completer:
         async def record() -> list[Completed]:
             nonlocal tries
             tries += 1  # a try after a failed one may follow a lost reply: then look for its record
-            return await shared.executions.complete(outcomes, resent=tries > 1)
+            return await shared.runs.complete(outcomes, resent=tries > 1)
 
         recorded = await shared.retrying("recording outcomes", record, until)
         tell = _QueueReport(shared)
@@ -477,7 +497,7 @@ class Leases:
         try:
             until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
             items = [(r.claim.execution_id, r.token) for r in losing]
-            await shared.retrying("abandoning lost attempts", lambda: shared.executions.abandon(items), until)
+            await shared.retrying("abandoning lost attempts", lambda: shared.runs.abandon(items), until)
             end = State.ABANDONED
             shared.stats.lost_leases += len(losing)
             log.warning("leases lost; attempts abandoned", extra={"worker_id": shared.id, "runs": len(losing)})
@@ -531,7 +551,7 @@ class Cancels:
             if not by_execution:
                 continue
             try:
-                requested = await shared.executions.cancel_requested(list(by_execution))
+                requested = await shared.runs.cancel_requested(list(by_execution))
                 trouble.recovered()
             except asyncio.CancelledError:
                 raise
@@ -561,7 +581,7 @@ async def publish_loop(shared: Shared) -> None:
         until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
         try:
             await shared.retrying(
-                "publishing events", functools.partial(events.publish_encoded, shared.redis, batch, ids=False), until
+                "publishing events", functools.partial(shared.events.publish_encoded, batch, ids=False), until
             )
         except asyncio.CancelledError:
             raise

@@ -17,9 +17,9 @@ from redis.asyncio import Redis
 from scheduler_grpc import events, metrics, stores
 from scheduler_grpc.breakers import Breakers
 from scheduler_grpc.config import Settings
-from scheduler_grpc.db.executions import Claim, ExecutionRepository
+from scheduler_grpc.db.executions import Claim
 from scheduler_grpc.events import EventType
-from scheduler_grpc.queue import Queue
+from scheduler_grpc.ports import EventBus, HistoryPruning, RunStore, WorkQueue
 from scheduler_grpc.worker.attempt import Attempt
 from scheduler_grpc.worker.lifecycle import RunTracker
 
@@ -52,12 +52,16 @@ class WorkerStats:
 class Shared:
     """The state every stage of one worker reads: its stores, its runs (`tracker`), its events.
 
+    Its stores are what the stages need of them (`scheduler_grpc.ports`): `runs` (the attempts in
+    PostgreSQL), `queue` (the leases in Redis), `events` (the stream the outbox is published to);
+    `redis` is left for the cancel channel.
+
     `spawn` starts a task in the role's task group (supervised: a bug in it ends the role), `fail`
     ends the role from a callback, where raising would only be logged by the event loop.
     """
 
     __slots__ = (
-        "breakers", "executions", "group", "id", "outbox", "outcomes", "queue", "redis", "retry_until",
+        "breakers", "events", "group", "id", "outbox", "outcomes", "queue", "redis", "retry_until", "runs",
         "settings", "slot_free", "stats", "tracker",
     )  # fmt: skip
 
@@ -66,16 +70,18 @@ class Shared:
         worker_id: str,
         *,
         redis: Redis,
-        executions: ExecutionRepository,
-        queue: Queue,
+        runs: RunStore,
+        queue: WorkQueue,
+        events: EventBus,
         settings: Settings,
         breakers: Breakers,
         tracker: RunTracker[Attempt],
     ) -> None:
         self.id = worker_id
         self.redis = redis
-        self.executions = executions
+        self.runs = runs
         self.queue = queue
+        self.events = events
         self.settings = settings
         self.breakers = breakers
         self.tracker = tracker
@@ -224,16 +230,16 @@ class Outbox:
 class Maintenance:
     """What `system.cleanup` may touch, implemented over our stores."""
 
-    def __init__(self, redis: Redis, executions: ExecutionRepository, queue: Queue) -> None:
-        self._redis = redis
-        self._executions = executions
+    def __init__(self, history: HistoryPruning, events: EventBus, queue: WorkQueue) -> None:
+        self._history = history
+        self._events = events
         self._queue = queue
 
     async def prune_executions(self, older_than: datetime) -> int:
-        return await self._executions.prune(older_than)
+        return await self._history.prune(older_than)
 
     async def trim_events(self, older_than: datetime) -> int:
-        return await events.trim_before(self._redis, older_than)
+        return await self._events.trim_before(older_than)
 
     async def trim_dead_letters(self, older_than: datetime) -> int:
         age = max(datetime.now(UTC) - older_than, timedelta(0))

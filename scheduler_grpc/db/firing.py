@@ -1,0 +1,291 @@
+"""Making runs in PostgreSQL: the leader's fire (fenced by its term in the one statement) and the
+API's triggers and backfills (idempotent per slot and request id).
+
+Each is ONE statement over arrays (`unnest`), so a batch of any size costs one round trip and
+commits atomically.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+
+import asyncpg
+
+from scheduler_grpc.db.executions import (
+    COLUMNS,
+    SNAPSHOT_COLUMNS,
+    Advance,
+    PlannedSlot,
+    Queryable,
+    Queued,
+    TriggerOutcome,
+    TriggerRequest,
+    TriggerResult,
+    execution_from_row,
+    executions_by_id,
+    ids,
+    new_execution_id,
+    queued_from_row,
+    snapshot,
+)
+from scheduler_grpc.errors import Fenced
+from scheduler_grpc.executions import ExecutionStatus, Trigger
+
+
+class FiringRepository:
+    """Inserts of new runs into `job_executions` (`ports.FiringStore`, `ports.TriggerStore`).
+
+    Over a pool (each call on a connection of its own) or over the one connection of a transaction.
+    """
+
+    def __init__(self, pool: Queryable, *, scope: str = "scheduler") -> None:
+        self._pool = pool
+        self._scope = scope  # the leader_state scope `fire` fences on
+
+    async def fire(self, term: int, advances: Sequence[Advance], slots: Sequence[PlannedSlot]) -> list[Queued]:
+        """`fire_clocked` without the clock."""
+        queued, _ = await self.fire_clocked(term, advances, slots)
+        return queued
+
+    async def fire_clocked(
+        self,
+        term: int,
+        advances: Sequence[Advance],
+        slots: Sequence[PlannedSlot],
+        trace_contexts: Sequence[str | None] = (),
+    ) -> tuple[list[Queued], datetime]:
+        """Record planned slots and advance their jobs, atomically, under leader term `term`.
+
+        One statement: the fence (the term must still be current; FOR SHARE makes a concurrent
+        term change wait for us), the compare-and-set of each job's next_run_time (a job whose
+        next_run_time moved meanwhile is left alone, and so are its slots), and the inserts
+        (`ON CONFLICT DO NOTHING` on (job, slot, attempt): a slot can never fire twice; a `missed`
+        range's row holds its first slot, and the compare-and-set moves next_run_time past its
+        last, so no later row can be made for a slot inside it).
+
+        Concurrency policies, over the `queued` slots of a job recorded together (several after a
+        pause or with `run_all`) as well as against the runs open before the statement:
+        `forbid` runs the first of them, and none if a run of the job is still open; `replace`
+        runs the newest (the caller cancels the runs open before: `open_run_ids`). The others are
+        recorded `skipped`: never enqueued, they were not runs to cancel, and `skipped` is what
+        "not run: the concurrency policy" already reads as.
+
+        Returns:
+            The runs inserted as `queued`, to be enqueued in Redis (the outbox order: PostgreSQL
+            first; if we crash before enqueueing, reconcile finds them), and the database clock as
+            the statement ended: a run due later is enqueued delayed by its due time less this
+            clock, which was read before the enqueue whatever the offset of the Redis clock.
+
+        `trace_contexts`: the `traceparent` each slot's run is made under (tracing on), in the
+        order of `slots`; empty (tracing off): none.
+
+        Raises:
+            Fenced: `term` is no longer the current term; nothing was written.
+        """
+        rows = await self._pool.fetch(
+            f"""
+            WITH fence AS (
+                SELECT term FROM leader_state WHERE scope = $1 AND term = $2 FOR SHARE
+            ), advanced AS (
+                UPDATE jobs j SET next_run_time = a.new_next, updated_at = now()
+                FROM unnest($3::uuid[], $4::timestamptz[], $5::timestamptz[]) AS a(job_id, old_next, new_next)
+                WHERE j.id = a.job_id AND j.next_run_time = a.old_next AND j.status = 'active'
+                  AND EXISTS (SELECT 1 FROM fence)
+                RETURNING j.id, j.priority, j.concurrency_policy, {snapshot("j")}
+            ), planned AS (
+                -- Each run's id (and run_id) is made here: a CTE read twice is evaluated once.
+                -- The EXISTS sees only rows from before this statement, so the slots of a job
+                -- recorded together are weighed against each other here (the window `w`).
+                SELECT uuid_v7() AS id, p.*, a.priority, {snapshot("a")},
+                       CASE WHEN p.status <> 'queued' OR a.concurrency_policy = 'allow' THEN p.status
+                            -- forbid: the statement's first slot runs, if no run was open before it
+                            WHEN a.concurrency_policy = 'forbid' AND (
+                                p.scheduled_for > min(p.scheduled_for) FILTER (WHERE p.status = 'queued') OVER w
+                                OR EXISTS (SELECT 1 FROM job_executions o
+                                           WHERE o.job_id = p.job_id AND o.finished_at IS NULL))
+                            THEN 'skipped'
+                            -- replace: the statement's newest slot runs (the runs open before it are
+                            -- cancelled after the statement, `LeaderLoops._replace_earlier_runs`)
+                            WHEN a.concurrency_policy = 'replace'
+                                 AND p.scheduled_for < max(p.scheduled_for) FILTER (WHERE p.status = 'queued') OVER w
+                            THEN 'skipped'
+                            ELSE p.status END AS final_status
+                -- unnest pads a shorter array with NULLs: $12 is empty when tracing is off.
+                FROM unnest($6::uuid[], $7::timestamptz[], $8::text[], $9::timestamptz[], $10::timestamptz[],
+                            $11::integer[], $12::text[]) WITH ORDINALITY
+                     AS p(job_id, scheduled_for, status, due_at, missed_through, missed_count, trace_context, n)
+                JOIN advanced a ON a.id = p.job_id
+                WINDOW w AS (PARTITION BY p.job_id)
+            ), inserted AS (
+                INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
+                                            priority, term, finished_at, missed_through, missed_count,
+                                            trace_context, {SNAPSHOT_COLUMNS})
+                SELECT id, id, job_id, scheduled_for, 1, final_status, 'schedule', due_at, priority, $2,
+                       CASE WHEN final_status = 'queued' THEN NULL ELSE now() END, missed_through, missed_count,
+                       trace_context, {SNAPSHOT_COLUMNS}
+                FROM planned
+                ON CONFLICT DO NOTHING
+                RETURNING id, job_id, status, priority, due_at
+            )
+            SELECT (SELECT count(*) FROM fence) AS fenced_in, i.id, i.id AS run_id, i.job_id, i.status, i.priority,
+                   i.due_at, p.handler, p.queue, p.payload, clock_timestamp() AS clock
+            FROM (SELECT 1) AS one
+            LEFT JOIN inserted i ON true
+            LEFT JOIN planned p ON p.id = i.id
+            ORDER BY p.n  -- the planned order (the window sorted by job), which is the enqueue order
+            """,
+            self._scope,
+            term,
+            # Job ids as text: the uuid codec parses them (in C) and refuses a malformed one.
+            [advance.job_id for advance in advances],
+            [advance.old for advance in advances],
+            [advance.new for advance in advances],
+            [slot.job_id for slot in slots],
+            [slot.scheduled_for for slot in slots],
+            [slot.status.value for slot in slots],
+            [slot.due_at for slot in slots],
+            [slot.missed_through for slot in slots],
+            [slot.missed_count for slot in slots],
+            list(trace_contexts),
+        )
+        if not rows or rows[0]["fenced_in"] == 0:
+            raise Fenced(f"leader term {term} is no longer current")
+        queued = [
+            queued_from_row(row) for row in rows if row["id"] is not None and row["status"] == ExecutionStatus.QUEUED
+        ]
+        return queued, max(row["clock"] for row in rows)
+
+    async def open_run_ids(self, job_ids: Sequence[str], *, excluding: Sequence[str] = ()) -> list[str]:
+        """Runs of these jobs whose latest attempt is queued or running (for the `replace` policy)."""
+        rows = await self._pool.fetch(
+            """SELECT DISTINCT run_id FROM job_executions
+               WHERE job_id = ANY($1::uuid[]) AND finished_at IS NULL AND NOT run_id = ANY($2::uuid[])""",
+            ids(job_ids),
+            ids(excluding),
+        )
+        return [str(row["run_id"]) for row in rows]
+
+    async def trigger(
+        self,
+        job_id: str,
+        trigger: Trigger,
+        slots: Sequence[datetime],
+        *,
+        request_id: str | None = None,
+        due_at: datetime | None = None,
+    ) -> list[Queued]:
+        """Create runs outside the schedule (manual trigger, backfill), idempotent per slot / request_id.
+
+        A slot inside a `missed` range already has its record (the range's row), as it had when
+        each missed slot had its own row: no run is created for it.
+        """
+        ids = [new_execution_id() for _ in slots]
+        rows = await self._pool.fetch(
+            f"""
+            WITH job AS (SELECT id, priority, {SNAPSHOT_COLUMNS} FROM jobs WHERE id = $1)
+            INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
+                                        priority, request_id, {SNAPSHOT_COLUMNS})
+            SELECT s.id, s.id, job.id, s.slot, 1, 'queued', $2, coalesce($5, now()), job.priority, $4,
+                   {snapshot("job")}
+            FROM job, unnest($3::uuid[], $6::timestamptz[]) AS s(id, slot)
+            WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
+                SELECT 1 FROM (
+                    SELECT m.missed_through FROM job_executions m
+                    WHERE m.job_id = job.id AND m.final_status = 'missed' AND m.scheduled_for <= s.slot
+                    ORDER BY m.scheduled_for DESC LIMIT 1
+                ) AS range WHERE range.missed_through >= s.slot
+            )
+            ON CONFLICT DO NOTHING
+            RETURNING id AS run_id, job_id, priority, due_at, handler, queue, payload
+            """,
+            uuid.UUID(job_id),
+            trigger.value,
+            ids,
+            request_id,
+            due_at,
+            list(slots),
+        )
+        return [queued_from_row(row) for row in rows]
+
+    async def trigger_now(self, requests: Sequence[TriggerRequest]) -> list[TriggerResult]:
+        """Create one manual run per request, for many jobs at once, in ONE statement (group commit).
+
+        Each request is decided on its own (`TriggerOutcome`): a new run, the run an earlier call
+        with the same `request_id` created (idempotency: returned, nothing created), no such job, a
+        slot inside a `missed` range of its job (the range's row is its record, as in `trigger`),
+        or a collision on its slot (another run of the job has the very same `scheduled_for`: the
+        caller retries with another slot). The new run's first attempt comes back from the INSERT
+        itself, so nothing is read again. Requests of one batch must have distinct slots per job
+        and distinct `(job_id, request_id)` pairs.
+
+        Returns:
+            One result per request, in their order.
+        """
+        if not requests:
+            return []
+        try:
+            rows = await self._fetch_trigger_now(requests)
+        except asyncpg.ForeignKeyViolationError:
+            if len(requests) > 1:
+                raise  # which one is not known: the caller asks again one request at a time
+            return [TriggerResult(TriggerOutcome.NO_JOB)]  # deleted between the statement's read and insert
+        priors = {row["prior_id"] for row in rows if row["id"] is None and row["prior_id"] is not None}
+        earlier = {e.id: e for e in await executions_by_id(self._pool, [str(i) for i in priors])} if priors else {}
+        results: list[TriggerResult] = []
+        for row in rows:
+            if row["id"] is not None:
+                results.append(TriggerResult(TriggerOutcome.CREATED, execution_from_row(row), queued_from_row(row)))
+            elif row["prior_id"] is not None and str(row["prior_id"]) in earlier:
+                results.append(TriggerResult(TriggerOutcome.REPEATED, earlier[str(row["prior_id"])]))
+            elif not row["job_found"]:
+                results.append(TriggerResult(TriggerOutcome.NO_JOB))
+            elif not row["eligible"]:
+                results.append(TriggerResult(TriggerOutcome.MISSED))
+            else:
+                results.append(TriggerResult(TriggerOutcome.COLLIDED))
+        return results
+
+    async def _fetch_trigger_now(self, requests: Sequence[TriggerRequest]) -> list[asyncpg.Record]:
+        return await self._pool.fetch(
+            f"""
+            WITH r AS (
+                -- $6 is empty (NULLs) when tracing is off.
+                SELECT * FROM unnest($1::integer[], $2::uuid[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[])
+                    AS r(ord, id, job_id, slot, request_id, trace_context)
+            ), eligible AS (
+                SELECT r.id, r.job_id, r.slot, r.request_id, r.trace_context, j.priority, {snapshot("j")}
+                FROM r JOIN jobs j ON j.id = r.job_id
+                WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
+                    SELECT 1 FROM (
+                        SELECT m.missed_through FROM job_executions m
+                        WHERE m.job_id = r.job_id AND m.final_status = 'missed' AND m.scheduled_for <= r.slot
+                        ORDER BY m.scheduled_for DESC LIMIT 1
+                    ) AS range WHERE range.missed_through >= r.slot
+                )
+            ), inserted AS (
+                INSERT INTO job_executions AS e (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
+                                                 priority, request_id, trace_context, {SNAPSHOT_COLUMNS})
+                SELECT id, id, job_id, slot, 1, 'queued', 'manual', now(), priority, request_id, trace_context,
+                       {SNAPSHOT_COLUMNS}
+                FROM eligible
+                ON CONFLICT DO NOTHING
+                RETURNING {COLUMNS}, e.handler, e.queue, e.payload
+            )
+            SELECT r.ord, j.id IS NOT NULL AS job_found, el.id IS NOT NULL AS eligible, p.id AS prior_id, i.*
+            FROM r
+            LEFT JOIN jobs j ON j.id = r.job_id
+            LEFT JOIN eligible el ON el.id = r.id
+            LEFT JOIN inserted i ON i.id = r.id
+            -- The statement's snapshot: a run an EARLIER call created (not one this INSERT made).
+            LEFT JOIN job_executions p ON p.job_id = r.job_id AND p.request_id = r.request_id
+            ORDER BY r.ord
+            """,
+            list(range(len(requests))),
+            [new_execution_id() for _ in requests],
+            [uuid.UUID(request.job_id) for request in requests],
+            [request.slot for request in requests],
+            [request.request_id for request in requests],
+            [request.trace_context for request in requests] if any(r.trace_context for r in requests) else [],
+        )
