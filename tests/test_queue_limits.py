@@ -516,8 +516,10 @@ async def test_a_rate_drains_a_backlog_at_the_rate_and_no_second_exceeds_it_plus
     fullest = max(sum(1 for other in starts[i:] if other < start + 1000) for i, start in enumerate(starts))
     rate = (len(starts) - 11) / ((starts[-1] - starts[0]) / 1000)
     print(f"drained at {rate:.1f}/s, fullest second {fullest} starts")
-    assert fullest <= 110
-    assert 85 <= rate <= 100.5, rate
+    assert fullest <= 110  # exact: the GCRA never lets more through
+    # Measured 99.9-100.0/s on an idle machine; the floor leaves room for a loaded one and still
+    # catches a queue that lets consumers sleep past the retry time (a 2 s block: a few runs/s).
+    assert 60 <= rate <= 100.5, rate
 
 
 async def test_runs_with_limits_are_never_reserved_ahead(redis: aioredis.Redis) -> None:
@@ -528,7 +530,7 @@ async def test_runs_with_limits_are_never_reserved_ahead(redis: aioredis.Redis) 
     leases, wait_s = await queue._take("w", VT, 5, reserve=timedelta(seconds=5), reserve_count=5)
     assert leases == []
     assert wait_s is not None
-    assert 0.2 < wait_s <= 0.4  # until it is due, not until it comes within the window
+    assert 0.2 < wait_s <= 0.401  # until it is due (enqueue rounds up a ms), not within the window
     [lease] = await queue.dequeue_blocking(
         "w", VT, 5, timedelta(seconds=3), reserve=timedelta(seconds=5), reserve_count=5
     )
