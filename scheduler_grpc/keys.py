@@ -31,6 +31,26 @@ class QueueKeys:
             max_stalls - 1 times, so it runs only alone on an idle worker (see `Queue.dequeue`).
         drainer: STRING, the worker asked to become idle for a solo item (expires).
         request(id): STRING, the remembered reply of one script call (see `resend`), short-lived.
+
+    Keyed flow control (limits, see `queue.py`); `lk` below is `limit NUL key`, `group` the
+    canonical JSON of a run's sorted limit keys (`gcra.encode_group`):
+
+        limdef: HASH limit name -> its definition as the scripts read it (`gcra.encode_definition`).
+        lims: HASH id -> group, for every item (in any state) that carries limit keys.
+        gwait: ZSET (all scores 0, read BYLEX) of `group NUL ready-score NUL id`: the waiting items of
+            every group, each group's in priority then FIFO order.
+        gmem: HASH id -> its gwait member, while it waits in a group.
+        gactive: ZSET group -> round-robin turn: groups with waiting items that are not parked.
+        gdelay: ZSET group -> ms (Redis clock) when a parked group wakes (rate retry, pause end).
+        gblock: HASH group -> why it waits (JSON: limit, key, since ms, kind, its kpark member, woken).
+        grr: STRING counter giving round-robin turns and park order.
+        kpark: ZSET (scores 0, BYLEX) of `lk NUL turn NUL group`: groups parked on a key, FIFO.
+        kqueued: HASH lk -> runs waiting in groups that contain the key.
+        held: HASH lk -> concurrency units held by leased runs.
+        holds: HASH id -> the units its lease holds (JSON [[lk, units], ...]), deleted on return.
+        tat: ZSET lk -> a rate key's theoretical arrival time, whole ms (GCRA, see `gcra.py`).
+        tatrem: HASH lk -> the TAT's remainder in 1/limit ms steps (absent when 0).
+        kpause: ZSET lk -> ms until which the key admits nothing (paused by hand or by back-pressure).
     """
 
     name: str
@@ -100,6 +120,66 @@ class QueueKeys:
     @property
     def drainer(self) -> str:
         return self._key("drainer")
+
+    @property
+    def limdef(self) -> str:
+        return self._key("limdef")
+
+    @property
+    def lims(self) -> str:
+        return self._key("lims")
+
+    @property
+    def gwait(self) -> str:
+        return self._key("gwait")
+
+    @property
+    def gmem(self) -> str:
+        return self._key("gmem")
+
+    @property
+    def gactive(self) -> str:
+        return self._key("gactive")
+
+    @property
+    def gdelay(self) -> str:
+        return self._key("gdelay")
+
+    @property
+    def gblock(self) -> str:
+        return self._key("gblock")
+
+    @property
+    def grr(self) -> str:
+        return self._key("grr")
+
+    @property
+    def kpark(self) -> str:
+        return self._key("kpark")
+
+    @property
+    def kqueued(self) -> str:
+        return self._key("kqueued")
+
+    @property
+    def held(self) -> str:
+        return self._key("held")
+
+    @property
+    def holds(self) -> str:
+        return self._key("holds")
+
+    @property
+    def tat(self) -> str:
+        return self._key("tat")
+
+    @property
+    def tatrem(self) -> str:
+        return self._key("tatrem")
+
+    @property
+    def kpause(self) -> str:
+        return self._key("kpause")
 
 
 @dataclass(frozen=True)

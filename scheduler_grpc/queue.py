@@ -1,7 +1,9 @@
 """The reliable priority queue: Redis sorted sets moved between by one Lua script per operation.
 
-An item is an id (an execution UUID later), a priority and an opaque payload. It is in exactly one
-of four sorted sets of its queue (all keys share the hash tag `{q:<name>}`, see `QueueKeys`):
+An item is an id (an execution UUID later), a priority, an opaque payload and, optionally, limit
+keys. It is in exactly one of four sorted sets of its queue (all keys share the hash tag
+`{q:<name>}`, see `QueueKeys`), except that an item with limit keys waits in its group's backlog
+where another would wait in ready (see "Keyed flow control" below):
 
 - ready: waiting to run, scored `(PRIORITY_MAX - priority) * 2**42 + seq`, so the lowest score is the
   most urgent item and, within a priority, the earliest to become ready. `seq` comes from `INCR`, so
@@ -34,6 +36,31 @@ at once and the marker persists until consumed, which rules out a lost wake-up. 
 says when the earliest delayed item is due, and the wait ends then; an enqueue of a delayed item
 that becomes the earliest sets the marker too, so a waiter learns the new time.
 
+Keyed flow control (limits). An item may carry limit keys (`NewItem.limits`: `LimitKey(limit, key,
+units)`), resolved by the caller; the definitions (`LimitDefinition`: a concurrency cap per key, or
+a GCRA rate per key with a burst, see `gcra.py`; per-key overrides) live in the queue's `limdef`
+hash, written by `put_limit_definitions` or along with an `enqueue_many`. Limit state is per queue,
+under its hash tag: jobs on two queues that name the same limit and key are counted separately. An
+item with limit keys never enters ready: whenever it would (enqueue, promote, nack, hand-back,
+recover, requeue), it joins its *group*'s backlog, the group being the canonical string of its
+sorted limit keys (`gcra.encode_group`), ordered by the same ready score (priority, then FIFO). A
+dequeue serves the active groups round-robin, merged with ready by ready score, and leases a
+group's best run only when every key admits its units: a concurrency key while the units held
+leave room (a run asking for more than the limit runs when its key holds none), a rate key by
+GCRA, a paused key never. Taking the units is part of the lease script. A group found blocked is
+parked (on the key for a concurrency unit, a pause or a missing definition; in the `gdelay` set
+until the exact GCRA retry time or the pause's end), `gblock` recording why and since when
+(`blocked_by`). So a key with a huge backlog delays no other key, and the work per dequeue grows
+with the groups that have room (at most `count + 8` group turns per call), never with the parked
+ones; an empty dequeue's wait accounts for the earliest parked group's time. Concurrency units are
+held exactly while the lease is: every script that ends a lease (ack, finish, nack, recover,
+dead_letter) gives them back through the run's `holds` record, deleted on return, so a resent or
+late return gives nothing back twice, and a returned unit wakes the groups parked on its key.
+`pause_key`/`resume_key` pause a key by hand; `nack(retry_after=)` pauses the run's keys and hands
+the run back without counting the delivery. `key_state` reads a key. In a queue where no item
+carries limit keys, every item takes exactly the path above, and each script call pays one EXISTS
+more (whether any item does), not a lookup per item.
+
 The queue knows nothing of gRPC or PostgreSQL; the scheduler records what `recover_expired`,
 `dead_letter`, `requeue_dead` and `purge_dead` report.
 """
@@ -56,6 +83,7 @@ from redis.commands.core import AsyncScript
 
 from scheduler_grpc import pagetokens, resend, stores
 from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
+from scheduler_grpc.gcra import LimitDefinition, LimitKey, encode_definition, encode_group
 from scheduler_grpc.keys import QueueKeys
 from scheduler_grpc.rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.scripts import source as _script_source
@@ -67,11 +95,15 @@ __all__ = [
     "MAX_BATCH",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "BlockedBy",
     "DeadItem",
     "DeadPage",
     "ItemState",
+    "KeyState",
     "Lease",
     "Leased",
+    "LimitDefinition",
+    "LimitKey",
     "NewItem",
     "Queue",
     "QueueStats",
@@ -125,12 +157,16 @@ class NewItem:
         priority: PRIORITY_MIN..PRIORITY_MAX; higher runs first.
         data: Opaque payload returned with every lease (a str is stored as UTF-8).
         delay: Wait this long (Redis clock) in the delayed set first; None or zero: ready now.
+        limits: The run's limit keys (see the module docstring): when there are any, the item
+            waits in its group's backlog instead of ready and is leased only when every key
+            admits its units. Kept with the item in every state (a retry, a dead-letter requeue).
     """
 
     id: str
     priority: int = 0
     data: bytes | str = b""
     delay: timedelta | None = None
+    limits: tuple[LimitKey, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +242,48 @@ class DeadPage:
 
     items: list[DeadItem]
     next_page_token: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """One limit key's state in this queue (`Queue.key_state`), read atomically.
+
+    Attributes:
+        running: Concurrency units held by leased runs (0 for a rate limit).
+        queued: Runs waiting in groups that contain this key (ready or parked; not delayed ones).
+        next_admission: When the key admits one unit by its rate and pause (the read time when it
+            would now); None when a concurrency limit is full (it waits for a unit to come back),
+            the key is paused until resumed, or the limit has no definition in this queue.
+        paused_until: The end of a pause (`pause_key`, back-pressure); None when not paused.
+    """
+
+    running: int
+    queued: int
+    next_admission: datetime | None
+    paused_until: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedBy:
+    """Why a waiting run waits (`Queue.blocked_by`): its group is parked on `limit` and `key`.
+
+    Attributes:
+        limit: The limit's name.
+        key: The key.
+        since: When its group was parked on that key (Redis clock, UTC).
+        kind: `concurrency` (no unit free), `rate` (until the GCRA retry time), `paused`, or
+            `undefined` (the limit has no definition in this queue, or a limit of 0).
+    """
+
+    limit: str
+    key: str
+    since: datetime
+    kind: str
+
+
+_BLOCK_KINDS: Final = {"c": "concurrency", "r": "rate", "p": "paused", "u": "undefined"}
+_FOREVER_MS: Final = 2**52
+"""A pause with no end (queue_limits.lua's and queue_dequeue.lua's FOREVER)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,33 +411,44 @@ class Queue:
             names = _key_names(key_names)
             return _Op(redis, script, names, [key_of(key) for key in names], once=once)
 
-        self._enqueue = op("enqueue", "ready delayed priority data seq marker")
+        # What lua/_groups.lua needs, in this order after each script's own keys.
+        groups = "lims gwait gmem gactive gdelay gblock grr kpark kqueued held holds"
+        self._enqueue = op("enqueue", f"ready delayed priority data seq marker limdef {groups}")
         # once=True: not safe to run twice (see `resend`); the others are.
         self._dequeue = op(
             "dequeue",
-            "ready processing priority data deliveries lease owner lease_seq marker delayed seq solo drainer",
+            "ready processing priority data deliveries lease owner lease_seq marker delayed seq solo drainer limdef "
+            f"{groups} tat tatrem kpause",
             once=True,
         )
-        self._ack = op("ack", "processing priority data deliveries lease owner")
-        self._nack = op("nack", "processing ready delayed priority deliveries lease owner seq marker solo")
+        self._ack = op("ack", f"processing priority data deliveries lease owner ready seq marker {groups}")
+        self._nack = op(
+            "nack", f"processing ready delayed priority deliveries lease owner seq marker solo {groups} kpause"
+        )
         self._extend = op("extend", "processing lease")
         self._recover = op(
             "recover",
-            "processing ready dead priority deliveries lease owner dead_reason seq marker solo delayed",
+            f"processing ready dead priority deliveries lease owner dead_reason seq marker solo delayed {groups}",
             once=True,
         )
-        self._promote = op("promote", "delayed ready priority seq marker")
-        self._dead_letter = op("dead_letter", "processing ready delayed dead lease owner dead_reason solo")
+        self._promote = op("promote", f"delayed ready priority seq marker {groups}")
+        self._dead_letter = op(
+            "dead_letter", f"processing ready delayed dead lease owner dead_reason solo seq marker {groups}"
+        )
         self._finish = op(
-            "finish", "processing ready delayed dead priority data deliveries lease owner dead_reason seq marker solo"
+            "finish",
+            f"processing ready delayed dead priority data deliveries lease owner dead_reason seq marker solo {groups}",
         )
         self._list_dead = op("list_dead", "dead priority data deliveries dead_reason")
-        self._requeue_dead = op("requeue_dead", "dead ready priority deliveries dead_reason seq marker", once=True)
-        self._purge_dead = op("purge_dead", "dead priority data deliveries lease owner dead_reason", once=True)
-        self._restore_dead = op("restore_dead", "dead priority data dead_reason")
-        self._remove = op("remove", "ready delayed priority data deliveries solo")
-        self._states = op("states", "ready processing delayed dead")
-        self._rearm = op("rearm", "ready marker")
+        self._requeue_dead = op(
+            "requeue_dead", f"dead ready priority deliveries dead_reason seq marker {groups}", once=True
+        )
+        self._purge_dead = op("purge_dead", "dead priority data deliveries lease owner dead_reason lims", once=True)
+        self._restore_dead = op("restore_dead", "dead priority data dead_reason lims")
+        self._remove = op("remove", f"ready delayed priority data deliveries solo seq marker {groups}")
+        self._states = op("states", "ready processing delayed dead gmem")
+        self._rearm = op("rearm", "ready marker gactive")
+        self._limits = op("limits", f"ready seq marker limdef {groups} tat tatrem kpause")
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -389,6 +478,7 @@ class Queue:
         priority: int = 0,
         data: bytes | str = b"",
         delay: timedelta | None = None,
+        limits: Iterable[LimitKey] = (),
     ) -> bool:
         """Add one item, ready now or after `delay`.
 
@@ -397,6 +487,7 @@ class Queue:
             priority: PRIORITY_MIN..PRIORITY_MAX; higher runs first, FIFO within a priority.
             data: Opaque payload handed back with each lease.
             delay: Keep it in the delayed set this long (Redis clock) before it can be promoted.
+            limits: Its limit keys (see `NewItem.limits`).
 
         Returns:
             True if added, False if the id was already queued.
@@ -405,14 +496,19 @@ class Queue:
             InvalidArgument: a bad id, priority or delay.
             Unavailable: Redis did not answer in time.
         """
-        item = NewItem(item_id, priority, data, delay)
+        item = NewItem(item_id, priority, data, delay, tuple(limits))
         args = _item_args(item, lambda attr: "item_id" if attr == "id" else attr)
-        return int(await self._run(self._enqueue, args)) == 1
+        return int(await self._run(self._enqueue, [0, *args])) == 1
 
-    async def enqueue_many(self, items: Iterable[NewItem]) -> int:
+    async def enqueue_many(self, items: Iterable[NewItem], definitions: Iterable[LimitDefinition] = ()) -> int:
         """Add many items in one atomic script call; ids already known are skipped.
 
         An enqueue that makes work ready sets the wake-up marker, so one idle worker wakes.
+
+        Args:
+            items: The items.
+            definitions: Limit definitions written first, in the same call (`put_limit_definitions`
+                without its wake-ups), so the definitions the items need travel with them.
 
         Returns:
             How many items were added.
@@ -421,12 +517,15 @@ class Queue:
             InvalidArgument: naming the first bad field, e.g. `items[3].priority`; nothing is added.
             Unavailable: Redis did not answer in time.
         """
+        defs = _definition_args(definitions)
         args: list[Any] = []
         for index, item in enumerate(items):
             args += _item_args(item, f"items[{index}].{{}}".format)
         if not args:
+            if defs:
+                await self.put_limit_definitions(definitions)
             return 0
-        return int(await self._run(self._enqueue, args))
+        return int(await self._run(self._enqueue, [len(defs) // 2, *defs, *args]))
 
     # -- taking work ----------------------------------------------------------------------------
 
@@ -645,6 +744,7 @@ class Queue:
         delay: timedelta = timedelta(0),
         *,
         count_delivery: bool = True,
+        retry_after: timedelta | None = None,
     ) -> bool:
         """Return a leased item to the queue with its priority.
 
@@ -661,11 +761,18 @@ class Queue:
                 the `max_stalls`-th, it will be solo). Pass False for work returned unstarted (its
                 breaker is open, the worker is shutting down): the delivery is given back, so such
                 returns never bring an item closer to being dead-lettered as stalled.
+            retry_after: Back-pressure from the upstream ("rate limited, retry after T"): every
+                limit key of the item is paused that long (Redis clock; an existing later pause
+                is kept), the delivery is given back (it costs no attempt and no stall), and the
+                item rejoins its group at once, where it waits for the pause to end. An item
+                without limit keys goes to the delayed set for that long instead. `delay` is
+                ignored then.
 
         Returns:
             True if returned; False if the lease was lost (nothing changed).
         """
-        return (await self.nack_many([(item_id, token)], delay, count_delivery=count_delivery))[0]
+        leases = [(item_id, token)]
+        return (await self.nack_many(leases, delay, count_delivery=count_delivery, retry_after=retry_after))[0]
 
     async def nack_many(
         self,
@@ -673,13 +780,15 @@ class Queue:
         delay: timedelta = timedelta(0),
         *,
         count_delivery: bool = True,
+        retry_after: timedelta | None = None,
     ) -> list[bool]:
         """`nack` many leases in one atomic script call; one flag per lease, False = lease lost."""
         delay_ms = _to_ms(delay, "delay")
+        pause_ms = 0 if retry_after is None else _to_ms(retry_after, "retry_after", minimum=1)
         args = _lease_args(leases)
         if not args:
             return []
-        reply = await self._run(self._nack, [delay_ms, 1 if count_delivery else 0, self.max_stalls, *args])
+        reply = await self._run(self._nack, [delay_ms, 1 if count_delivery else 0, self.max_stalls, pause_ms, *args])
         return [bool(flag) for flag in reply]
 
     async def finish_many(
@@ -802,8 +911,9 @@ class Queue:
 
         Args:
             item_id: The item.
-            token: Its lease token when a worker holds it; None for an item waiting in ready or
-                delayed (a processing item is only parked under its token).
+            token: Its lease token when a worker holds it (its limit units come back); None for
+                an item waiting in ready, delayed or its group (a processing item is only parked
+                under its token). A parked item keeps its limit keys for a requeue.
             reason: Why, shown by `list_dead`.
 
         Returns:
@@ -880,18 +990,19 @@ class Queue:
         """Park items `(item, reason)` in the dead set directly, unless the queue knows them already.
 
         The rebuild of a dead-letter queue that Redis lost: PostgreSQL knows which runs are dead
-        and why (see the scheduler's reconcile). `item.delay` is ignored.
+        and why (see the scheduler's reconcile). `item.delay` is ignored; `item.limits` are kept,
+        so a requeue puts the item back in its group.
 
         Returns:
             How many were parked (ids the queue knew, in any state, are skipped).
         """
         args: list[Any] = []
         for index, (item, reason) in enumerate(items):
-            item_id, priority, _, data = _item_args(item, functools.partial("items[{}].{}".format, index))
-            args += [item_id, priority, data, str(reason)]
+            item_id, priority, _, data, group = _item_args(item, functools.partial("items[{}].{}".format, index))
+            args += [item_id, priority, data, str(reason), group]
         parked = 0
-        for start in range(0, len(args), 4 * MAX_BATCH):
-            parked += int(await self._run(self._restore_dead, args[start : start + 4 * MAX_BATCH]))
+        for start in range(0, len(args), 5 * MAX_BATCH):
+            parked += int(await self._run(self._restore_dead, args[start : start + 5 * MAX_BATCH]))
         return parked
 
     async def _batched(self, op: _Op, ids: Iterable[str] | None, batch: int, extra: tuple[Any, ...]) -> list[str]:
@@ -916,7 +1027,7 @@ class Queue:
     # -- inspection and cancellation ------------------------------------------------------------
 
     async def remove(self, item_id: str) -> bool:
-        """Forget an item waiting in ready or delayed (e.g. its execution was cancelled).
+        """Forget an item waiting in ready, delayed or its group (e.g. its execution was cancelled).
 
         Returns:
             True if removed; False if it was not waiting (unknown, processing or dead).
@@ -939,18 +1050,105 @@ class Queue:
         return {item_id: _STATE_CODES[int(code)] for item_id, code in zip(wanted, codes, strict=True)}
 
     async def stats(self) -> QueueStats:
-        """Item counts per state, from one MULTI/EXEC round trip (a consistent snapshot)."""
+        """Item counts per state, from one MULTI/EXEC round trip (a consistent snapshot); `ready`
+        counts the runs waiting in groups (limits) too."""
         k = self.keys
         async with self._redis.pipeline(transaction=True) as pipe:
-            for key in (k.ready, k.processing, k.delayed, k.dead):
+            for key in (k.ready, k.processing, k.delayed, k.dead, k.gwait):
                 pipe.zcard(key)
-            ready, processing, delayed, dead = await self._bounded(pipe.execute())
-        return QueueStats(ready=int(ready), processing=int(processing), delayed=int(delayed), dead=int(dead))
+            ready, processing, delayed, dead, grouped = await self._bounded(pipe.execute())
+        return QueueStats(
+            ready=int(ready) + int(grouped), processing=int(processing), delayed=int(delayed), dead=int(dead)
+        )
+
+    # -- limits (keyed flow control) -------------------------------------------------------------
+
+    async def put_limit_definitions(self, definitions: Iterable[LimitDefinition]) -> int:
+        """Store (create or replace) limit definitions for this queue's scripts, atomically.
+
+        Groups parked on a key of a given limit (up to 1,000 per limit and call) are woken, so a
+        raised limit, or a definition that was missing, admits waiting runs at once.
+
+        Returns:
+            How many parked groups woke.
+
+        Raises:
+            InvalidArgument: a bad definition (the field is named, e.g. `definitions[1].period`).
+        """
+        args = _definition_args(definitions)
+        if not args:
+            return 0
+        return int(await self._run(self._limits, ["define", *args]))
+
+    async def delete_limit_definitions(self, names: Iterable[str]) -> int:
+        """Forget limit definitions; runs that still carry such a limit then wait, parked on their
+        key (`blocked_by` says `undefined`) until a definition comes back.
+
+        Returns:
+            How many definitions were removed.
+        """
+        wanted = _id_list(names)
+        if not wanted:
+            return 0
+        return int(await self._run(self._limits, ["undefine", *wanted]))
+
+    async def pause_key(self, limit: str, key: str, duration: timedelta | None = None) -> datetime | None:
+        """Pause one limit key: it admits nothing for `duration` (Redis clock), or until
+        `resume_key` when None. A pause set here replaces the key's current one.
+
+        Returns:
+            When the pause ends (UTC), or None for a pause until resumed.
+        """
+        _check_limit_name(limit, key)
+        ms = -1 if duration is None else _to_ms(duration, "duration", minimum=1)
+        until_ms = int(await self._run(self._limits, ["pause", limit, key, ms]))
+        return None if until_ms >= _FOREVER_MS else _from_ms(until_ms)
+
+    async def resume_key(self, limit: str, key: str) -> int:
+        """End a key's pause now; the groups parked on it (up to 1,000 per call) wake.
+
+        Returns:
+            How many parked groups woke.
+        """
+        _check_limit_name(limit, key)
+        return int(await self._run(self._limits, ["resume", limit, key]))
+
+    async def key_state(self, limit: str, key: str) -> KeyState:
+        """One limit key's state in this queue, read in one atomic script call (see `KeyState`)."""
+        _check_limit_name(limit, key)
+        running, queued, next_ms, paused_ms, _ = (
+            int(value) for value in await self._run(self._limits, ["state", limit, key])
+        )
+        return KeyState(
+            running=running,
+            queued=queued,
+            next_admission=None if next_ms < 0 or next_ms >= _FOREVER_MS else _from_ms(next_ms),
+            paused_until=None if paused_ms < 0 or paused_ms >= _FOREVER_MS else _from_ms(paused_ms),
+        )
+
+    async def blocked_by(self, ids: Iterable[str]) -> dict[str, BlockedBy]:
+        """Why each waiting run waits, read atomically: runs whose group is parked on a key map to
+        that limit, key, since when and why; other ids (running, ready to go, unknown, without
+        limits) are left out."""
+        wanted = list(dict.fromkeys(_id_list(ids)))
+        if not wanted:
+            return {}
+        reply = await self._run(self._limits, ["blocked", *wanted])
+        return {
+            _text(reply[i]): BlockedBy(
+                limit=_text(reply[i + 1]),
+                key=_text(reply[i + 2]),
+                since=_from_ms(int(reply[i + 3])),
+                kind=_BLOCK_KINDS.get(_text(reply[i + 4]), _text(reply[i + 4])),
+            )
+            for i in range(0, len(reply), 5)
+        }
 
     async def ready_by_band(self) -> dict[str, int]:
         """Ready items by priority band: `high` (> 0), `normal` (0), `low` (< 0); one round trip.
 
-        The ready score orders by priority first, so each band is one score range.
+        The ready score orders by priority first, so each band is one score range. Runs waiting in
+        groups (limits) are not counted here.
         """
         normal_start = (PRIORITY_MAX - 0) * SEQ_SPAN
         normal_end = (PRIORITY_MAX - 0 + 1) * SEQ_SPAN
@@ -966,13 +1164,29 @@ class Queue:
 
 
 def _item_args(item: NewItem, name: Callable[[str], str]) -> tuple[Any, ...]:
-    """An item's four script arguments, validated; `name` gives the field an error names."""
+    """An item's five script arguments (id, priority, delay ms, data, group), validated; `name`
+    gives the field an error names."""
     _check_id(item.id, name("id"))
     _check_priority(item.priority, name("priority"))
     if not isinstance(item.data, bytes | str):
         raise InvalidArgument(name("data"), "must be bytes or str")
     delay = 0 if item.delay is None else _to_ms(item.delay, name("delay"))
-    return (item.id, item.priority, delay, item.data)
+    group = encode_group(item.limits, name("limits")) if item.limits else ""
+    return (item.id, item.priority, delay, item.data, group)
+
+
+def _definition_args(definitions: Iterable[LimitDefinition]) -> list[str]:
+    args: list[str] = []
+    for index, definition in enumerate(definitions):
+        args += encode_definition(definition, f"definitions[{index}]")
+    return args
+
+
+def _check_limit_name(limit: object, key: object) -> None:
+    if not isinstance(limit, str) or not limit:
+        raise InvalidArgument("limit", "must be a non-empty string")
+    if not isinstance(key, str) or "\x00" in key:
+        raise InvalidArgument("key", "must be a string without NUL characters")
 
 
 def _id_list(ids: Iterable[str]) -> list[str]:

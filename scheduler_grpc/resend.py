@@ -16,7 +16,8 @@ TTL per non-empty reply is the whole cost; empty replies (an idle dequeue) store
 The other scripts are safe to resend as they are: enqueue is idempotent per id; ack, nack,
 extend and dead_letter act only under the current lease token, so a repeat answers "lease lost"
 (which the worker ignores for a lease it has just finished) and changes nothing; promote, remove,
-rearm, states and list_dead only move or read what is there.
+rearm, states and list_dead only move or read what is there; the limits script only sets a
+definition or a pause again (a resent pause ends a few ms later) or reads.
 """
 
 from __future__ import annotations

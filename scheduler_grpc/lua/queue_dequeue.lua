@@ -1,6 +1,8 @@
 -- KEYS[1]=ready KEYS[2]=processing KEYS[3]=priority KEYS[4]=data KEYS[5]=deliveries KEYS[6]=lease
 -- KEYS[7]=owner KEYS[8]=lease_seq KEYS[9]=marker KEYS[10]=delayed KEYS[11]=seq KEYS[12]=solo
--- KEYS[13]=drainer
+-- KEYS[13]=drainer KEYS[14]=limdef KEYS[15]=lims KEYS[16]=gwait KEYS[17]=gmem KEYS[18]=gactive
+-- KEYS[19]=gdelay KEYS[20]=gblock KEYS[21]=grr KEYS[22]=kpark KEYS[23]=kqueued KEYS[24]=held
+-- KEYS[25]=holds KEYS[26]=tat KEYS[27]=tatrem KEYS[28]=kpause
 -- ARGV[1]=worker id ARGV[2]=visibility timeout in ms ARGV[3]=most items to take
 -- ARGV[4]=most due delayed items to promote first
 -- ARGV[5]=reserve window in ms (0: reserve nothing) ARGV[6]=most delayed items to reserve
@@ -24,13 +26,31 @@
 -- during it died of that item. Other callers skip them, keeping their place; one of those, the
 -- drainer (SET NX for a visibility timeout), is told to become idle. Nobody reserves one. With the
 -- solo set empty the only extra cost is one SCARD.
+-- Limits (issue 22, see _groups.lua): runs with limit keys wait in their group's backlog, not in
+-- ready. When any item of the queue carries limit keys (one EXISTS tells; otherwise nothing below
+-- runs), parked groups whose time has come are woken, and the active groups are served round-robin,
+-- merged with ready by ready score: the next group's best run is taken when it beats ready's best
+-- (priority, then FIFO), and only when each of its limit keys admits its units (a concurrency key:
+-- units held + its units <= limit, or none held; a rate key: GCRA, see _gcra.lua; a paused key:
+-- never). Taking the units (held, the run's holds record, the GCRA TAT) is part of the lease. A
+-- group found blocked is parked: on its key (kpark) when a concurrency unit, a pause or a missing
+-- definition blocks it, and in gdelay until the GCRA retry time or the pause's end; gblock records
+-- why and since when. At most count + 8 group turns are spent per call; parked groups cost nothing.
+-- A key that still has room after an admission, or that had room for a group parked on another key,
+-- wakes one more group parked on it, so no free unit is left with groups asleep on it.
 -- Safe to resend only under the resend guard (queue.py wraps it): it leases what it pops.
 local ready_key, processing_key, priority_key, data_key, deliveries_key, lease_key, owner_key,
-  lease_seq_key, marker_key, delayed_key, seq_key, solo_key, drainer_key = KEYS[1], KEYS[2], KEYS[3],
-  KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+  lease_seq_key, marker_key, delayed_key, seq_key, solo_key, drainer_key, limdef_key, lims_key, gwait_key,
+  gmem_key, gactive_key, gdelay_key, gblock_key, grr_key, kpark_key, kqueued_key, held_key, holds_key,
+  tat_key, tatrem_key, kpause_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11],
+  KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18], KEYS[19], KEYS[20], KEYS[21],
+  KEYS[22], KEYS[23], KEYS[24], KEYS[25], KEYS[26], KEYS[27], KEYS[28]
 
 -- @include ready_score
+-- @include groups
 -- @include promote_due
+-- @include gcra
 
 local worker = ARGV[1]
 local count = tonumber(ARGV[3])
@@ -62,6 +82,17 @@ if #earliest > 0 then
   end
 end
 
+-- Whether any item carries limit keys: the one check the queue without limits pays.
+local limited = any_limits()
+local grouped = false
+if limited then
+  if not t then
+    read_clock()
+  end
+  promote_groups(now, tonumber(ARGV[4]))
+  grouped = redis.call('ZCARD', gactive_key) > 0
+end
+
 if idle and redis.call('GET', drainer_key) == worker then
   -- The drainer is idle now: its turn is over, whatever it finds.
   redis.call('DEL', drainer_key)
@@ -78,7 +109,7 @@ local function take_best_solo()
       if not best or score < best_score then
         best, best_score = id, score
       end
-    elseif not redis.call('ZSCORE', delayed_key, id) then
+    elseif not redis.call('ZSCORE', delayed_key, id) and redis.call('HEXISTS', gmem_key, id) == 0 then
       redis.call('SREM', solo_key, id)
     end
   end
@@ -92,15 +123,235 @@ end
 local popped = {}
 local solo_id
 local skipped = false
-if solo_count == 0 then
+
+-- A pause with no end, in ms: far beyond any clock, below 2^53.
+local FOREVER = 4503599627370496
+local MAX_EXTRA_TURNS = 8
+
+local definitions = {}
+local function definition(limit)
+  local d = definitions[limit]
+  if d == nil then
+    local raw = redis.call('HGET', limdef_key, limit)
+    d = raw and cjson.decode(raw) or false
+    definitions[limit] = d
+  end
+  return d
+end
+
+-- Try to admit the run `id` of `group`. Admitted: its units are taken, and the result is nil plus
+-- the concurrency keys that still have room. Refused: nothing is taken, and the result is the block
+-- that parks the group, {kind, limit, key, until_ms or nil} (kind 'p' paused > 'u' no definition or
+-- a limit of 0 > 'c' concurrency > 'r' rate, the latest retry among rates), plus the concurrency
+-- keys that had room.
+local RANK = {p = 4, u = 3, c = 2, r = 1}
+local paused_seen, blocked_seen
+local function any_blocked()
+  if blocked_seen == nil then
+    blocked_seen = redis.call('EXISTS', gblock_key) == 1
+  end
+  return blocked_seen
+end
+local function any_paused()
+  if paused_seen == nil then
+    paused_seen = redis.call('EXISTS', kpause_key) == 1
+  end
+  return paused_seen
+end
+local tats_pruned = false
+local function admit(id, group)
+  local block
+  local function refuse(kind, e, until_ms)
+    if not block or RANK[kind] > RANK[block[1]] or (kind == block[1] and (until_ms or 0) > (block[4] or 0)) then
+      block = {kind, e[1], e[2], until_ms}
+    end
+  end
+  local holds, rates, room = {}, {}, {}
+  for _, e in ipairs(group_entries(group)) do
+    local lk = lk_of(e[1], e[2])
+    local units = tonumber(e[3])
+    local paused = any_paused() and redis.call('ZSCORE', kpause_key, lk)
+    if paused and tonumber(paused) > now then
+      refuse('p', e, tonumber(paused))
+    else
+      if paused then
+        redis.call('ZREM', kpause_key, lk)
+      end
+      local d = definition(e[1])
+      local limit, burst
+      if d then
+        local o = type(d.o) == 'table' and d.o[e[2]]
+        if o then
+          limit, burst = tonumber(o[1]), tonumber(o[2])
+        else
+          limit, burst = tonumber(d.l), tonumber(d.b)
+        end
+      end
+      if not d or limit <= 0 then
+        refuse('u', e, nil)
+      elseif d.k == 'c' then
+        local held = tonumber(redis.call('HGET', held_key, lk) or '0')
+        if held > 0 and held + units > limit then
+          refuse('c', e, nil)
+        else
+          holds[#holds + 1] = {lk, units}
+          room[#room + 1] = {lk, held + units < limit}
+        end
+      else
+        local ok, tat_ms, tat_rem, retry = gcra(tonumber(redis.call('ZSCORE', tat_key, lk) or '0'),
+          tonumber(redis.call('HGET', tatrem_key, lk) or '0'), now, limit, tonumber(d.p), burst, units)
+        if ok then
+          rates[#rates + 1] = {lk, tat_ms, tat_rem}
+        else
+          refuse('r', e, now + retry)
+        end
+      end
+    end
+  end
+  if block then
+    return block, room
+  end
+  for _, h in ipairs(holds) do
+    redis.call('HINCRBY', held_key, h[1], h[2])
+  end
+  if #holds > 0 then
+    redis.call('HSET', holds_key, id, cjson.encode(holds))
+  end
+  if #rates > 0 and not tats_pruned then
+    -- A TAT in the past is the same as none: drop a few, so keys no longer used cost no memory.
+    tats_pruned = true
+    for _, stale in ipairs(redis.call('ZRANGE', tat_key, '-inf', string.format('(%.0f', now), 'BYSCORE', 'LIMIT', 0, 4)) do
+      redis.call('ZREM', tat_key, stale)
+      redis.call('HDEL', tatrem_key, stale)
+    end
+  end
+  for _, r in ipairs(rates) do
+    redis.call('ZADD', tat_key, string.format('%.0f', r[2]), r[1])
+    if r[3] > 0 then
+      redis.call('HSET', tatrem_key, r[1], string.format('%.0f', r[3]))
+    else
+      redis.call('HDEL', tatrem_key, r[1])
+    end
+  end
+  return nil, room
+end
+
+-- Park a group found blocked (see the header), keeping since when it waits for the same key.
+local function park(group, block)
+  redis.call('ZREM', gactive_key, group)
+  local kind, limit, key, until_ms = block[1], block[2], block[3], block[4]
+  local since = string.format('%.0f', now)
+  local rec = block_of(group)
+  if rec then
+    if rec.m ~= '' then
+      redis.call('ZREM', kpark_key, rec.m)
+    end
+    if rec.l == limit and rec.k == key then
+      since = rec.s
+    end
+  end
+  local member = ''
+  if kind ~= 'r' then
+    member = lk_of(limit, key) .. '\0' .. pad16(string.format('%d', redis.call('INCR', grr_key))) .. '\0' .. group
+    redis.call('ZADD', kpark_key, 0, member)
+    parked_seen = true
+  end
+  if until_ms and until_ms < FOREVER then
+    redis.call('ZADD', gdelay_key, string.format('%.0f', until_ms), group)
+  else
+    redis.call('ZREM', gdelay_key, group)
+  end
+  redis.call('HSET', gblock_key, group, cjson.encode({l = limit, k = key, s = since, c = kind, m = member, w = '0'}))
+  blocked_seen = true
+end
+
+-- Ready's head (`head`, from ZRANGE WITHSCORES) merged with the active groups, round-robin, into
+-- `popped`; a solo run at a group's head goes to an idle caller alone (`solo_id`).
+local function take_merged(head)
+  local hi = 1
+  local turns = 0
+  while #popped < 2 * count do
+    while hi <= #head and is_solo(head[hi]) do
+      skipped = true
+      hi = hi + 2
+    end
+    local rid, rscore = head[hi], head[hi] and tonumber(head[hi + 1])
+    local group
+    if turns < count + MAX_EXTRA_TURNS then
+      group = redis.call('ZRANGE', gactive_key, 0, 0)[1]
+    end
+    local member, gid, gscore, more
+    if group then
+      member, gid, gscore, more = group_head(group)
+      if not member then
+        turns = turns + 1
+        drop_group(group)
+      end
+    end
+    if member and not (rid and rscore < gscore) then
+      turns = turns + 1
+      local turn = redis.call('INCR', grr_key)
+      if is_solo(gid) and not (idle and #popped == 0) then
+        skipped = true
+        redis.call('ZADD', gactive_key, 'XX', turn, group)
+      else
+        local block, room = admit(gid, group)
+        if block then
+          park(group, block)
+        else
+          redis.call('ZREM', gwait_key, member)
+          redis.call('HDEL', gmem_key, gid)
+          group_count(group, -1)
+          if any_blocked() then
+            redis.call('HDEL', gblock_key, group)
+          end
+          if more then
+            redis.call('ZADD', gactive_key, 'XX', turn, group)
+          else
+            redis.call('ZREM', gactive_key, group)
+          end
+          if is_solo(gid) then
+            redis.call('SREM', solo_key, gid)
+            solo_id = gid
+          else
+            popped[#popped + 1] = gid
+            popped[#popped + 1] = gscore
+          end
+        end
+        -- Pass the baton: a key with room left wakes one more group parked on it.
+        for _, r in ipairs(room) do
+          if r[2] or block then
+            wake_key(r[1], 1)
+          end
+        end
+        if solo_id then
+          break
+        end
+      end
+    elseif not member and group then
+      -- an emptied group was dropped: look again
+    elseif rid then
+      redis.call('ZREM', ready_key, rid)
+      popped[#popped + 1] = rid
+      popped[#popped + 1] = rscore
+      hi = hi + 2
+    else
+      break
+    end
+  end
+end
+
+if solo_count == 0 and not grouped then
   popped = redis.call('ZPOPMIN', ready_key, count)
 else
-  if idle then
+  if idle and solo_count > 0 then
     solo_id = take_best_solo()
   end
-  if not solo_id then
-    -- At most skip_span of these are solo, so the rest fill the request when ready holds enough.
-    local head = redis.call('ZRANGE', ready_key, 0, count + skip_span - 1, 'WITHSCORES')
+  -- At most skip_span of these are solo, so the rest fill the request when ready holds enough.
+  local head = not solo_id and redis.call('ZRANGE', ready_key, 0, count + skip_span - 1, 'WITHSCORES') or {}
+  if grouped and not solo_id then
+    take_merged(head)
+  elseif not solo_id then
     for i = 1, #head, 2 do
       if is_solo(head[i]) then
         skipped = true
@@ -120,11 +371,13 @@ if not solo_id and reserving and #popped < 2 * count and #earliest > 0
     and tonumber(earliest[2]) <= now + window then
   local found = redis.call('ZRANGE', delayed_key, '-inf', string.format('%.0f', now + window), 'BYSCORE',
     'LIMIT', 0, reserve_most + skip_span, 'WITHSCORES')
-  if solo_count == 0 then
+  if solo_count == 0 and not limited then
     reserved = found
   else
+    -- Nor is a run with limit keys reserved: it must pass its group's admission when due.
     for i = 1, #found, 2 do
-      if #reserved < 2 * reserve_most and not is_solo(found[i]) then
+      if #reserved < 2 * reserve_most and not is_solo(found[i])
+          and not (limited and redis.call('HEXISTS', lims_key, found[i]) == 1) then
         reserved[#reserved + 1] = found[i]
         reserved[#reserved + 1] = found[i + 1]
       end
@@ -146,6 +399,9 @@ end
 -- Whether ready holds an item a busy worker may take (solo items wake nobody: an idle worker finds
 -- them within its blocking wait's bound).
 local function work_left()
+  if grouped and redis.call('ZCARD', gactive_key) > 0 then
+    return true
+  end
   if solo_count == 0 then
     return redis.call('ZCARD', ready_key) > 0
   end
@@ -162,7 +418,7 @@ if #popped == 0 and #reserved == 0 and not solo_id then
   -- marker again.
   redis.call('DEL', marker_key)
   local head = earliest
-  if solo_count > 0 and #earliest > 0 then
+  if (solo_count > 0 or limited) and #earliest > 0 then
     -- Re-read: items may have been promoted (solo ones stay ready), and solo ones are not for every caller.
     head = redis.call('ZRANGE', delayed_key, 0, skip_span, 'WITHSCORES')
   end
@@ -173,11 +429,18 @@ if #popped == 0 and #reserved == 0 and not solo_id then
   for i = 1, #head, 2 do
     local due = tonumber(head[i + 1]) - now
     local solo = is_solo(head[i])
-    if not solo and reserving then
+    if not solo and reserving and not (limited and redis.call('HEXISTS', lims_key, head[i]) == 1) then
       due = due - window
     end
     if (idle or not solo) and (not ahead or due < ahead) then
       ahead = due
+    end
+  end
+  if limited then
+    -- A parked group wakes at its rate retry time or pause end (see _groups.lua).
+    local parked = redis.call('ZRANGE', gdelay_key, 0, 0, 'WITHSCORES')
+    if #parked > 0 and (not ahead or tonumber(parked[2]) - now < ahead) then
+      ahead = tonumber(parked[2]) - now
     end
   end
   local draining = drain()

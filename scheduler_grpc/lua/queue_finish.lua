@@ -1,6 +1,7 @@
 -- KEYS[1]=processing KEYS[2]=ready KEYS[3]=delayed KEYS[4]=dead KEYS[5]=priority KEYS[6]=data
 -- KEYS[7]=deliveries KEYS[8]=lease KEYS[9]=owner KEYS[10]=dead_reason KEYS[11]=seq KEYS[12]=marker
--- KEYS[13]=solo
+-- KEYS[13]=solo KEYS[14]=lims KEYS[15]=gwait KEYS[16]=gmem KEYS[17]=gactive KEYS[18]=gdelay
+-- KEYS[19]=gblock KEYS[20]=grr KEYS[21]=kpark KEYS[22]=kqueued KEYS[23]=held KEYS[24]=holds
 -- ARGV: four per lease: ARGV[4i+1]=what ('a' ack, 'r' retry, 'd' dead-letter) ARGV[4i+2]=id
 -- ARGV[4i+3]=lease token ARGV[4i+4]=for 'r' the delay in ms (0: ready now), for 'd' the reason
 -- Returns: one integer per lease: 1 = done, 0 = lease lost (the token is not the item's current
@@ -11,12 +12,18 @@
 -- An 'r' of a solo delivery (token ending in 's', see queue_dequeue) keeps the next delivery solo.
 -- An 'r' item that becomes the earliest delayed item sets the marker (as an enqueue does), so an idle
 -- worker sleeping until a later item learns the new time (a reserved run handed back, due soon).
+-- Every lease ended here gives its concurrency units back, once (see _groups.lua); an 'r' item with
+-- limit keys waits in its group rather than in ready; a dead item keeps its limit keys (a requeue
+-- puts it back in its group).
 local processing_key, ready_key, delayed_key, dead_key, priority_key, data_key, deliveries_key, lease_key,
-  owner_key, dead_reason_key, seq_key, marker_key, solo_key =
+  owner_key, dead_reason_key, seq_key, marker_key, solo_key, lims_key, gwait_key, gmem_key, gactive_key,
+  gdelay_key, gblock_key, grr_key, kpark_key, kqueued_key, held_key, holds_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12],
-  KEYS[13]
+  KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18], KEYS[19], KEYS[20], KEYS[21], KEYS[22], KEYS[23],
+  KEYS[24]
 
 -- @include ready_score
+-- @include groups
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -30,11 +37,19 @@ for i = 1, #ARGV, 4 do
     redis.call('ZREM', processing_key, id)
     redis.call('HDEL', lease_key, id)
     redis.call('HDEL', owner_key, id)
+    local limited
     if what == 'a' then
       redis.call('HDEL', priority_key, id)
       redis.call('HDEL', data_key, id)
       redis.call('HDEL', deliveries_key, id)
-    elseif what == 'r' then
+      limited = any_limits() and redis.call('HDEL', lims_key, id) == 1
+    else
+      limited = has_limits(id)
+    end
+    if limited and return_units(id) then
+      made_ready = true
+    end
+    if what == 'r' then
       if redis.call('HINCRBY', deliveries_key, id, -1) <= 0 then
         redis.call('HDEL', deliveries_key, id)
       end
@@ -49,10 +64,11 @@ for i = 1, #ARGV, 4 do
         end
       else
         local priority = tonumber(redis.call('HGET', priority_key, id) or '0')
-        redis.call('ZADD', ready_key, ready_score(priority), id)
-        made_ready = true
+        if make_ready(id, priority) then
+          made_ready = true
+        end
       end
-    else
+    elseif what == 'd' then
       redis.call('ZADD', dead_key, string.format('%.0f', now), id)
       redis.call('HSET', dead_reason_key, id, ARGV[i + 3])
     end

@@ -1,0 +1,124 @@
+-- KEYS[1]=ready KEYS[2]=seq KEYS[3]=marker KEYS[4]=limdef KEYS[5]=lims KEYS[6]=gwait KEYS[7]=gmem
+-- KEYS[8]=gactive KEYS[9]=gdelay KEYS[10]=gblock KEYS[11]=grr KEYS[12]=kpark KEYS[13]=kqueued
+-- KEYS[14]=held KEYS[15]=holds KEYS[16]=tat KEYS[17]=tatrem KEYS[18]=kpause
+-- ARGV[1]=operation, then its arguments:
+--   'define' name, encoded, name, encoded...: store definitions (gcra.py `encode_definition`), and
+--     wake up to 1000 groups per limit parked on its keys, so a raised limit admits at once
+--   'undefine' name...: forget definitions (runs that need one then wait, parked on their key)
+--   'pause' limit, key, ms (-1: until resumed): the key admits nothing until then (Redis clock)
+--   'resume' limit, key: end a pause now and wake up to 1000 groups parked on the key
+--   'state' limit, key: read the key's state
+--   'blocked' id...: why each waiting run waits
+-- Returns: 'define', 'resume': groups woken; 'undefine': definitions removed; 'pause': the end in
+-- ms; 'state': {running units, queued runs, next admission ms (-1: unknown, a concurrency limit is
+-- full or the limit has no definition), paused until ms (-1: not paused), now ms}; 'blocked': five
+-- per run whose group is parked: id, limit, key, since ms, kind ('c' concurrency, 'r' rate, 'p'
+-- paused, 'u' no definition or a limit of 0); runs not parked are left out.
+local ready_key, seq_key, marker_key, limdef_key, lims_key, gwait_key, gmem_key, gactive_key, gdelay_key,
+  gblock_key, grr_key, kpark_key, kqueued_key, held_key, holds_key, tat_key, tatrem_key, kpause_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11],
+  KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18]
+
+-- @include ready_score
+-- @include groups
+-- @include gcra
+
+local WAKE_MOST = 1000
+local op = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function woke(count)
+  if count > 0 then
+    redis.call('ZADD', marker_key, 0, 'ready')
+  end
+  return count
+end
+
+if op == 'define' then
+  local count = 0
+  for i = 2, #ARGV, 2 do
+    redis.call('HSET', limdef_key, ARGV[i], ARGV[i + 1])
+    -- Every key of the limit: the `limit \0 key \0 turn \0 group` members of kpark.
+    local name = ARGV[i]
+    local parked = redis.call('ZRANGE', kpark_key, '[' .. name .. '\0', '(' .. name .. '\1', 'BYLEX', 'LIMIT', 0,
+      WAKE_MOST)
+    for _, member in ipairs(parked) do
+      redis.call('ZREM', kpark_key, member)
+      local key_end = string.find(member, '\0', #name + 2, true)
+      wake(string.sub(member, key_end + 18))
+    end
+    count = count + #parked
+  end
+  return woke(count)
+elseif op == 'undefine' then
+  local count = 0
+  for i = 2, #ARGV do
+    count = count + redis.call('HDEL', limdef_key, ARGV[i])
+  end
+  return count
+elseif op == 'pause' then
+  local ms = tonumber(ARGV[4])
+  local until_ms = ms < 0 and 4503599627370496 or now + ms
+  -- Ended pauses are dropped when a run meets them; drop a few others here, so keys paused once
+  -- and never used again cost no memory.
+  for _, stale in ipairs(redis.call('ZRANGE', kpause_key, '-inf', string.format('%.0f', now), 'BYSCORE', 'LIMIT', 0, 4)) do
+    redis.call('ZREM', kpause_key, stale)
+  end
+  redis.call('ZADD', kpause_key, string.format('%.0f', until_ms), lk_of(ARGV[2], ARGV[3]))
+  return until_ms
+elseif op == 'resume' then
+  local lk = lk_of(ARGV[2], ARGV[3])
+  redis.call('ZREM', kpause_key, lk)
+  return woke(wake_key(lk, WAKE_MOST))
+elseif op == 'state' then
+  local lk = lk_of(ARGV[2], ARGV[3])
+  local running = tonumber(redis.call('HGET', held_key, lk) or '0')
+  local queued = tonumber(redis.call('HGET', kqueued_key, lk) or '0')
+  local paused = tonumber(redis.call('ZSCORE', kpause_key, lk) or '-1')
+  if paused <= now then
+    paused = -1
+  end
+  local next_ms = -1
+  local raw = redis.call('HGET', limdef_key, ARGV[2])
+  if raw then
+    local d = cjson.decode(raw)
+    local o = type(d.o) == 'table' and d.o[ARGV[3]]
+    local limit, burst = tonumber(d.l), tonumber(d.b)
+    if o then
+      limit, burst = tonumber(o[1]), tonumber(o[2])
+    end
+    if limit > 0 and d.k == 'c' then
+      if running == 0 or running < limit then
+        next_ms = now
+      end
+    elseif limit > 0 then
+      local _, _, _, retry = gcra(tonumber(redis.call('ZSCORE', tat_key, lk) or '0'),
+        tonumber(redis.call('HGET', tatrem_key, lk) or '0'), now, limit, tonumber(d.p), burst, 1)
+      next_ms = now + retry
+    end
+    if next_ms >= 0 and paused >= 0 then
+      next_ms = math.max(next_ms, paused)
+    end
+  end
+  return {running, queued, next_ms, paused, now}
+elseif op == 'blocked' then
+  local out = {}
+  for i = 2, #ARGV do
+    local id = ARGV[i]
+    local member = redis.call('HGET', gmem_key, id)
+    if member then
+      local group = string.sub(member, 1, #member - #id - 18)
+      local rec = block_of(group)
+      if rec and rec.w ~= '1' then
+        out[#out + 1] = id
+        out[#out + 1] = rec.l
+        out[#out + 1] = rec.k
+        out[#out + 1] = rec.s
+        out[#out + 1] = rec.c
+      end
+    end
+  end
+  return out
+end
+return redis.error_reply('unknown operation ' .. tostring(op))
