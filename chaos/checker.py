@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -336,7 +336,9 @@ class CapBreach:
 
 
 def cap_breaches(holds: Iterable[Hold], cap: Callable[[str, str], int | None]) -> list[CapBreach]:
-    """The instants at which a key's holds exceed its cap, one per start that takes it over.
+    """The stretches during which a key's holds exceed its cap: one breach per stretch, at the start
+    that took the key over, with the most units held during it and every attempt that held the key
+    then.
 
     Intervals are half-open: an attempt ending at the very instant another starts does not overlap
     it (a takeover records the old attempt's end and the new one's start in one transaction, at the
@@ -356,17 +358,27 @@ def cap_breaches(holds: Iterable[Hold], cap: Callable[[str, str], int | None]) -
         events = sorted([(h.start, 1, i) for i, h in enumerate(items)] + [(h.end, 0, i) for i, h in enumerate(items)])
         open_: dict[int, Hold] = {}
         held = 0
+        current: CapBreach | None = None  # the stretch over the cap in progress
         for instant, kind, index in events:
             hold = items[index]
             if kind == 0:
                 if open_.pop(index, None) is not None:
                     held -= hold.units
+                if current is not None and held <= allowed:
+                    breaches.append(current)
+                    current = None
                 continue
             open_[index] = hold
             held += hold.units
             if held > allowed:
-                labels = tuple(h.attempt for h in sorted(open_.values(), key=lambda h: h.start))
-                breaches.append(CapBreach(limit, key, instant, held, allowed, labels))
+                labels = [h.attempt for h in sorted(open_.values(), key=lambda h: h.start)]
+                if current is None:
+                    current = CapBreach(limit, key, instant, held, allowed, tuple(labels))
+                else:
+                    seen = [*current.attempts, *(label for label in labels if label not in current.attempts)]
+                    current = replace(current, held=max(current.held, held), attempts=tuple(seen))
+        if current is not None:
+            breaches.append(current)
     breaches.sort(key=lambda b: b.at)
     return breaches
 
@@ -469,9 +481,9 @@ async def check_caps(
         if r["limit_keys"] is not None:
             recorded += 1
             if [list(k) for k in r["limit_keys"]] != [list(k) for k in keys]:
-                report.wrong_keys.append(f"run {r['run_id'][:8]}: recorded {r['limit_keys']}, expected {keys}")
+                report.wrong_keys.append(f"run {r['run_id'][-12:]}: recorded {r['limit_keys']}, expected {keys}")
         end = attempt_end(r["started_at"], r["finished_at"], r["worker_id"], kills, cutoff or r["now"])
-        label = f"{r['run_id'][:8]}#{r['attempt']}"
+        label = f"{r['run_id'][-12:]}#{r['attempt']}"  # a uuid v7's head is its time: the tail tells runs apart
         holds += [Hold(limit, key, units, r["started_at"], end, label) for limit, key, units in keys]
     report.holds = len(rows)
     report.keys = len({(h.limit, h.key) for h in holds if cap(h.limit, h.key) is not None})

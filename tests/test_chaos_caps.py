@@ -38,6 +38,16 @@ def test_keys_are_counted_apart_and_uncapped_keys_are_not_checked() -> None:
     assert cap_breaches(holds, lambda _limit, key: caps[key]) == []
 
 
+def test_one_breach_per_stretch_over_the_cap() -> None:
+    # Four attempts of one key started at once (one claim batch), then a second stretch later.
+    holds = [hold(0, 100, label=str(i)) for i in range(4)] + [hold(500, 600, label="x"), hold(550, 650, label="y")]
+    breaches = cap_breaches(holds, lambda _l, _k: 1)
+    assert [(b.at, b.held, b.attempts) for b in breaches] == [
+        (at(0), 4, ("0", "1", "2", "3")),
+        (at(550), 2, ("x", "y")),
+    ]
+
+
 def test_units_and_caps_above_one() -> None:
     # cap 3: two 1-unit holds and a 2-unit one overlap in [50, 60) only.
     holds = [hold(0, 60), hold(10, 100), hold(50, 70, units=2, label="big")]
