@@ -157,6 +157,34 @@ MEASUREMENTS = (
         "1,000 WatchExecutions streams (SUCCEEDED of one job) while one worker drains 200 runs "
         "of it: every subscriber gets every event",
     ),
+    # Issue 22 (bench/limits_bench.py): until the queue enforces limits, rate and noisy show none.
+    Measurement(
+        "limits-rate",
+        "limits_bench.py",
+        ("rate", "--runs", "5000"),
+        ("rate", "--runs", "500"),
+        300,
+        "a rate limit of 100/s, burst 10, on one key: a backlog of 5,000 test.echo runs, one worker "
+        "(200 slots); floor: the same backlog without the limit",
+    ),
+    Measurement(
+        "limits-noisy",
+        "limits_bench.py",
+        ("noisy", "--noisy-runs", "100000", "--seconds", "30"),
+        ("noisy", "--noisy-runs", "2000", "--quiet", "20", "--seconds", "5"),
+        600,
+        "100 per-second cron jobs, each its own key of a concurrency limit of 1, for 30 s alone, then 30 s "
+        "beside one key with 100,000 queued runs (2 schedulers, 2 workers)",
+    ),
+    Measurement(
+        "limits-overhead",
+        "limits_bench.py",
+        ("overhead", "--runs", "20000", "--rounds", "2"),
+        ("overhead", "--runs", "2000", "--rounds", "1"),
+        600,
+        "20,000 test.echo runs drained by one worker (200 slots), without limits and with one limit that "
+        "never blocks, alternated twice; the best of each",
+    ),
     Measurement(
         "idle",
         "idle_bench.py",
@@ -245,7 +273,7 @@ class Row:
         figure: What is measured.
         source: (measurement, key) of the value.
         unit: Shown after the value.
-        target: ("≥"|"≤"|"<", number) on the value, or ("ratio≤", number) on the ratio; None: none.
+        target: ("≥"|"≤"|"<", number) on the value, or ("ratio≤"|"ratio≥", number) on the ratio; None: none.
         floor: The floor's value in this run (None: this figure has no floor).
         floor_label: What the floor is (short; the legend below the table says more).
     """
@@ -432,6 +460,50 @@ ROWS = (
         "no-op gRPC fan-out p99",
     ),
     Row(
+        "rate limit 100/s burst 10: most starts in a 1 s window (5,000 runs)",
+        ("limits-rate", "rate_max_starts_1s"),
+        "",
+        ("≤", 110),
+        floor_of("limits-rate", "free_max_starts_1s"),
+        "the same backlog, no limit",
+    ),
+    Row(
+        "rate limit 100/s burst 10: drain rate (≥ 95)",
+        ("limits-rate", "rate_drain_per_s"),
+        "/s",
+        ("≥", 95),
+        floor_of("limits-rate", "free_executions_per_s"),
+        "the same backlog, no limit",
+    ),
+    Row(
+        "rate limit 100/s burst 10: drain rate (≤ 105)",
+        ("limits-rate", "rate_drain_per_s"),
+        "/s",
+        ("≤", 105),
+    ),
+    Row(
+        "quiet cron p99 beside a key with 100,000 queued runs",
+        ("limits-noisy", "quiet_p99_noisy_ms"),
+        "ms",
+        None,
+        floor_of("limits-noisy", "quiet_p99_alone_ms"),
+        "the same 100 jobs alone",
+    ),
+    Row(
+        "quiet cron p99 rise from the noisy key",
+        ("limits-noisy", "quiet_p99_rise_ms"),
+        "ms",
+        ("<", 50),
+    ),
+    Row(
+        "drain with one limit: executions/s",
+        ("limits-overhead", "capped_executions_per_s"),
+        "/s",
+        ("ratio≥", 0.85),
+        floor_of("limits-overhead", "free_executions_per_s"),
+        "the same drain, no limit",
+    ),
+    Row(
         "idle worker CPU (60 s)",
         ("idle", "worker_idle_pct"),
         "% core",
@@ -461,6 +533,7 @@ Floors (measured in the same run, on the same servers, right before or beside th
   no-op gRPC fan-out   a no-op grpc.aio server pushing as many tiny messages to as many streams (same client code)
   bare uvloop process  a Python process whose loop wakes every 100 ms and does nothing
   failover             no floor: the time includes the wait for the next whole-second slot (0-1 s)
+  no limit / alone     limits (issue 22): the same work in the same run without the limit, or without the noisy key
 ratio = value ÷ floor (for µs, %, ms and s lower is better; for /s higher is better)."""
 
 
@@ -476,8 +549,8 @@ def _target_text(target: tuple[str, float] | None, unit: str) -> str:
     if target is None:
         return ""
     op, number = target
-    if op == "ratio≤":
-        return f"≤ {number:g}× floor"  # noqa: RUF001
+    if op in ("ratio≤", "ratio≥"):
+        return f"{op[-1]} {number:g}× floor"  # noqa: RUF001
     return f"{op} {number:,g} {unit}"
 
 
@@ -500,12 +573,12 @@ def build_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             result = f"error: {'; '.join(phase_errors)}" if phase_errors else "missing"
         elif row.target is not None:
             op, number = row.target
-            checked = ratio if op == "ratio≤" else value
+            checked = ratio if op.startswith("ratio") else value
             if checked is None:
                 result = "missing floor"
             else:
                 ok = {"≥": checked >= number, "≤": checked <= number, "<": checked < number,
-                      "ratio≤": checked <= number}[op]  # fmt: skip
+                      "ratio≤": checked <= number, "ratio≥": checked >= number}[op]  # fmt: skip
                 result = "pass" if ok else "MISS"
         rows.append({
             "figure": row.figure, "value": value, "unit": row.unit, "target": _target_text(row.target, row.unit),

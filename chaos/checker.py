@@ -16,7 +16,11 @@ Invariants (each violation is reported with the slots or runs it concerns):
   `leader_state` the suite installs (`install_term_history`), stamped with `clock_timestamp()` when
   the new term is written: a fenced write that started after that instant must see the new term
   (its FOR SHARE waits for the writer) and be refused, so such a row is a write accepted under a
-  stale term.
+  stale term;
+* over cap (issue 22; scenarios with limits, `check_caps`): a key of a concurrency limit held by
+  more units than its cap at some instant, counted over the attempts' [started_at, end) intervals
+  (`attempt_end` says which end each attempt gets, and why; a killed worker's attempt ends at its
+  kill).
 
 Recovery: for each fault instant, the time until the next slot fired (or until given runs finished).
 """
@@ -24,8 +28,8 @@ Recovery: for each fault instant, the time until the next slot fired (or until g
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -111,6 +115,7 @@ class CheckReport:
     failed: int = 0
     stuck: int = 0
     stale: int = 0
+    caps: CapReport | None = None  # scenarios with limits: what `check_caps` found
     recovery: list[float | None] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
 
@@ -280,3 +285,209 @@ async def recovery(pool: asyncpg.Pool, mark: FaultMark) -> float | None:
         mark.after_term,
     )
     return None if first is None else (first - mark.at).total_seconds()
+
+
+# -- limits (issue 22): no key over its concurrency cap ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hold:
+    """The units one attempt held of one limit key, over the half-open interval [start, end).
+
+    Attributes:
+        limit: The limit's name.
+        key: The resolved key.
+        units: Units the attempt takes of it.
+        start: When the attempt started running (its `started_at`).
+        end: When it surely stopped running (see `attempt_end`).
+        attempt: A label for reports (run id prefix and attempt number).
+    """
+
+    limit: str
+    key: str
+    units: int
+    start: datetime
+    end: datetime
+    attempt: str
+
+
+@dataclass(frozen=True)
+class CapBreach:
+    """An instant at which attempts of one key held more units than its cap allows.
+
+    Attributes:
+        limit: The limit's name.
+        key: The key.
+        at: The start that took the key over its cap.
+        held: Units held from that instant.
+        cap: The key's cap (the limit, or the key's override).
+        attempts: The attempts holding the key then.
+    """
+
+    limit: str
+    key: str
+    at: datetime
+    held: int
+    cap: int
+    attempts: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.limit}/{self.key} {self.held}>{self.cap} at {self.at:%H:%M:%S.%f}: {', '.join(self.attempts)}"
+
+
+def cap_breaches(holds: Iterable[Hold], cap: Callable[[str, str], int | None]) -> list[CapBreach]:
+    """The stretches during which a key's holds exceed its cap: one breach per stretch, at the start
+    that took the key over, with the most units held during it and every attempt that held the key
+    then.
+
+    Intervals are half-open: an attempt ending at the very instant another starts does not overlap
+    it (a takeover records the old attempt's end and the new one's start in one transaction, at the
+    same `now()`). An empty interval (start >= end) holds nothing. Keys whose `cap` is None (a rate
+    limit, an unknown limit) are not checked. Sweep per key: O(n log n).
+    """
+    by_key: dict[tuple[str, str], list[Hold]] = {}
+    for hold in holds:
+        if hold.start < hold.end:
+            by_key.setdefault((hold.limit, hold.key), []).append(hold)
+    breaches: list[CapBreach] = []
+    for (limit, key), items in by_key.items():
+        allowed = cap(limit, key)
+        if allowed is None:
+            continue
+        # (instant, 0 for an end, 1 for a start, index): at one instant ends come first (half-open).
+        events = sorted([(h.start, 1, i) for i, h in enumerate(items)] + [(h.end, 0, i) for i, h in enumerate(items)])
+        open_: dict[int, Hold] = {}
+        held = 0
+        current: CapBreach | None = None  # the stretch over the cap in progress
+        for instant, kind, index in events:
+            hold = items[index]
+            if kind == 0:
+                if open_.pop(index, None) is not None:
+                    held -= hold.units
+                if current is not None and held <= allowed:
+                    breaches.append(current)
+                    current = None
+                continue
+            open_[index] = hold
+            held += hold.units
+            if held > allowed:
+                labels = [h.attempt for h in sorted(open_.values(), key=lambda h: h.start)]
+                if current is None:
+                    current = CapBreach(limit, key, instant, held, allowed, tuple(labels))
+                else:
+                    seen = [*current.attempts, *(label for label in labels if label not in current.attempts)]
+                    current = replace(current, held=max(current.held, held), attempts=tuple(seen))
+        if current is not None:
+            breaches.append(current)
+    breaches.sort(key=lambda b: b.at)
+    return breaches
+
+
+def worker_pid(worker_id: str | None) -> int | None:
+    """The process id in a worker id (`host:pid:random`), or None."""
+    if not worker_id:
+        return None
+    parts = worker_id.split(":")
+    return int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
+
+
+def attempt_end(
+    started_at: datetime,
+    finished_at: datetime | None,
+    worker_id: str | None,
+    kills: Sequence[tuple[int, datetime]],
+    cutoff: datetime,
+) -> datetime:
+    """When an attempt surely stopped running: the end the checker gives its hold.
+
+    * Recorded by its own worker (the usual case): `finished_at`. The worker records an outcome in
+      PostgreSQL before it acks the queue item (the ack returns the units), so the recorded end
+      precedes the units' return, and `started_at` (the claim's statement time) follows the lease
+      that took them: the recorded interval lies inside the real hold.
+    * Its worker was killed (kill -9 by the scenario, after the attempt started): the kill
+      instant, if earlier than `finished_at`. A killed attempt is recorded `abandoned` by whoever
+      claims its run next, which may be long after its lease expired and its units came back
+      (the run waits in its group's backlog behind the key's other runs meanwhile), so its
+      `finished_at` says nothing about when it stopped; the process surely stopped by the time
+      the suite reaped it, which is the instant recorded in `kills` (an upper bound: a start
+      inside the few milliseconds of the kill is counted as an overlap, and a legitimate one
+      cannot happen there, since the units come back only when the lease expires).
+    * Not finished at all: `cutoff` (the check's own instant; such a run is also reported stuck).
+
+    Args:
+        started_at: The attempt's `started_at`.
+        finished_at: Its `finished_at` (None: still open).
+        worker_id: The worker that ran it (`host:pid:random`).
+        kills: (pid, instant after the process was reaped) of every worker kill, in any order;
+            a pid may recur (reused by the system): the first kill after the start counts.
+        cutoff: The end of an attempt never finished.
+    """
+    end = finished_at if finished_at is not None else cutoff
+    pid = worker_pid(worker_id)
+    if pid is not None:
+        after = [at for killed, at in kills if killed == pid and at >= started_at]
+        if after:
+            end = min(end, *after)
+    return end
+
+
+@dataclass
+class CapReport:
+    """What `check_caps` found: the keys and attempts it looked at, the breaches, the notes."""
+
+    keys: int = 0
+    holds: int = 0
+    breaches: list[CapBreach] = field(default_factory=list)
+    wrong_keys: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+async def check_caps(
+    pool: asyncpg.Pool, *, kills: Sequence[tuple[int, datetime]] = (), cutoff: datetime | None = None
+) -> CapReport:
+    """Read every started attempt of every job with limits and check that no key of a concurrency
+    limit ever held more units than its cap (`cap_breaches` over `attempt_end` intervals).
+
+    The keys an attempt holds are derived here, independently of the engine, from its job's limit
+    refs and its own payload snapshot (`limits.resolve_keys`); when the run recorded the keys it
+    took (`limit_keys`), they must be the same (else `wrong_keys`). A run whose payload gives no
+    key holds nothing (it must have failed at fire time).
+    """
+    from scheduler_grpc.limits import LimitKeyError, refs_from_json, resolve_keys
+
+    report = CapReport()
+    caps: dict[str, tuple[int, dict[str, int]]] = {}
+    for r in await pool.fetch("""SELECT name, "limit", overrides FROM limits WHERE kind = 'concurrency'"""):
+        overrides = r["overrides"] or {}
+        caps[r["name"]] = (int(r["limit"]), {key: int(value["limit"]) for key, value in overrides.items()})
+
+    def cap(limit: str, key: str) -> int | None:
+        found = caps.get(limit)
+        return None if found is None else found[1].get(key, found[0])
+
+    rows = await pool.fetch(
+        """SELECT e.run_id::text, e.attempt, e.worker_id, e.started_at, e.finished_at, e.limit_keys,
+                  coalesce(e.payload, j.payload) AS payload, j.limits AS refs, clock_timestamp() AS now
+           FROM job_executions e JOIN jobs j ON j.id = e.job_id
+           WHERE j.limits <> '[]'::jsonb AND e.started_at IS NOT NULL"""
+    )
+    holds: list[Hold] = []
+    recorded = 0
+    for r in rows:
+        try:
+            keys = resolve_keys(refs_from_json(r["refs"]), r["payload"] or {})
+        except LimitKeyError:
+            continue
+        if r["limit_keys"] is not None:
+            recorded += 1
+            if [list(k) for k in r["limit_keys"]] != [list(k) for k in keys]:
+                report.wrong_keys.append(f"run {r['run_id'][-12:]}: recorded {r['limit_keys']}, expected {keys}")
+        end = attempt_end(r["started_at"], r["finished_at"], r["worker_id"], kills, cutoff or r["now"])
+        label = f"{r['run_id'][-12:]}#{r['attempt']}"  # a uuid v7's head is its time: the tail tells runs apart
+        holds += [Hold(limit, key, units, r["started_at"], end, label) for limit, key, units in keys]
+    report.holds = len(rows)
+    report.keys = len({(h.limit, h.key) for h in holds if cap(h.limit, h.key) is not None})
+    report.breaches = cap_breaches(holds, cap)
+    if rows and not recorded:
+        report.notes.append("no attempt recorded its limit keys (job_executions.limit_keys): keys derived only")
+    return report

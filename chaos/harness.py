@@ -362,6 +362,7 @@ async def run_scenario(scenario: Scenario, servers: Servers, work_dir: Path) -> 
             )
         )
         report.violations[:0] = outcome.report.violations  # the body's own findings first
+        report.caps = outcome.report.caps  # a body with limits checked its caps itself
         outcome.report = report
         p99 = report.recovery_percentile(0.99)
         if scenario.target_p99 is not None and p99 is not None and p99 > scenario.target_p99:

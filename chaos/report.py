@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from chaos.harness import Outcome
 
 COLUMNS = ("scenario", "faults", "expected", "fired", "policy", "dup", "lost", "unfinished", "stuck", "stale",
-           "recovery p50", "recovery p99", "roles alive", "result")  # fmt: skip
+           "over cap", "recovery p50", "recovery p99", "roles alive", "result")  # fmt: skip
 
 
 # "scheduler-2/redis" -> "scheduler/redis": the table counts kinds of faults, the notes name roles.
@@ -45,6 +45,7 @@ def row(outcome: Outcome) -> list[str]:
         str(report.failed),
         str(report.stuck),
         str(report.stale),
+        "-" if report.caps is None else f"{len(report.caps.breaches)} ({report.caps.keys} keys)",
         _seconds(report.recovery_median()),
         _seconds(report.recovery_percentile(0.99)),
         f"{outcome.roles_alive}/{outcome.roles_total}",
@@ -64,8 +65,9 @@ def render(outcomes: Sequence[Outcome], seconds: float) -> str:
     lines.append(f"{len(outcomes) - len(failed)}/{len(outcomes)} scenarios passed in {seconds / 60:.1f} min.")
     lines.append("policy: slots recorded missed/skipped by the job's misfire or concurrency policy (not lost); "
                  "unfinished: fired runs whose last attempt did not succeed; stale: rows written under a term "
-                 "older than the one already recorded; recovery: fault (or heal) -> next slot fired, or -> the "
-                 "affected runs succeeded for worker faults.")  # fmt: skip
+                 "older than the one already recorded; over cap: instants a key of a concurrency limit was held "
+                 "beyond its cap (of how many capped keys; scenarios with limits only); recovery: fault (or heal) "
+                 "-> next slot fired, or -> the affected runs succeeded for worker faults.")  # fmt: skip
     for outcome in outcomes:
         if outcome.ok and not outcome.notes:
             continue

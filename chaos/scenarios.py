@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -24,6 +26,8 @@ import orjson
 from scheduler_client import SchedulerClient
 from scheduler_client.errors import SchedulerClientError
 
+from chaos.checker import check_caps
+from chaos.cluster import RoleProcess
 from chaos.harness import Scenario, Stage, eventually, now
 from chaos.watchers import Watchers, gaps, judge, login
 from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL
@@ -33,6 +37,7 @@ from scheduler_grpc.flows import FlowRun
 from scheduler_grpc.jobs import JobSpec, RetryPolicy
 from scheduler_grpc.keys import EventKeys
 from scheduler_grpc.leader import DEFAULT_TTL
+from scheduler_grpc.limits import LimitKind, LimitRef, LimitSpec
 from scheduler_grpc.queue import Queue
 
 DEFAULT_TTL_S = DEFAULT_TTL.total_seconds()  # the failover scenarios run with the service's default
@@ -883,6 +888,222 @@ async def unknown_event(stage: Stage) -> None:
                 stage.violation(invariant, detail)
 
 
+# -- limits (issue 22) ----------------------------------------------------------------------------------
+
+CAP_LIMIT = "per-customer"  # the scenarios' one limit: concurrency 1 per customer
+TRIGGER_CHUNK = 500  # concurrent TriggerJob calls (they batch into one statement and one enqueue)
+ECHO_EVERY = 10  # one key in ten is also taken by a test.echo job keyed by `payload.customer_id`
+CAPPED_WORKERS = {**FAST_WORKERS, "SCHEDULER_WORKER_CONCURRENCY": "50"}  # many keys in flight at once
+
+
+def limits_scale() -> float:
+    """`CHAOS_LIMITS_SCALE` (default 1): multiplies the number of keys of the limit scenarios, for
+    a smoke run of the harness on a small machine (the issue's figures are at scale 1)."""
+    return float(os.environ.get("CHAOS_LIMITS_SCALE") or 1)
+
+
+@dataclass(frozen=True)
+class CappedLoad:
+    """The capped work of one scenario: its jobs, its runs (triggered), its keys."""
+
+    job_ids: list[str]
+    run_ids: list[str]
+    keys: int
+
+
+async def capped_load(
+    stage: Stage, prefix: str, *, keys: int, runs_per_key: int, seconds: tuple[float, float]
+) -> CappedLoad:
+    """Define the limit `per-customer` (concurrency 1) and `keys` customers' work under it, and
+    trigger it all at once: per key `runs_per_key` runs of a `test.delay` job (its key a constant,
+    `cust-<i>`; the delays spread over `seconds`, 16 steps) and, for one key in `ECHO_EVERY`, one
+    run of a `test.echo` job whose key comes from its payload (`payload.customer_id`): two jobs,
+    both template forms, one key. A key's runs are triggered together, so without the cap they
+    would run side by side.
+
+    The limit and the echo jobs go through `Control` (the application layer behind LimitService
+    and JobService); the thousands of delay jobs are inserted in one statement (as `herd-10k`
+    does), with the refs in the form `jobs.limits` stores (`limits.refs_to_json`).
+    """
+    await stage.control.limits.create_limit(LimitSpec(CAP_LIMIT, LimitKind.CONCURRENCY, 1))
+    low, high = seconds
+    rows = await stage.pool.fetch(
+        """INSERT INTO jobs (name, handler, schedule_kind, payload, limits)
+           SELECT $1 || i, 'test.delay', 'manual',
+                  jsonb_build_object('seconds', round(($3::float8 + (i % 16) * $4::float8)::numeric, 3)),
+                  jsonb_build_array(jsonb_build_object('limit', $5::text, 'key', 'cust-' || i, 'units', 1))
+           FROM generate_series(1, $2) AS i ORDER BY i RETURNING id::text""",
+        f"{prefix}delay-",
+        keys,
+        low,
+        (high - low) / 15,
+        CAP_LIMIT,
+    )
+    delay_jobs = [row["id"] for row in rows]
+    echo_jobs: dict[int, str] = {}
+    echo_keys = list(range(1, keys + 1, ECHO_EVERY))
+    for start in range(0, len(echo_keys), 50):
+        chunk = echo_keys[start : start + 50]
+        created = await asyncio.gather(*(stage.control.create_job(JobSpec(
+            name=f"{prefix}echo-{i}", handler="test.echo", payload={"customer_id": f"cust-{i}"},
+            limits=(LimitRef(CAP_LIMIT, "payload.customer_id"),))) for i in chunk))  # fmt: skip
+        echo_jobs.update(zip(chunk, (job.id for job in created), strict=True))
+    order: list[str] = []
+    for index, job_id in enumerate(delay_jobs, 1):
+        order += [job_id] * runs_per_key
+        if index in echo_jobs:
+            order.append(echo_jobs[index])
+    runs: list[str] = []
+    for start in range(0, len(order), TRIGGER_CHUNK):
+        triggered = await asyncio.gather(
+            *(stage.control.trigger_job(job) for job in order[start : start + TRIGGER_CHUNK])
+        )
+        runs += [run.run_id for queued in triggered for run in queued]
+    jobs = delay_jobs + list(echo_jobs.values())
+    stage.succeeding.extend(jobs)
+    stage.fault(f"{keys} keys capped at 1, {len(runs)} runs triggered at once")
+    return CappedLoad(jobs, runs, keys)
+
+
+async def capped_progress(stage: Stage, load: CappedLoad) -> tuple[int, int]:
+    """(runs of the load whose latest attempt is final, runs recorded)."""
+    row = await stage.pool.fetchrow(
+        """SELECT count(*) FILTER (WHERE status NOT IN ('queued', 'running')) AS done, count(*) AS runs
+           FROM (SELECT DISTINCT ON (run_id) status FROM job_executions WHERE job_id = ANY($1::uuid[])
+                 ORDER BY run_id, attempt DESC) latest""",
+        load.job_ids,
+    )
+    assert row is not None  # an aggregate always returns its row
+    return int(row["done"]), int(row["runs"])
+
+
+async def capped_done_at_least(stage: Stage, load: CappedLoad, count: int, within: float, what: str) -> bool:
+    """Wait until at least `count` runs of the load are final; a violation (and False) if not in time."""
+
+    async def reached() -> bool:
+        return (await capped_progress(stage, load))[0] >= count
+
+    try:
+        await eventually(reached, within=within, interval=1.0, what=what)
+    except TimeoutError as exc:
+        done, recorded = await capped_progress(stage, load)
+        stage.violation(f"capped runs: {what}", f"{exc}; {done} of {recorded} final")
+        return False
+    return True
+
+
+async def capped_check(stage: Stage, load: CappedLoad, kills: Sequence[tuple[int, datetime]]) -> None:
+    """Every run of the load final (bounded), then the caps from PostgreSQL (`checker.check_caps`):
+    breaches and keys recorded wrong are violations; the counts go to the report's `over cap`."""
+    await capped_done_at_least(stage, load, len(load.run_ids), within=240, what="every run final")
+    report = await check_caps(stage.pool, kills=kills)
+    stage.outcome.report.caps = report
+    if report.breaches:
+        stage.violation("key over its cap (attempts of one key running at once)",
+                        f"{len(report.breaches)}: " + "; ".join(str(b) for b in report.breaches[:3]))  # fmt: skip
+    if report.wrong_keys:
+        stage.violation("run recorded other limit keys than its payload gives",
+                        f"{len(report.wrong_keys)}: " + "; ".join(report.wrong_keys[:3]))  # fmt: skip
+    for note in report.notes:
+        stage.note(note)
+    stage.note(f"caps: {report.keys} capped keys, {report.holds} attempts started, {len(report.breaches)} over cap")
+
+
+async def busy_worker(stage: Stage, turn: int) -> tuple[RoleProcess, list[str]]:
+    """The live worker running the most runs now (its run ids); with none running, the `turn`-th."""
+    running = await stage.running_by_worker()
+    alive = [worker for worker in stage.cluster.of("worker") if worker.alive()]
+    load: dict[str, list[str]] = {worker.name: [] for worker in alive} | {
+        role.name: runs
+        for worker_id, runs in running.items()
+        if (role := stage.cluster.by_worker_id(worker_id)) is not None and role.alive()
+    }
+    ordered = sorted(alive, key=lambda worker: (-len(load[worker.name]), (alive.index(worker) - turn) % len(alive)))
+    return ordered[0], load[ordered[0].name]
+
+
+async def limits_kill9(stage: Stage, kills: int = 12, every: float = 10.0) -> None:
+    """10,000 keys capped at 1 (20,000 `test.delay` runs of 50-200 ms and 1,000 `test.echo` runs,
+    all triggered at once); kill -9 of the busiest worker every `every` seconds, `kills` times
+    (restarted at once). No key ever ran two attempts at once (a killed attempt ends at its kill),
+    every run succeeded."""
+    load = await capped_load(stage, "k9-", keys=round(10_000 * limits_scale()), runs_per_key=2,
+                             seconds=(0.05, 0.2))  # fmt: skip
+    killed: list[tuple[int, datetime]] = []
+    hit = 0
+    for turn in range(kills):
+        began = now()
+        worker, runs = await busy_worker(stage, turn)
+        pid = worker.pid
+        worker.kill9()
+        at = now()  # reaped: every attempt it ran has stopped by now
+        killed.append((pid, at))
+        hit += bool(runs)
+        stage.fault(f"kill -9 {worker.name} ({len(runs)} running)")
+        if runs:
+            stage.mark(f"kill -9 {worker.name}", at, run_ids=runs)
+        await stage.restart(worker)
+        await stage.sleep_until(began + timedelta(seconds=every))
+    done, recorded = await capped_progress(stage, load)
+    stage.note(f"{hit} of {kills} kills hit running work; {recorded - done} capped runs still open after the last")
+    await capped_check(stage, load, killed)
+
+
+async def limits_flushall(stage: Stage, flushes: int = 2) -> None:
+    """2,000 keys capped at 1 (6,000 `test.delay` runs of 0.2-1 s, 200 `test.echo` runs); FLUSHALL
+    once a quarter, then once half of them are final, with capped runs running and queued each
+    time. Limit state is rebuilt from PostgreSQL: no key ever ran two attempts at once, every run
+    succeeded."""
+    load = await capped_load(stage, "fl-", keys=round(2_000 * limits_scale()), runs_per_key=3,
+                             seconds=(0.2, 1.0))  # fmt: skip
+    total = len(load.run_ids)
+    for index in range(flushes):
+        target = total * (index + 1) // (flushes + 2)
+        if not await capped_done_at_least(stage, load, target, within=180, what=f"{target} final before FLUSHALL"):
+            return
+        before, _ = await capped_progress(stage, load)
+        at = now()
+        await stage.servers.redis.flushall()
+        stage.fault(f"FLUSHALL ({total - before} capped runs open)")
+        stage.mark("FLUSHALL", at)
+        # Observable recovery: capped runs finish again (rebuilt from PostgreSQL by reconcile).
+        await capped_done_at_least(stage, load, min(total, before + 100), within=120, what="progress after FLUSHALL")
+    await capped_check(stage, load, ())
+
+
+async def limits_failover(stage: Stage, rounds: int = 3, every: float = 12.0) -> None:
+    """3,000 keys capped at 1 (9,000 `test.delay` runs of 0.1-0.5 s, 300 `test.echo` runs); kill -9
+    of the leader together with the busiest worker, `rounds` times: the killed worker's units come
+    back only when the new leader recovers its expired leases. No key ever ran two attempts at
+    once, every run succeeded."""
+    load = await capped_load(stage, "fo-", keys=round(3_000 * limits_scale()), runs_per_key=3,
+                             seconds=(0.1, 0.5))  # fmt: skip
+    killed: list[tuple[int, datetime]] = []
+    for turn in range(rounds):
+        began = now()
+        leader = await stage.leader()
+        term = await stage.term()
+        worker, runs = await busy_worker(stage, turn)
+        at = now()
+        leader.kill9()
+        pid = worker.pid
+        worker.kill9()
+        killed.append((pid, now()))
+        stage.fault(f"kill -9 {leader.name}")
+        stage.fault(f"kill -9 {worker.name} ({len(runs)} running)")
+        stage.mark(f"kill -9 {leader.name}", at, after_term=term)
+        await stage.restart(worker)
+        try:
+            await stage.wait_fired_after(at, after_term=term, within=60)
+        except TimeoutError as exc:
+            stage.violation("no new leader after kill -9", str(exc))
+        await stage.restart(leader)
+        await stage.sleep_until(began + timedelta(seconds=every))
+    done, recorded = await capped_progress(stage, load)
+    stage.note(f"{recorded - done} capped runs still open after the last failover")
+    await capped_check(stage, load, killed)
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("leader-kill9", leader_kill9, budget=240, target_p99=3.0,
              description="kill -9 of the leader x10, default TTL"),
@@ -925,4 +1146,11 @@ SCENARIOS: tuple[Scenario, ...] = (
              description="cancels of running and finished runs while the completion buffer is full"),
     Scenario("unknown-event", unknown_event, schedulers=1, servers=1, budget=60,
              description="unreadable entries in the event stream under open watchers"),
+    # Issue 22: the caps under faults (they fail, over cap, until the queue enforces limits).
+    Scenario("limits-kill9", limits_kill9, env=FAST_WORKERS, cron_jobs=5, budget=600, settle=60,
+             description="10,000 keys capped at 1, kill -9 of a worker every 10 s for 2 min"),
+    Scenario("limits-flushall", limits_flushall, env=CAPPED_WORKERS, cron_jobs=5, budget=480, settle=60,
+             description="2,000 keys capped at 1, FLUSHALL x2 while they drain"),
+    Scenario("limits-failover", limits_failover, env=CAPPED_WORKERS, cron_jobs=5, budget=480, settle=60,
+             description="3,000 keys capped at 1, kill -9 of the leader (and a worker) x3"),
 )  # fmt: skip

@@ -109,3 +109,39 @@ def test_a_failed_phase_shows_in_the_rows_it_left_empty_only(harness: ModuleType
 
 def test_the_performance_page_carries_the_marker(harness: ModuleType) -> None:
     assert harness.DOCS_PAGE.read_text().count(harness.DOCS_MARKER) == 1
+
+
+def test_limit_rows_judge_the_rate_window_drain_rate_and_the_overhead_ratio(harness: ModuleType) -> None:
+    results = {
+        "limits-rate": {"figures": {"rate_max_starts_1s": 111, "rate_drain_per_s": 101.0, "free_max_starts_1s": 4000,
+                                    "free_executions_per_s": 5000.0}, "error": ""},
+        "limits-overhead": {"figures": {"capped_executions_per_s": 4000.0, "free_executions_per_s": 5000.0},
+                            "error": ""},
+        "limits-noisy": {"figures": {"quiet_p99_noisy_ms": 30.0, "quiet_p99_alone_ms": 20.0,
+                                     "quiet_p99_rise_ms": 10.0}, "error": ""},
+    }  # fmt: skip
+    rows = by_figure(harness.build_rows(results))
+    assert rows["rate limit 100/s burst 10: most starts in a 1 s window (5,000 runs)"]["result"] == "MISS"  # 111
+    assert rows["rate limit 100/s burst 10: drain rate (≥ 95)"]["result"] == "pass"
+    assert rows["rate limit 100/s burst 10: drain rate (≤ 105)"]["result"] == "pass"
+    overhead = rows["drain with one limit: executions/s"]
+    assert overhead["ratio"] == pytest.approx(0.8)
+    assert overhead["result"] == "MISS"  # 20 % slower: more than 15 %
+    assert overhead["target"] == "≥ 0.85× floor"  # noqa: RUF001
+    assert rows["quiet cron p99 rise from the noisy key"]["result"] == "pass"
+
+
+def test_limits_bench_windows_and_drain_rate() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("limits_bench", ROOT / "bench" / "limits_bench.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # A GCRA at 100/s with burst 10: 11 at once, then one every 10 ms.
+    starts = [0.0] * 11 + [0.01 * i for i in range(1, 490)]
+    assert module.max_in_window(starts) == 110  # [0, 1): 11 + 99
+    assert module.drain_rate(starts, 10) == pytest.approx(100)
+    assert module.max_in_window([0.0, 0.5, 1.0, 1.5]) == 2  # half-open: 1.0 is not in [0, 1)
+    assert module.max_in_window([]) == 0
+    assert module.drain_rate([1.0, 2.0], 10) is None
