@@ -212,6 +212,10 @@ METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "/scheduler.v1.LimitService/UpdateLimit": _A,
     "/scheduler.v1.LimitService/DeleteLimit": _A,
     "/scheduler.v1.LimitService/SetLimitOverride": _A,
+    # Limit keys: viewers read them, operators pause and resume them (as they pause jobs).
+    "/scheduler.v1.LimitService/GetLimitKey": _V,
+    "/scheduler.v1.LimitService/PauseLimitKey": _O,
+    "/scheduler.v1.LimitService/ResumeLimitKey": _O,
 }
 
 

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from scheduler_grpc import events, flowrun, metrics, queue_depth
 from scheduler_grpc.control_bulk import BulkControl, RunActions
 from scheduler_grpc.control_flows import FlowReads
+from scheduler_grpc.control_limit_keys import LimitKeyControl
 from scheduler_grpc.control_limits import LimitControl
 from scheduler_grpc.db.bulk import BulkQueries
 from scheduler_grpc.db.console import ConsoleQueries, ExecutionRow, JobRow, Overview
@@ -28,6 +29,7 @@ from scheduler_grpc.db.flow_views import FlowViews
 from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.history import HistoryRepository
 from scheduler_grpc.db.jobs import JobPage, JobRepository
+from scheduler_grpc.db.limit_keys import LimitKeyQueries
 from scheduler_grpc.db.limits import LimitRepository
 from scheduler_grpc.db.pool import Pool
 from scheduler_grpc.db.recovery import RecoveryRepository
@@ -157,6 +159,7 @@ class Control:
             job_by_name=self.get_job_by_name,
         )
         self._limits = LimitControl(LimitRepository(pool), check_request_id=_check_request_id)
+        self._limit_keys = LimitKeyControl(self._limits, LimitKeyQueries(pool, timeout=read_timeout), self._queues)
 
     @property
     def bulk(self) -> BulkControl:
@@ -172,6 +175,11 @@ class Control:
     def limits(self) -> LimitControl:
         """Limit definitions (`control_limits`): create, read, list, update, delete, key overrides."""
         return self._limits
+
+    @property
+    def limit_keys(self) -> LimitKeyControl:
+        """Limit keys (`control_limit_keys`): a key's state per queue, pause, resume, busiest keys."""
+        return self._limit_keys
 
     @property
     def users(self) -> UserAdmin:
@@ -493,12 +501,13 @@ class Control:
         return await self._jobs.queue_names()
 
     async def get_execution(self, execution_id: str) -> Execution:
-        """One attempt by id.
+        """One attempt by id (a queued one held back by a limit key says so in `blocked_by`).
 
         Raises:
             NotFound: no such execution.
         """
-        return await self._history.get(execution_id)
+        (execution,) = await self._limit_keys.with_blocked_by([await self._history.get(execution_id)])
+        return execution
 
     async def list_executions(
         self,
@@ -511,12 +520,12 @@ class Control:
         flow_run_id: str | None = None,
     ) -> ExecutionPage:
         """A page of attempts, newest first, by job, states and flow run (without `with_output`, no
-        error and no result are read).
+        error and no result are read); queued ones held back by a limit key say so in `blocked_by`.
 
         Raises:
             InvalidArgument: `page_size` out of range or a `page_token` of another listing.
         """
-        return await self._history.list_page(
+        page = await self._history.list_page(
             job_id=job_id,
             statuses=statuses,
             page_size=page_size,
@@ -524,6 +533,7 @@ class Control:
             with_output=with_output,
             flow_run_id=flow_run_id,
         )
+        return replace(page, executions=await self._limit_keys.with_blocked_by(page.executions))
 
     async def flow_members(self, flow_run_id: str) -> FlowMembers:
         """Which runs belong to a flow run, for a watcher that filters events by it.
@@ -585,7 +595,7 @@ class Control:
     ) -> list[ExecutionRow]:
         """Attempts newest first, before the keyset cursor `before`, with the console's filters
         (`job_ids`: the jobs a name search found; `error`: a part of the error text)."""
-        return await self._reads.executions(
+        rows = await self._reads.executions(
             job_id=job_id,
             statuses=statuses,
             handler=handler,
@@ -596,6 +606,8 @@ class Control:
             job_ids=job_ids,
             error=error,
         )
+        shown = await self._limit_keys.with_blocked_by([row.execution for row in rows])
+        return [replace(row, execution=execution) for row, execution in zip(rows, shown, strict=True)]
 
     async def run_attempts(self, run_id: str) -> list[Execution]:
         """Every attempt of a run, first attempt first."""

@@ -54,6 +54,24 @@ class Trigger(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class BlockedBy:
+    """Why a queued run waits: its group of limit keys is parked on `limit` and `key` (issue 22).
+
+    Attributes:
+        limit: The limit's name.
+        key: The key.
+        since: When the group was parked on it.
+        reason: `concurrency` (no unit free), `rate` (the rate's next start), `paused` (by hand or
+            back-pressure), `undefined` (the queue has no definition of the limit).
+    """
+
+    limit: str
+    key: str
+    since: datetime
+    reason: str
+
+
+@dataclass(frozen=True)
 class Execution:
     """One attempt of a run."""
 
@@ -77,3 +95,5 @@ class Execution:
     missed_count: int | None = None  # `missed` only: slots in the range (None: not counted)
     flow_run_id: str | None = None  # the flow run (job dependencies) the run belongs to, if any
     trace_id: str | None = None  # the run's OpenTelemetry trace (None: tracing was off when it was made)
+    # A queued run held back by a limit key (read from the queue by the reads that show it; never stored).
+    blocked_by: BlockedBy | None = None

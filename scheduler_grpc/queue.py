@@ -1281,3 +1281,47 @@ def _decode_page_token(queue: str, token: str) -> tuple[str, str]:
     if not (parked_ms.isascii() and parked_ms.isdigit()) or not item_id:
         raise InvalidArgument("page_token", "not a token this server issued")
     return parked_ms, item_id
+
+
+# -- limit key counts (the console's busiest keys) --------------------------------------------------
+
+KEY_COUNTS_SCAN: Final = 1000
+"""Fields asked for per HSCAN call of `key_counts`."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCounts:
+    """Per-key counts of a queue's limits (`key_counts`).
+
+    Attributes:
+        counts: (limit, key) -> (concurrency units held, runs queued), for keys with either.
+        complete: Whether every key was read (False: the scan stopped at its bound).
+    """
+
+    counts: dict[tuple[str, str], tuple[int, int]]
+    complete: bool
+
+
+async def key_counts(queue: Queue, limits: Iterable[str], *, max_fields: int = 5000) -> KeyCounts:
+    """The held units and queued runs of the keys of `limits` in `queue`, from the engine's per-key
+    counters (`held`, `kqueued`), read by HSCAN: at most about `max_fields` fields of each hash, so
+    the cost is bounded however many keys exist (not atomic: a view for people, not for decisions).
+    """
+    wanted = set(limits)
+    counts: dict[tuple[str, str], list[int]] = {}
+    complete = True
+    for position, name in enumerate((queue.keys.held, queue.keys.kqueued)):
+        cursor, read = 0, 0
+        while True:
+            cursor, fields = await queue._bounded(queue._redis.hscan(name, cursor, count=KEY_COUNTS_SCAN))
+            read += len(fields)
+            for field, value in fields.items():
+                limit, _, key = _text(field).partition("\x00")
+                if limit in wanted and int(value) > 0:
+                    counts.setdefault((limit, key), [0, 0])[position] = int(value)
+            if int(cursor) == 0:
+                break
+            if read >= max_fields:
+                complete = False
+                break
+    return KeyCounts({lk: (held, queued) for lk, (held, queued) in counts.items()}, complete)

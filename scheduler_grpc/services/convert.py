@@ -24,6 +24,7 @@ from scheduler_grpc import outputs
 from scheduler_grpc.auth import ApiKeyRecord, Role
 from scheduler_grpc.control import DeadItem
 from scheduler_grpc.control_flows import FlowRunSummary
+from scheduler_grpc.control_limit_keys import LimitKeyState
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
@@ -527,6 +528,11 @@ def execution_to_proto(execution: Execution) -> executions_pb2.Execution:
         flow_run_id=execution.flow_run_id or "",
         trace_id=execution.trace_id or "",
     )
+    if execution.blocked_by is not None:
+        why = execution.blocked_by
+        message.blocked_by.CopyFrom(
+            executions_pb2.BlockedBy(limit=why.limit, key=why.key, since=timestamp(why.since), reason=why.reason)
+        )
     if execution.result is not None:
         message.result.CopyFrom(_receivable(execution.result))
     return message
@@ -770,3 +776,23 @@ def limit_spec(message: limits_pb2.Limit) -> LimitSpec:
 def override(message: limits_pb2.LimitOverride) -> Override:
     """A LimitOverride message as the domain's (validated with its limit)."""
     return Override(message.limit, message.burst)
+
+
+def limit_key_state_to_proto(state: LimitKeyState) -> limits_pb2.LimitKeyState:
+    """A key's state on each queue, with the sums."""
+    return limits_pb2.LimitKeyState(
+        limit=state.limit,
+        key=state.key,
+        queues=[
+            limits_pb2.LimitKeyQueueState(
+                queue=entry.queue,
+                running_units=entry.state.running,
+                queued_runs=entry.state.queued,
+                next_admit_time=timestamp(entry.state.next_admission),
+                pause_end_time=timestamp(entry.state.paused_until),
+            )
+            for entry in state.queues
+        ],
+        running_units=state.running,
+        queued_runs=state.queued,
+    )

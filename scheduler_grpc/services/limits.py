@@ -1,4 +1,5 @@
-"""LimitService: limit definitions through `Control.limits` (the rights are in `auth.METHOD_ROLES`)."""
+"""LimitService: limit definitions through `Control.limits`, limit keys through `Control.limit_keys`
+(the rights are in `auth.METHOD_ROLES`)."""
 
 from __future__ import annotations
 
@@ -123,3 +124,30 @@ class LimitService(limits_pb2_grpc.LimitServiceServicer):
             limit_id, request.key, override, expected_version=_expected_version(request.etag)
         )
         return limits_pb2.SetLimitOverrideResponse(limit=convert.limit_to_proto(limit))
+
+    # -- limit keys (`Control.limit_keys`) --------------------------------------------------------
+
+    async def GetLimitKey(
+        self, request: limits_pb2.GetLimitKeyRequest, context: Context
+    ) -> limits_pb2.GetLimitKeyResponse:
+        state = await self._control.limit_keys.key_state(request.limit, request.key, queue=request.queue or None)
+        return limits_pb2.GetLimitKeyResponse(state=convert.limit_key_state_to_proto(state))
+
+    async def PauseLimitKey(
+        self, request: limits_pb2.PauseLimitKeyRequest, context: Context
+    ) -> limits_pb2.PauseLimitKeyResponse:
+        end = request.WhichOneof("end")
+        state = await self._control.limit_keys.pause_key(
+            request.limit,
+            request.key,
+            duration=convert.from_duration(request.duration, "duration") if end == "duration" else None,
+            until=convert.from_timestamp(request.pause_end_time, "pause_end_time") if end == "pause_end_time" else None,
+            queue=request.queue or None,
+        )
+        return limits_pb2.PauseLimitKeyResponse(state=convert.limit_key_state_to_proto(state))
+
+    async def ResumeLimitKey(
+        self, request: limits_pb2.ResumeLimitKeyRequest, context: Context
+    ) -> limits_pb2.ResumeLimitKeyResponse:
+        state = await self._control.limit_keys.resume_key(request.limit, request.key, queue=request.queue or None)
+        return limits_pb2.ResumeLimitKeyResponse(state=convert.limit_key_state_to_proto(state))

@@ -122,7 +122,7 @@ FLOW_RUN_STATE_FAILED: FlowRunState
 FLOW_RUN_STATE_CANCELLED: FlowRunState
 
 class Execution(_message.Message):
-    __slots__ = ("id", "run_id", "job_id", "schedule_time", "attempt", "state", "trigger", "due_time", "priority", "worker_id", "create_time", "start_time", "end_time", "error", "result", "missed_through", "missed_count", "flow_run_id", "trace_id")
+    __slots__ = ("id", "run_id", "job_id", "schedule_time", "attempt", "state", "trigger", "due_time", "priority", "worker_id", "create_time", "start_time", "end_time", "error", "result", "missed_through", "missed_count", "flow_run_id", "trace_id", "blocked_by")
     ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class Execution(_message.Message):
     MISSED_COUNT_FIELD_NUMBER: _ClassVar[int]
     FLOW_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_BY_FIELD_NUMBER: _ClassVar[int]
     id: str
     run_id: str
     job_id: str
@@ -161,7 +162,20 @@ class Execution(_message.Message):
     missed_count: int
     flow_run_id: str
     trace_id: str
-    def __init__(self, id: _Optional[str] = ..., run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., schedule_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[ExecutionState, str]] = ..., trigger: _Optional[_Union[Trigger, str]] = ..., due_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., worker_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., missed_through: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_count: _Optional[int] = ..., flow_run_id: _Optional[str] = ..., trace_id: _Optional[str] = ...) -> None: ...
+    blocked_by: BlockedBy
+    def __init__(self, id: _Optional[str] = ..., run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., schedule_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[ExecutionState, str]] = ..., trigger: _Optional[_Union[Trigger, str]] = ..., due_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., worker_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., missed_through: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_count: _Optional[int] = ..., flow_run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., blocked_by: _Optional[_Union[BlockedBy, _Mapping]] = ...) -> None: ...
+
+class BlockedBy(_message.Message):
+    __slots__ = ("limit", "key", "since", "reason")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    limit: str
+    key: str
+    since: _timestamp_pb2.Timestamp
+    reason: str
+    def __init__(self, limit: _Optional[str] = ..., key: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class GetExecutionRequest(_message.Message):
     __slots__ = ("id",)

@@ -159,3 +159,83 @@ class SetLimitOverrideResponse(_message.Message):
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     limit: Limit
     def __init__(self, limit: _Optional[_Union[Limit, _Mapping]] = ...) -> None: ...
+
+class LimitKeyQueueState(_message.Message):
+    __slots__ = ("queue", "running_units", "queued_runs", "next_admit_time", "pause_end_time")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_UNITS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ADMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_END_TIME_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    running_units: int
+    queued_runs: int
+    next_admit_time: _timestamp_pb2.Timestamp
+    pause_end_time: _timestamp_pb2.Timestamp
+    def __init__(self, queue: _Optional[str] = ..., running_units: _Optional[int] = ..., queued_runs: _Optional[int] = ..., next_admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pause_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class LimitKeyState(_message.Message):
+    __slots__ = ("limit", "key", "queues", "running_units", "queued_runs")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_UNITS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_RUNS_FIELD_NUMBER: _ClassVar[int]
+    limit: str
+    key: str
+    queues: _containers.RepeatedCompositeFieldContainer[LimitKeyQueueState]
+    running_units: int
+    queued_runs: int
+    def __init__(self, limit: _Optional[str] = ..., key: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[LimitKeyQueueState, _Mapping]]] = ..., running_units: _Optional[int] = ..., queued_runs: _Optional[int] = ...) -> None: ...
+
+class GetLimitKeyRequest(_message.Message):
+    __slots__ = ("limit", "key", "queue")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    limit: str
+    key: str
+    queue: str
+    def __init__(self, limit: _Optional[str] = ..., key: _Optional[str] = ..., queue: _Optional[str] = ...) -> None: ...
+
+class GetLimitKeyResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: LimitKeyState
+    def __init__(self, state: _Optional[_Union[LimitKeyState, _Mapping]] = ...) -> None: ...
+
+class PauseLimitKeyRequest(_message.Message):
+    __slots__ = ("limit", "key", "queue", "duration", "pause_end_time")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_END_TIME_FIELD_NUMBER: _ClassVar[int]
+    limit: str
+    key: str
+    queue: str
+    duration: _duration_pb2.Duration
+    pause_end_time: _timestamp_pb2.Timestamp
+    def __init__(self, limit: _Optional[str] = ..., key: _Optional[str] = ..., queue: _Optional[str] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., pause_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class PauseLimitKeyResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: LimitKeyState
+    def __init__(self, state: _Optional[_Union[LimitKeyState, _Mapping]] = ...) -> None: ...
+
+class ResumeLimitKeyRequest(_message.Message):
+    __slots__ = ("limit", "key", "queue")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    limit: str
+    key: str
+    queue: str
+    def __init__(self, limit: _Optional[str] = ..., key: _Optional[str] = ..., queue: _Optional[str] = ...) -> None: ...
+
+class ResumeLimitKeyResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: LimitKeyState
+    def __init__(self, state: _Optional[_Union[LimitKeyState, _Mapping]] = ...) -> None: ...

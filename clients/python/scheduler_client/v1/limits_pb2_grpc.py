@@ -31,9 +31,10 @@ class LimitServiceStub:
     `period` per key, with `burst` extra units at once. Each job's limit refs say which key each of
     its runs takes: a constant, or a path into the run's payload (`payload.customer_id`).
 
-    This service defines and validates limits; admitting runs under them is the queue's work, which
-    lands separately. Viewers read limits; admins define them. A limit that jobs still use cannot
-    be deleted (FAILED_PRECONDITION naming the jobs).
+    Limit state is kept per queue: jobs on two queues that name the same limit and key are counted
+    separately, so a key's state is read (and paused) on each queue the limit is used on. Viewers
+    read limits and keys; operators pause and resume keys; admins define limits. A limit that jobs
+    still use cannot be deleted (FAILED_PRECONDITION naming the jobs).
     """
 
     def __init__(self, channel):
@@ -72,6 +73,21 @@ class LimitServiceStub:
                 request_serializer=scheduler_dot_v1_dot_limits__pb2.SetLimitOverrideRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_limits__pb2.SetLimitOverrideResponse.FromString,
                 _registered_method=True)
+        self.GetLimitKey = channel.unary_unary(
+                '/scheduler.v1.LimitService/GetLimitKey',
+                request_serializer=scheduler_dot_v1_dot_limits__pb2.GetLimitKeyRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_limits__pb2.GetLimitKeyResponse.FromString,
+                _registered_method=True)
+        self.PauseLimitKey = channel.unary_unary(
+                '/scheduler.v1.LimitService/PauseLimitKey',
+                request_serializer=scheduler_dot_v1_dot_limits__pb2.PauseLimitKeyRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_limits__pb2.PauseLimitKeyResponse.FromString,
+                _registered_method=True)
+        self.ResumeLimitKey = channel.unary_unary(
+                '/scheduler.v1.LimitService/ResumeLimitKey',
+                request_serializer=scheduler_dot_v1_dot_limits__pb2.ResumeLimitKeyRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_limits__pb2.ResumeLimitKeyResponse.FromString,
+                _registered_method=True)
 
 
 class LimitServiceServicer:
@@ -80,9 +96,10 @@ class LimitServiceServicer:
     `period` per key, with `burst` extra units at once. Each job's limit refs say which key each of
     its runs takes: a constant, or a path into the run's payload (`payload.customer_id`).
 
-    This service defines and validates limits; admitting runs under them is the queue's work, which
-    lands separately. Viewers read limits; admins define them. A limit that jobs still use cannot
-    be deleted (FAILED_PRECONDITION naming the jobs).
+    Limit state is kept per queue: jobs on two queues that name the same limit and key are counted
+    separately, so a key's state is read (and paused) on each queue the limit is used on. Viewers
+    read limits and keys; operators pause and resume keys; admins define limits. A limit that jobs
+    still use cannot be deleted (FAILED_PRECONDITION naming the jobs).
     """
 
     def CreateLimit(self, request, context):
@@ -127,6 +144,29 @@ class LimitServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetLimitKey(self, request, context):
+        """Reads one key of a limit: on each queue the limit is used on, its running units, queued
+        runs, next admission time and pause.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseLimitKey(self, request, context):
+        """Pauses one key of a limit (it admits no run) until a time or for a duration, on each queue
+        the limit is used on. A pause replaces the key's current one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeLimitKey(self, request, context):
+        """Ends a key's pause now (by hand or by an upstream's back-pressure); its waiting runs go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LimitServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +200,21 @@ def add_LimitServiceServicer_to_server(servicer, server):
                     request_deserializer=scheduler_dot_v1_dot_limits__pb2.SetLimitOverrideRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_limits__pb2.SetLimitOverrideResponse.SerializeToString,
             ),
+            'GetLimitKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLimitKey,
+                    request_deserializer=scheduler_dot_v1_dot_limits__pb2.GetLimitKeyRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_limits__pb2.GetLimitKeyResponse.SerializeToString,
+            ),
+            'PauseLimitKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseLimitKey,
+                    request_deserializer=scheduler_dot_v1_dot_limits__pb2.PauseLimitKeyRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_limits__pb2.PauseLimitKeyResponse.SerializeToString,
+            ),
+            'ResumeLimitKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeLimitKey,
+                    request_deserializer=scheduler_dot_v1_dot_limits__pb2.ResumeLimitKeyRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_limits__pb2.ResumeLimitKeyResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'scheduler.v1.LimitService', rpc_method_handlers)
@@ -174,9 +229,10 @@ class LimitService:
     `period` per key, with `burst` extra units at once. Each job's limit refs say which key each of
     its runs takes: a constant, or a path into the run's payload (`payload.customer_id`).
 
-    This service defines and validates limits; admitting runs under them is the queue's work, which
-    lands separately. Viewers read limits; admins define them. A limit that jobs still use cannot
-    be deleted (FAILED_PRECONDITION naming the jobs).
+    Limit state is kept per queue: jobs on two queues that name the same limit and key are counted
+    separately, so a key's state is read (and paused) on each queue the limit is used on. Viewers
+    read limits and keys; operators pause and resume keys; admins define limits. A limit that jobs
+    still use cannot be deleted (FAILED_PRECONDITION naming the jobs).
     """
 
     @staticmethod
@@ -331,6 +387,87 @@ class LimitService:
             '/scheduler.v1.LimitService/SetLimitOverride',
             scheduler_dot_v1_dot_limits__pb2.SetLimitOverrideRequest.SerializeToString,
             scheduler_dot_v1_dot_limits__pb2.SetLimitOverrideResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLimitKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.LimitService/GetLimitKey',
+            scheduler_dot_v1_dot_limits__pb2.GetLimitKeyRequest.SerializeToString,
+            scheduler_dot_v1_dot_limits__pb2.GetLimitKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseLimitKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.LimitService/PauseLimitKey',
+            scheduler_dot_v1_dot_limits__pb2.PauseLimitKeyRequest.SerializeToString,
+            scheduler_dot_v1_dot_limits__pb2.PauseLimitKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeLimitKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.LimitService/ResumeLimitKey',
+            scheduler_dot_v1_dot_limits__pb2.ResumeLimitKeyRequest.SerializeToString,
+            scheduler_dot_v1_dot_limits__pb2.ResumeLimitKeyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,9 +32,10 @@ class LimitServiceStub:
     `period` per key, with `burst` extra units at once. Each job's limit refs say which key each of
     its runs takes: a constant, or a path into the run's payload (`payload.customer_id`).
 
-    This service defines and validates limits; admitting runs under them is the queue's work, which
-    lands separately. Viewers read limits; admins define them. A limit that jobs still use cannot
-    be deleted (FAILED_PRECONDITION naming the jobs).
+    Limit state is kept per queue: jobs on two queues that name the same limit and key are counted
+    separately, so a key's state is read (and paused) on each queue the limit is used on. Viewers
+    read limits and keys; operators pause and resume keys; admins define limits. A limit that jobs
+    still use cannot be deleted (FAILED_PRECONDITION naming the jobs).
     """
 
     @_typing.overload
@@ -53,6 +54,16 @@ class LimitServiceStub:
     """Deletes a limit that no job uses (else FAILED_PRECONDITION naming the jobs)."""
     SetLimitOverride: _grpc.UnaryUnaryMultiCallable[_limits_pb2.SetLimitOverrideRequest, _limits_pb2.SetLimitOverrideResponse]
     """Gives one key its own limit and burst, or takes its override away."""
+    GetLimitKey: _grpc.UnaryUnaryMultiCallable[_limits_pb2.GetLimitKeyRequest, _limits_pb2.GetLimitKeyResponse]
+    """Reads one key of a limit: on each queue the limit is used on, its running units, queued
+    runs, next admission time and pause.
+    """
+    PauseLimitKey: _grpc.UnaryUnaryMultiCallable[_limits_pb2.PauseLimitKeyRequest, _limits_pb2.PauseLimitKeyResponse]
+    """Pauses one key of a limit (it admits no run) until a time or for a duration, on each queue
+    the limit is used on. A pause replaces the key's current one.
+    """
+    ResumeLimitKey: _grpc.UnaryUnaryMultiCallable[_limits_pb2.ResumeLimitKeyRequest, _limits_pb2.ResumeLimitKeyResponse]
+    """Ends a key's pause now (by hand or by an upstream's back-pressure); its waiting runs go on."""
 
 @_typing.type_check_only
 class LimitServiceAsyncStub(LimitServiceStub):
@@ -61,9 +72,10 @@ class LimitServiceAsyncStub(LimitServiceStub):
     `period` per key, with `burst` extra units at once. Each job's limit refs say which key each of
     its runs takes: a constant, or a path into the run's payload (`payload.customer_id`).
 
-    This service defines and validates limits; admitting runs under them is the queue's work, which
-    lands separately. Viewers read limits; admins define them. A limit that jobs still use cannot
-    be deleted (FAILED_PRECONDITION naming the jobs).
+    Limit state is kept per queue: jobs on two queues that name the same limit and key are counted
+    separately, so a key's state is read (and paused) on each queue the limit is used on. Viewers
+    read limits and keys; operators pause and resume keys; admins define limits. A limit that jobs
+    still use cannot be deleted (FAILED_PRECONDITION naming the jobs).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -79,6 +91,16 @@ class LimitServiceAsyncStub(LimitServiceStub):
     """Deletes a limit that no job uses (else FAILED_PRECONDITION naming the jobs)."""
     SetLimitOverride: _aio.UnaryUnaryMultiCallable[_limits_pb2.SetLimitOverrideRequest, _limits_pb2.SetLimitOverrideResponse]  # type: ignore[assignment]
     """Gives one key its own limit and burst, or takes its override away."""
+    GetLimitKey: _aio.UnaryUnaryMultiCallable[_limits_pb2.GetLimitKeyRequest, _limits_pb2.GetLimitKeyResponse]  # type: ignore[assignment]
+    """Reads one key of a limit: on each queue the limit is used on, its running units, queued
+    runs, next admission time and pause.
+    """
+    PauseLimitKey: _aio.UnaryUnaryMultiCallable[_limits_pb2.PauseLimitKeyRequest, _limits_pb2.PauseLimitKeyResponse]  # type: ignore[assignment]
+    """Pauses one key of a limit (it admits no run) until a time or for a duration, on each queue
+    the limit is used on. A pause replaces the key's current one.
+    """
+    ResumeLimitKey: _aio.UnaryUnaryMultiCallable[_limits_pb2.ResumeLimitKeyRequest, _limits_pb2.ResumeLimitKeyResponse]  # type: ignore[assignment]
+    """Ends a key's pause now (by hand or by an upstream's back-pressure); its waiting runs go on."""
 
 class LimitServiceServicer(metaclass=_abc_1.ABCMeta):
     """Limits: named flow-control definitions that jobs refer to (`Job.limits`). A concurrency limit
@@ -86,9 +108,10 @@ class LimitServiceServicer(metaclass=_abc_1.ABCMeta):
     `period` per key, with `burst` extra units at once. Each job's limit refs say which key each of
     its runs takes: a constant, or a path into the run's payload (`payload.customer_id`).
 
-    This service defines and validates limits; admitting runs under them is the queue's work, which
-    lands separately. Viewers read limits; admins define them. A limit that jobs still use cannot
-    be deleted (FAILED_PRECONDITION naming the jobs).
+    Limit state is kept per queue: jobs on two queues that name the same limit and key are counted
+    separately, so a key's state is read (and paused) on each queue the limit is used on. Viewers
+    read limits and keys; operators pause and resume keys; admins define limits. A limit that jobs
+    still use cannot be deleted (FAILED_PRECONDITION naming the jobs).
     """
 
     @_abc_1.abstractmethod
@@ -138,5 +161,33 @@ class LimitServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_limits_pb2.SetLimitOverrideResponse, _abc.Awaitable[_limits_pb2.SetLimitOverrideResponse]]:
         """Gives one key its own limit and burst, or takes its override away."""
+
+    @_abc_1.abstractmethod
+    def GetLimitKey(
+        self,
+        request: _limits_pb2.GetLimitKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_limits_pb2.GetLimitKeyResponse, _abc.Awaitable[_limits_pb2.GetLimitKeyResponse]]:
+        """Reads one key of a limit: on each queue the limit is used on, its running units, queued
+        runs, next admission time and pause.
+        """
+
+    @_abc_1.abstractmethod
+    def PauseLimitKey(
+        self,
+        request: _limits_pb2.PauseLimitKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_limits_pb2.PauseLimitKeyResponse, _abc.Awaitable[_limits_pb2.PauseLimitKeyResponse]]:
+        """Pauses one key of a limit (it admits no run) until a time or for a duration, on each queue
+        the limit is used on. A pause replaces the key's current one.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeLimitKey(
+        self,
+        request: _limits_pb2.ResumeLimitKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_limits_pb2.ResumeLimitKeyResponse, _abc.Awaitable[_limits_pb2.ResumeLimitKeyResponse]]:
+        """Ends a key's pause now (by hand or by an upstream's back-pressure); its waiting runs go on."""
 
 def add_LimitServiceServicer_to_server(servicer: LimitServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
