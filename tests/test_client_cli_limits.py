@@ -9,7 +9,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
+from google.protobuf import timestamp_pb2
+from scheduler_client import _output as show
 from scheduler_client.cli import limit_ref_arg, override_arg
+from scheduler_client.v1 import executions_pb2
 
 from tests.api_helpers import ADMIN, ADMIN_PASSWORD, Api, start_server, wait_for_server
 from tests.engine_helpers import Roles
@@ -113,3 +116,62 @@ def test_limits_commands(api: Api, tmp_path: Path) -> None:
     assert "per-customer" in viewer.ok("limits", "list")
     assert "needs the admin role" in viewer.fails("limits", "create", "v", "--kind", "concurrency", "--limit", "1",
                                                   code=1)  # fmt: skip
+
+
+def test_limit_key_commands(api: Api, tmp_path: Path) -> None:
+    admin = Schedctl(api.target, tmp_path / "admin")
+    admin.ok("login", "--username", ADMIN, "--password", ADMIN_PASSWORD)
+    admin.ok("limits", "create", "per-customer", "--kind", "concurrency", "--limit", "2")
+    admin.ok("jobs", "create", "--name", "sync", "--handler", "test.echo", "--queue", "limq",
+             "--limit", "per-customer:payload.customer_id")  # fmt: skip
+    shown = admin.ok("limits", "key", "per-customer", "c1")
+    assert shown.splitlines()[0].split() == ["QUEUE", "RUNNING", "QUEUED", "NEXT", "ADMISSION", "PAUSED", "UNTIL"]
+    assert shown.splitlines()[1].split()[:3] == ["limq", "0", "0"]
+    assert shown.splitlines()[1].split()[-1] == "-"  # not paused
+    assert [entry["queue"] for entry in admin.json("limits", "key", "per-customer", "c1")["queues"]] == ["limq"]  # type: ignore[index, union-attr]
+
+    # Operators pause and resume; a viewer reads only.
+    admin.ok("users", "create", "olga", "--role", "operator", "--password", PASSWORD)
+    admin.ok("users", "create", "vera", "--role", "viewer", "--password", PASSWORD)
+    operator = Schedctl(api.target, tmp_path / "olga")
+    operator.ok("login", "--username", "olga", "--password", PASSWORD)
+    viewer = Schedctl(api.target, tmp_path / "vera")
+    viewer.ok("login", "--username", "vera", "--password", PASSWORD)
+    paused = operator.ok("limits", "pause", "per-customer", "c1", "--for", "30s")
+    assert paused.startswith("Paused until ")
+    assert paused.strip().endswith("key c1 of limit per-customer on limq")
+    assert viewer.ok("limits", "key", "per-customer", "c1").splitlines()[1].split()[-1] != "-"
+    assert "needs the operator role" in viewer.fails("limits", "pause", "per-customer", "c1", "--for", "1m", code=1)
+    assert "needs the operator role" in viewer.fails("limits", "resume", "per-customer", "c1", code=1)
+    assert operator.ok("limits", "resume", "per-customer", "c1").strip() == (
+        "Resumed key c1 of limit per-customer on limq"
+    )
+    assert viewer.ok("limits", "key", "per-customer", "c1").splitlines()[1].split()[-1] == "-"
+    operator.ok("limits", "pause", "per-customer", "c1", "--until", "+5m", "--queue", "other")
+    assert admin.json("limits", "key", "per-customer", "c1", "--queue", "other")["queues"][0]["pauseEndTime"]  # type: ignore[index]
+
+    # One-line errors, non-zero exits: bad input 2 (naming the field), an unknown limit 1.
+    assert "--for" in operator.fails("limits", "pause", "per-customer", "c1", code=2)
+    assert "duration" in operator.fails("limits", "pause", "per-customer", "c1", "--for", "0s", code=2)
+    assert "key" in operator.fails("limits", "key", "per-customer", "", code=2)
+    missing = operator.fails("limits", "key", "nope", "c1", code=1)
+    assert "not found" in missing
+    assert len(missing.strip().splitlines()) == 1
+
+
+def test_executions_show_why_they_wait() -> None:
+    blocked = executions_pb2.Execution(
+        id="e1",
+        job_id="j",
+        state=executions_pb2.EXECUTION_STATE_QUEUED,
+        blocked_by=executions_pb2.BlockedBy(
+            limit="per-customer", key="c1", reason="concurrency", since=timestamp_pb2.Timestamp(seconds=1_800_000_000)
+        ),
+    )
+    plain = executions_pb2.Execution(id="e2", job_id="j", state=executions_pb2.EXECUTION_STATE_QUEUED)
+    why = "waits for limit per-customer key c1 (concurrency) since 2027-01-15 08:00:00Z"
+    assert ("blocked", why) in show.execution_fields(blocked)
+    assert "blocked" not in dict(show.execution_fields(plain))
+    _, rows = show.execution_rows([blocked, plain], {})
+    assert rows[0][3] == f"queued ({why})"
+    assert rows[1][3] == "queued"

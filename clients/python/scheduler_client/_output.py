@@ -238,7 +238,7 @@ def execution_rows(
             execution.id,
             job_names.get(execution.job_id, execution.job_id),
             execution.attempt,
-            execution_state(execution),
+            execution_state(execution) + (f" ({blocked_text(execution)})" if execution.HasField("blocked_by") else ""),
             label(executions_pb2.Trigger.Name(execution.trigger)),
             when(execution.schedule_time),
             execution_took(execution),
@@ -250,6 +250,12 @@ def execution_rows(
     return headers, rows
 
 
+def blocked_text(execution: executions_pb2.Execution) -> str:
+    """Why a queued execution waits: `waits for limit per-customer key c1 (concurrency) since ...`."""
+    why = execution.blocked_by
+    return f"waits for limit {why.limit} key {why.key} ({why.reason}) since {when(why.since)}"
+
+
 def execution_fields(execution: executions_pb2.Execution, job_name: str | None = None) -> list[tuple[str, object]]:
     """An execution's fields, its job by `job_name` too when given."""
     return [
@@ -259,6 +265,7 @@ def execution_fields(execution: executions_pb2.Execution, job_name: str | None =
         ("job id", execution.job_id),
         ("attempt", execution.attempt),
         ("state", execution_state(execution)),
+        *([("blocked", blocked_text(execution))] if execution.HasField("blocked_by") else []),
         ("trigger", label(executions_pb2.Trigger.Name(execution.trigger))),
         ("scheduled for", when(execution.schedule_time)),
         ("due", when(execution.due_time)),

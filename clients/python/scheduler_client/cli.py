@@ -988,9 +988,67 @@ async def cmd_limits_delete(ctx: Context) -> int:
     return 0
 
 
+async def _limit_name(ctx: Context, reference: str) -> str:
+    """A limit's name from a name or an id (the key methods take names)."""
+    try:
+        uuid.UUID(reference)
+    except ValueError:
+        return reference
+    return (await ctx.client.get_limit(reference)).name
+
+
+def _show_key(ctx: Context, state: limits_pb2.LimitKeyState, done: str | None = None) -> int:
+    if ctx.json:
+        show.print_json(show.message_dict(state))
+        return 0
+    if done is not None:
+        queues = ", ".join(entry.queue for entry in state.queues) or "no queue"
+        print(f"{done} key {state.key} of limit {state.limit} on {queues}")
+        return 0
+    rows: list[list[object]] = [
+        [entry.queue, entry.running_units, entry.queued_runs, show.when(entry.next_admit_time),
+         show.when(entry.pause_end_time)]
+        for entry in state.queues
+    ]  # fmt: skip
+    if not rows:
+        print(f"Limit {state.limit} is used on no queue (no job names it); give --queue to read one")
+        return 0
+    rows.append(["(all)", state.running_units, state.queued_runs, "", ""])
+    show.print_table(["QUEUE", "RUNNING", "QUEUED", "NEXT ADMISSION", "PAUSED UNTIL"], rows)
+    return 0
+
+
+async def cmd_limits_key(ctx: Context) -> int:
+    args = ctx.args
+    name = await _limit_name(ctx, args.limit_ref)
+    return _show_key(ctx, await ctx.client.get_limit_key(name, args.key, queue=args.queue or ""))
+
+
+async def cmd_limits_pause(ctx: Context) -> int:
+    args = ctx.args
+    if (args.pause_for is None) == (args.until is None):
+        raise UsageError("limits pause: give --for DURATION or --until TIME")
+    name = await _limit_name(ctx, args.limit_ref)
+    state = await ctx.client.pause_limit_key(
+        name, args.key, duration=args.pause_for, until=args.until, queue=args.queue or ""
+    )
+    ends = {show.when(entry.pause_end_time) for entry in state.queues}
+    return _show_key(ctx, state, "Paused" + (f" until {ends.pop()}" if len(ends) == 1 else ""))
+
+
+async def cmd_limits_resume(ctx: Context) -> int:
+    args = ctx.args
+    name = await _limit_name(ctx, args.limit_ref)
+    return _show_key(ctx, await ctx.client.resume_limit_key(name, args.key, queue=args.queue or ""), "Resumed")
+
+
 def _limits_commands(command: Callable[..., argparse.ArgumentParser], commands: Any) -> None:
     """`schedctl limits ...` (viewers read, admins define)."""
-    limits = command(commands, "limits", "define the limits jobs take: list, show, create, update, override, delete")
+    limits = command(
+        commands,
+        "limits",
+        "define limits (list, get, create, update, override, delete); steer keys (key, pause, resume)",
+    )
     limit_commands = limits.add_subparsers(dest="limits_command", metavar="ACTION", required=True)
     listing = command(limit_commands, "list", "list limits by name", cmd_limits_list)
     listing.add_argument("--limit", type=positive_int, default=1000, help="at most this many (default 1000)")
@@ -1022,6 +1080,16 @@ def _limits_commands(command: Callable[..., argparse.ArgumentParser], commands: 
     override.add_argument("key", metavar="KEY", help="the key, as a run's limit key resolves to it")
     for sub in (update, override, delete):
         sub.add_argument("--etag", help="fail (ABORTED) if the limit changed since it had this etag")
+    # Keys (viewers read, operators pause and resume), on each queue the limit is used on.
+    key = command(limit_commands, "key", "show one key's state on each queue: running, queued, pause", cmd_limits_key)
+    pause = command(limit_commands, "pause", "pause one key (it admits no run) for a while", cmd_limits_pause)
+    pause.add_argument("--for", dest="pause_for", type=parse_duration, metavar="DURATION", help="e.g. 30s, 10m, 2h")
+    pause.add_argument("--until", type=parse_time, metavar="TIME", help="ISO 8601 or +DURATION")
+    resume = command(limit_commands, "resume", "end one key's pause now", cmd_limits_resume)
+    for sub in (key, pause, resume):
+        sub.add_argument("limit_ref", metavar="LIMIT", help="limit name or id")
+        sub.add_argument("key", metavar="KEY", help="the key, as a run's limit key resolves to it")
+        sub.add_argument("--queue", help="only this queue (default: every queue the limit is used on)")
 
 
 # --- the parser ------------------------------------------------------------------------------------

@@ -1353,6 +1353,42 @@ class SchedulerClient:
         )
         return response.limit
 
+    async def get_limit_key(
+        self, limit: str, key: str, *, queue: str = "", rpc_timeout: float | None = None
+    ) -> limits_pb2.LimitKeyState:
+        """One key of the limit named `limit`: per queue the limit is used on (or on `queue`), its
+        running units, queued runs, next admission time and pause."""
+        request = limits_pb2.GetLimitKeyRequest(limit=limit, key=key, queue=queue)
+        return (await self._call(_LIMITS + "GetLimitKey", request, limits_pb2.GetLimitKeyResponse, rpc_timeout)).state
+
+    async def pause_limit_key(
+        self,
+        limit: str,
+        key: str,
+        *,
+        duration: Seconds | None = None,
+        until: datetime | None = None,
+        queue: str = "",
+        rpc_timeout: float | None = None,
+    ) -> limits_pb2.LimitKeyState:
+        """Pause a key (it admits no run) for `duration` or until `until` (give one), on each queue
+        the limit is used on (or on `queue`); returns its state after."""
+        request = limits_pb2.PauseLimitKeyRequest(limit=limit, key=key, queue=queue)
+        if duration is not None:
+            request.duration.CopyFrom(_duration(duration, "duration"))
+        if until is not None:
+            request.pause_end_time.CopyFrom(_timestamp(until))
+        response = await self._call(_LIMITS + "PauseLimitKey", request, limits_pb2.PauseLimitKeyResponse, rpc_timeout)
+        return response.state
+
+    async def resume_limit_key(
+        self, limit: str, key: str, *, queue: str = "", rpc_timeout: float | None = None
+    ) -> limits_pb2.LimitKeyState:
+        """End a key's pause now, on each queue the limit is used on (or on `queue`)."""
+        request = limits_pb2.ResumeLimitKeyRequest(limit=limit, key=key, queue=queue)
+        response = await self._call(_LIMITS + "ResumeLimitKey", request, limits_pb2.ResumeLimitKeyResponse, rpc_timeout)
+        return response.state
+
 
 # --- helpers -----------------------------------------------------------------------------------
 
