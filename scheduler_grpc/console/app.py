@@ -29,7 +29,7 @@ from scheduler_grpc import statuses
 from scheduler_grpc.application import Api
 from scheduler_grpc.auth import Unauthenticated
 from scheduler_grpc.config import Settings
-from scheduler_grpc.console import bulk, depth, flash, flows, live, search, security, users, views
+from scheduler_grpc.console import bulk, depth, flash, flows, limits_page, live, search, security, users, views
 from scheduler_grpc.console.context import CONSOLE, STATIC, Console, environment, render
 from scheduler_grpc.console.limits import ConnectionGuard, connection_limit
 from scheduler_grpc.errors import ConfigError
@@ -214,6 +214,7 @@ def build_app(
             web.get("/charts", search.charts),
             *users.ROUTES,
             *flows.ROUTES,
+            *limits_page.ROUTES,
             web.static("/static", STATIC, append_version=False),
         ]
     )
