@@ -19,7 +19,7 @@ from scheduler_grpc.console.security import csrf_token
 from scheduler_grpc.gcra import LimitDefinition, LimitKey
 from scheduler_grpc.jobs import JobSpec
 from scheduler_grpc.limits import LimitKind, LimitRef, LimitSpec, Override
-from scheduler_grpc.queue import NewItem, Queue
+from scheduler_grpc.queue import NewItem, Queue, key_counts
 from tests.test_console import Console, _with_cookie, console  # noqa: F401 - `console` is a fixture
 
 VT = timedelta(seconds=60)
@@ -139,3 +139,19 @@ async def test_executions_show_the_key_they_wait_for(
             body = await page.text()
         assert 'id="blocked-by"' in body
         assert "key <code>c1</code> (concurrency)" in body
+
+
+async def test_key_counts_read_at_most_about_their_bound(redis: Redis) -> None:
+    queue = Queue(redis, QUEUE)
+    await queue.put_limit_definitions(
+        [LimitDefinition("many", "concurrency", 1), LimitDefinition("other", "concurrency", 1)]
+    )
+    await queue.enqueue_many([NewItem(f"m{n}", limits=(LimitKey("many", f"k{n}"),)) for n in range(1500)])
+    await queue.enqueue_many([NewItem("o", limits=(LimitKey("other", "x"),))])
+    whole = await key_counts(queue, ["many"], max_fields=10_000)
+    assert whole.complete
+    assert len(whole.counts) == 1500  # only the limits asked for
+    assert whole.counts["many", "k7"] == (0, 1)
+    part = await key_counts(queue, ["many", "other"], max_fields=500)
+    assert not part.complete
+    assert 0 < len(part.counts) < 1501
