@@ -39,6 +39,7 @@ from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, 
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
 from scheduler_grpc.flows import FlowRun
 from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
+from scheduler_grpc.limit_sync import Definitions, LimitSync
 from scheduler_grpc.queue import MAX_BATCH, DeadPage, Queue, QueueStats
 from scheduler_grpc.queue import DeadItem as DeadItem  # noqa: PLC0414 - re-exported: what dead-letter pages hold
 from scheduler_grpc.queue_depth import Sample as Sample  # noqa: PLC0414 - re-exported: depth samples
@@ -145,7 +146,8 @@ class Control:
         self._flows = FlowRepository(pool)
         self._reads = ConsoleQueries(pool, timeout=read_timeout)
         self._searches = SearchQueries(pool, timeout=read_timeout.total_seconds())
-        self._queues = Queues(redis, capacity=QUEUE_CACHE_SIZE)
+        limits = LimitRepository(pool)
+        self._queues = Queues(redis, capacity=QUEUE_CACHE_SIZE, definitions=Definitions(limits))
         self._triggers = TriggerBatcher(self._firing, self._dispatch)
         self._bulk = BulkControl(
             BulkQueries(pool),
@@ -156,7 +158,7 @@ class Control:
             job_by_id=self.get_job,
             job_by_name=self.get_job_by_name,
         )
-        self._limits = LimitControl(LimitRepository(pool), check_request_id=_check_request_id)
+        self._limits = LimitControl(limits, check_request_id=_check_request_id, sync=LimitSync(limits, self._queues))
 
     @property
     def bulk(self) -> BulkControl:

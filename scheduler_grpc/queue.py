@@ -448,7 +448,7 @@ class Queue:
         self._remove = op("remove", f"ready delayed priority data deliveries solo seq marker {groups}")
         self._states = op("states", "ready processing delayed dead gmem")
         self._rearm = op("rearm", "ready marker gactive")
-        self._limits = op("limits", f"ready seq marker limdef {groups} tat tatrem kpause")
+        self._limits = op("limits", f"ready seq marker limdef {groups} tat tatrem kpause recount")
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -507,8 +507,9 @@ class Queue:
 
         Args:
             items: The items.
-            definitions: Limit definitions written first, in the same call (`put_limit_definitions`
-                without its wake-ups), so the definitions the items need travel with them.
+            definitions: Limit definitions written first, in the same call, each only where the
+                queue has none of that name (a definition travels with the work that needs it;
+                `put_limit_definitions` replaces one, and wakes the runs waiting for it).
 
         Returns:
             How many items were added.
@@ -1143,6 +1144,40 @@ class Queue:
             )
             for i in range(0, len(reply), 5)
         }
+
+    async def hold_running(self, runs: Iterable[tuple[str, Sequence[LimitKey]]]) -> int:
+        """Count again the concurrency units of runs still running that Redis lost (a FLUSHALL, a
+        failover to an empty replica): each `(run id, limit keys)` the queue knows in no state holds
+        its units as its lease did, so caps hold while it runs; `unhold` gives them back once it has
+        stopped. Idempotent per run id: a run that holds units, or that the queue knows with its
+        limit keys, is left alone. Runs without concurrency keys hold nothing and are not counted.
+
+        Returns:
+            How many runs now hold units they did not hold before.
+
+        Raises:
+            InvalidArgument: bad limit keys (`runs[i].limits`).
+        """
+        args: list[str] = []
+        for index, (run_id, limits) in enumerate(runs):
+            _check_id(run_id, f"runs[{index}].id")
+            if limits:
+                args += [run_id, encode_group(tuple(limits), f"runs[{index}].limits")]
+        if not args:
+            return 0
+        return int(await self._run(self._limits, ["hold", *args]))
+
+    async def unhold(self, ids: Iterable[str]) -> int:
+        """Give back the units `hold_running` counted for these runs (once each); the groups parked
+        on their keys wake. Returns how many runs gave units back."""
+        wanted = _id_list(ids)
+        if not wanted:
+            return 0
+        return int(await self._run(self._limits, ["unhold", *wanted]))
+
+    async def recounted(self) -> list[str]:
+        """The runs `hold_running` counted that `unhold` has not given back yet (at most 10,000)."""
+        return _texts(await self._run(self._limits, ["recounted"]))
 
     async def ready_by_band(self) -> dict[str, int]:
         """Ready items by priority band: `high` (> 0), `normal` (0), `low` (< 0); one round trip.

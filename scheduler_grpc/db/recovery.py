@@ -74,7 +74,7 @@ class RecoveryRepository:
         rows = await self._pool.fetch(
             """
             SELECT e.run_id, e.job_id, e.priority, e.due_at, coalesce(e.handler, j.handler) AS handler,
-                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload
+                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload, e.limit_keys
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.status = 'queued' AND e.finished_at IS NULL AND e.created_at < now() - $1::interval
               AND ($2::uuid IS NULL OR e.run_id > $2)
@@ -91,7 +91,7 @@ class RecoveryRepository:
         rows = await self._pool.fetch(
             """
             SELECT e.run_id, e.job_id, e.priority, e.due_at, coalesce(e.handler, j.handler) AS handler,
-                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload
+                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload, e.limit_keys
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.status = 'running' AND e.finished_at IS NULL
               AND e.started_at < now() - coalesce(e.timeout, j.timeout) - $1::interval
@@ -111,7 +111,7 @@ class RecoveryRepository:
         """
         rows = await self._pool.fetch(
             f"""
-            SELECT e.run_id, e.job_id, e.priority, e.due_at, e.error, {snapshot_of_run("e")}
+            SELECT e.run_id, e.job_id, e.priority, e.due_at, e.error, e.limit_keys, {snapshot_of_run("e")}
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.final_status = 'dead' AND e.dlq_purged_at IS NULL AND ($1::uuid IS NULL OR e.run_id > $1)
               AND e.id = {latest_attempt("e.run_id", "a.id")}
@@ -193,12 +193,13 @@ class RecoveryRepository:
                 WHERE x.status IN ('dead', 'failed', 'timed_out', 'abandoned', 'cancelled')
             )
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
-                                        trace_context, {SNAPSHOT_COLUMNS})
+                                        trace_context, limit_keys, {SNAPSHOT_COLUMNS})
             SELECT uuid_v7(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'queued', 'dlq_requeue',
-                   l.priority, l.trace_context, {snapshot_of_run("l")}
+                   -- The run's own keys, as its dead-letter item in Redis holds them (the two agree).
+                   l.priority, l.trace_context, l.limit_keys, {snapshot_of_run("l")}
             FROM latest l JOIN jobs j ON j.id = l.job_id
             ON CONFLICT DO NOTHING  -- a concurrent requeue of the same run added that attempt first
-            RETURNING run_id, job_id, priority, due_at, handler, queue, payload
+            RETURNING run_id, job_id, priority, due_at, handler, queue, payload, limit_keys
             """,
             ids(run_ids),
         )
