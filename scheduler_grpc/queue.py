@@ -1179,6 +1179,21 @@ class Queue:
         """The runs `hold_running` counted that `unhold` has not given back yet (at most 10,000)."""
         return _texts(await self._run(self._limits, ["recounted"]))
 
+    async def waiting_by_limit(self, most: int = 50_000) -> dict[str, int]:
+        """Runs waiting in groups, summed by limit name, from up to `most` keys (a sample, bounded:
+        the per-key counts are read with HSCAN, never all at once)."""
+        totals: dict[str, int] = {}
+        seen = 0
+        cursor: int = 0
+        while True:
+            cursor, fields = await self._bounded(self._redis.hscan(self.keys.kqueued, cursor, count=1000))
+            for field, count in fields.items():
+                name = _text(field).split("\0", 1)[0]
+                totals[name] = totals.get(name, 0) + int(count)
+            seen += len(fields)
+            if cursor == 0 or seen >= most:
+                return totals
+
     async def ready_by_band(self) -> dict[str, int]:
         """Ready items by priority band: `high` (> 0), `normal` (0), `low` (< 0); one round trip.
 

@@ -301,6 +301,7 @@ class LeaderLoops:
         self._queues = Queues(redis, definitions=Definitions(limits))
         self._queues.get(default_queue)
         self._limit_sync = LimitSync(limits, self._queues)
+        self._limits_seen: set[str] = set()  # limit names `scheduler_limit_runs_waiting` has a series for
         self.scans = 0
 
     async def lead(self, term: Term) -> None:
@@ -677,12 +678,19 @@ class LeaderLoops:
             after = dead[-1].run.run_id
 
     async def _observe_queues(self, term: Term) -> None:
+        waiting: dict[str, int] = {}
         for queue in self._queues.known():
             stats = await queue.stats()
             for state in ("ready", "processing", "delayed", "dead"):
                 metrics.QUEUE_DEPTH.labels(queue.name, state).set(getattr(stats, state))
             for band, count in (await queue.ready_by_band()).items():
                 metrics.QUEUE_READY_BY_PRIORITY.labels(queue.name, band).set(count)
+            for name, count in (await queue.waiting_by_limit()).items():
+                waiting[name] = waiting.get(name, 0) + count
+        # By limit name over every queue; a limit with nothing waiting any more reads 0.
+        for name in self._limits_seen | waiting.keys():
+            metrics.LIMIT_RUNS_WAITING.labels(name).set(waiting.get(name, 0))
+        self._limits_seen |= waiting.keys()
 
     async def _redis_disagrees(self, runs: Sequence[Queued]) -> tuple[list[Queued], dict[str, list[str]]]:
         """Of open runs, those Redis knows in no state, and (by queue) the ids it has dead-lettered."""

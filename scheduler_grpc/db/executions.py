@@ -253,6 +253,7 @@ class Claim:
     upstream_results: Mapping[str, Any] = field(default_factory=dict)
     # The `traceparent` of the span that made the run (migration 0013); None when tracing was off.
     trace_context: str | None = None
+    limits: tuple[LimitKey, ...] = ()  # the run's limit keys (a rate-limited hand-back names them)
 
     @property
     def budget_attempt(self) -> int:

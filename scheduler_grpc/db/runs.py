@@ -32,6 +32,7 @@ from scheduler_grpc.db.executions import (
     Outcome,
     Queryable,
     ids,
+    limit_keys_from_json,
     snapshot,
     snapshot_of_run,
 )
@@ -128,7 +129,7 @@ class RunRepository:
                        started_at = CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at) ELSE now() END
                 FROM latest l WHERE e.id = l.id AND l.status = 'queued'
                 RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at, e.trigger,
-                          e.trace_context, {snapshot("e")}
+                          e.trace_context, e.limit_keys, {snapshot("e")}
             ), abandoned AS (
                 UPDATE job_executions e
                 SET status = CASE WHEN l.cancel_requested_at IS NULL THEN 'abandoned' ELSE 'cancelled' END,
@@ -152,16 +153,16 @@ class RunRepository:
                 -- is simply not claimed here (the caller acks the item; reconcile enqueues the attempt).
                 ON CONFLICT DO NOTHING
                 RETURNING id, run_id, job_id, scheduled_for, attempt, started_at, due_at, trigger, trace_context,
-                          {SNAPSHOT_COLUMNS}
+                          limit_keys, {SNAPSHOT_COLUMNS}
             ), claimed AS (
                 SELECT * FROM started
                 UNION ALL SELECT * FROM restarted
                 UNION ALL SELECT l.id, l.run_id, l.job_id, l.scheduled_for, l.attempt, l.started_at, l.due_at,
-                                 l.trigger, l.trace_context, {snapshot("l")}
+                                 l.trigger, l.trace_context, l.limit_keys, {snapshot("l")}
                           FROM latest l WHERE l.status = 'running' AND l.claim_token = l.token
             )
             SELECT c.id::text, c.run_id::text, c.job_id::text, c.scheduled_for, c.attempt, c.started_at, c.due_at,
-                   c.trigger, j.name, c.trace_context,
+                   c.trigger, j.name, c.trace_context, c.limit_keys,
                    {snapshot_of_run("c")},
                    CASE WHEN c.attempt = 1 THEN 0  -- a first attempt has no earlier ones: no probe
                         ELSE (SELECT count(*) FROM job_executions p
@@ -198,6 +199,7 @@ class RunRepository:
                 interrupted=row["interrupted"],
                 trigger=TRIGGERS[row["trigger"]],
                 trace_context=row["trace_context"],
+                limits=limit_keys_from_json(row["limit_keys"]),
             )
             for row in rows
         ]
