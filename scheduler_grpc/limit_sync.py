@@ -154,7 +154,17 @@ class LimitSync:
             after = page[-1][0]
         if recounted:
             log.warning("units of running runs counted again after Redis lost them", extra={"runs": recounted})
+        for queue in self._queues.known():
+            await queue.mark_limits_synced()
         return recounted, held
+
+    async def lost(self) -> bool:
+        """Whether a queue has lost the leader's mark since its last `recount` (Redis lost its
+        data: a FLUSHALL, a failover to an empty replica). One HEXISTS per queue."""
+        for queue in self._queues.known():
+            if not await queue.limits_synced():
+                return True
+        return False
 
 
 __all__ = ["CACHE_FOR", "Definitions", "LimitSync", "definition_of"]

@@ -127,6 +127,8 @@ than a burst of outside kills (a rolling deploy, a chaos run), short beside a po
 """Dead-letter reason of an item whose leases expired `max_deliveries` times, the last one alone."""
 
 _MS: Final = timedelta(milliseconds=1)
+# A field of limdef no limit can be named (a limit name has no control character): the leader's mark.
+_SYNCED: Final = "\x00synced"
 # Each BZPOPMIN of dequeue_blocking waits at most this long, then the loop tries a dequeue anyway:
 # a marker lost to a crash between its pop and the following dequeue costs at most this much delay.
 _MAX_BLOCK_S: Final = 2.0
@@ -1178,6 +1180,15 @@ class Queue:
     async def recounted(self) -> list[str]:
         """The runs `hold_running` counted that `unhold` has not given back yet (at most 10,000)."""
         return _texts(await self._run(self._limits, ["recounted"]))
+
+    async def mark_limits_synced(self) -> None:
+        """Leave a mark in the queue's definitions that the leader has put them and counted the
+        units of running runs again; a Redis that lost its data has lost the mark too."""
+        await self._bounded(self._redis.hset(self.keys.limdef, _SYNCED, "1"))
+
+    async def limits_synced(self) -> bool:
+        """Whether the mark `mark_limits_synced` leaves is still there."""
+        return bool(await self._bounded(self._redis.hexists(self.keys.limdef, _SYNCED)))
 
     async def waiting_by_limit(self, most: int = 50_000) -> dict[str, int]:
         """Runs waiting in groups, summed by limit name, from up to `most` keys (a sample, bounded:

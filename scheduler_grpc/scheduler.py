@@ -301,6 +301,7 @@ class LeaderLoops:
         self._queues = Queues(redis, definitions=Definitions(limits))
         self._queues.get(default_queue)
         self._limit_sync = LimitSync(limits, self._queues)
+        self._limits_defined = False  # some limit exists (as the last reconcile read): watch for a loss
         self._limits_seen: set[str] = set()  # limit names `scheduler_limit_runs_waiting` has a series for
         self.scans = 0
 
@@ -562,6 +563,11 @@ class LeaderLoops:
     # -- recover, promote, reconcile ---------------------------------------------------------------
 
     async def _recover(self, term: Term) -> None:
+        if self._limits_defined and await self._limit_sync.lost():
+            # Redis lost its data while limits are in use: rebuild now, not at the next reconcile,
+            # so runs made meanwhile cannot start beside runs that outlived the loss.
+            log.warning("Redis lost the limit state; reconciling now")
+            await self._reconcile(term)
         for queue in self._queues.known():
             while True:
                 recovered = await queue.recover_expired(
@@ -622,7 +628,7 @@ class LeaderLoops:
         # runs that need them), and the units of runs still running counted again if Redis lost
         # them, before any run is enqueued again here; a run still counted so is not enqueued
         # (its item would take its units twice): it is, once PostgreSQL no longer has it running.
-        await self._limit_sync.put_all()
+        self._limits_defined = await self._limit_sync.put_all() > 0
         _, held = await self._limit_sync.recount()
         after: str | None = None
         restored = 0

@@ -233,13 +233,17 @@ async def test_caps_hold_through_a_flushall_the_leader_counts_running_units_agai
     runs = RunRepository(pool)
     [claim] = await runs.claim([(lease.id, lease.token)], "w")
     assert claim.limits == first.limits
-    await redis.flushall()
     record = await LeadershipRepository(pool).begin_term("scheduler", "test")
     assert record is not None
     loops = LeaderLoops(redis, pool, LoopSettings(reconcile_grace=timedelta(0)))
     await loops._reconcile(_term(record))
-    # The definition is back, the running run's unit counted again, the queued run re-enqueued
-    # but held back by the cap.
+    await loops._recover(_term(record))  # nothing lost: nothing to do
+    assert (await queue.key_state("per-customer", "k")).running == 1
+    await redis.flushall()
+    # The leader's recover loop (every 500 ms) sees the loss and rebuilds at once: the definition
+    # is back, the running run's unit counted again, the queued run re-enqueued but held back by
+    # the cap.
+    await loops._recover(_term(record))
     assert (await queue.key_state("per-customer", "k")).running == 1
     assert await queue.dequeue("w", VT, 5) == []
     assert (await queue.blocked_by([second.run_id]))[second.run_id].kind == "concurrency"
