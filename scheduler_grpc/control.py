@@ -34,7 +34,7 @@ from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.db.search import DeadLetter as DeadLetter  # noqa: PLC0414 - re-exported: the console's rows
 from scheduler_grpc.db.search import SearchQueries
 from scheduler_grpc.db.search import Series as Series  # noqa: PLC0414 - re-exported: the charts' aggregates
-from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_committed
+from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_committed, enqueue_runs
 from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
 from scheduler_grpc.flows import FlowRun
@@ -369,8 +369,14 @@ class Control:
 
     async def _requeue_dead(self, target: Queue, run_ids: Sequence[str]) -> list[Queued]:
         runs = await self._recovery.requeue_runs(run_ids)
-        if runs:
-            await target.requeue_dead([run.run_id for run in runs])
+        plain = [run.run_id for run in runs if not run.limits]
+        if plain:
+            await target.requeue_dead(plain)
+        # A run with limit keys is enqueued again with the keys PostgreSQL holds (its dead item may
+        # have none: resolved only now); if this stops between the two, reconcile enqueues it.
+        if limited := [run for run in runs if run.limits]:
+            await target.purge_dead([run.run_id for run in limited])
+            await enqueue_runs(self._queues, limited)
         return runs
 
     async def purge_dead_runs(self, queue: str, run_ids: Sequence[str] | None) -> list[str]:

@@ -41,6 +41,7 @@ _leaf = st.one_of(
     st.booleans(),
     st.integers(min_value=-(2**63), max_value=2**63 - 1),
     st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([2.0**64, 1.8446744073709552e19, -(2.0**63), 1e300, 1.0]),
     st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=210),
 )
 _payloads = st.recursive(
@@ -245,3 +246,25 @@ def test_no_keys_is_empty(value: Any) -> None:
     from scheduler_grpc.db.executions import limit_keys_from_json
 
     assert limit_keys_from_json(value) == ()
+
+
+async def test_a_dead_letter_requeue_keeps_the_keys_or_resolves_them_or_stays_dead(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    await _limit(control)
+    job = await control.create_job(JobSpec(name="fixme", handler="test.echo", payload={"id": "7"}, limits=(CUSTOMER,)))
+    dead = await control.trigger_execution(job.id)
+    assert dead.status is ExecutionStatus.DEAD
+    # Still unresolvable: the requeue records another dead attempt and enqueues nothing.
+    assert await control.requeue_dead_runs("default", [dead.run_id]) == []
+    rows = await pool.fetch("SELECT status FROM job_executions WHERE run_id = $1 ORDER BY attempt", dead.run_id)
+    assert [row["status"] for row in rows] == ["dead", "dead"]
+    # The job's key fixed: the requeue resolves the run's keys now and enqueues it with them.
+    await pool.execute(
+        """UPDATE jobs SET limits = '[{"limit": "per-customer", "key": "payload.id", "units": 1}]' WHERE id = $1""",
+        job.id,
+    )
+    [run] = await control.requeue_dead_runs("default", [dead.run_id])
+    assert run.limits == (LimitKey("per-customer", "7", 1),)
+    assert await limit_keys(pool, dead.run_id) == [None, None, [["per-customer", "7", 1]]]
+    assert await redis.hexists(Queue(redis).keys.lims, dead.run_id)

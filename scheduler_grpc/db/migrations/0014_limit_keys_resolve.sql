@@ -5,8 +5,9 @@
 --
 -- The rules and the messages repeat scheduler_grpc/limits.py (`resolve_keys`, `KeyTemplate.resolve`;
 -- tests/test_limits_wire.py runs both on the same inputs). The payload reaches Python as
--- PostgreSQL prints it, so a number is an integer key exactly when its text has no fraction or
--- exponent (PostgreSQL never prints an exponent), as Python's json reads it.
+-- PostgreSQL prints it, so a number is an integer key exactly when Python reads it as an integer:
+-- its text has no fraction or exponent (PostgreSQL never prints an exponent) and it lies in
+-- -2^63 .. 2^64 - 1 (orjson, the codec, reads a larger one as a float).
 --
 -- Returns a JSON array of [limit, key, units] (the job_executions.limit_keys value), or a JSON
 -- string: why a ref cannot be resolved (the run is recorded dead with it as its error).
@@ -43,7 +44,7 @@ BEGIN
                 value := value -> path[depth];
             END LOOP;
             kind := jsonb_typeof(value);
-            IF kind IN ('string', 'boolean') OR (kind = 'number' AND value::text ~ '^-?[0-9]+$') THEN
+            IF kind IN ('string', 'boolean') OR limit_value_kind(value) = 'a int' THEN
                 key := value #>> '{}';
             ELSE
                 RETURN to_jsonb(prefix || 'the value is ' || limit_value_kind(value)
@@ -73,6 +74,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         WHEN 'array' THEN 'an array'
         WHEN 'string' THEN 'a str'
         WHEN 'boolean' THEN 'a bool'
-        WHEN 'number' THEN CASE WHEN value::text ~ '^-?[0-9]+$' THEN 'a int' ELSE 'a number with a fraction' END
+        WHEN 'number' THEN CASE WHEN value::text ~ '^-?[0-9]+$'
+                                     AND value::text::numeric BETWEEN -9223372036854775808 AND 18446744073709551615
+                                THEN 'a int' ELSE 'a number with a fraction' END
     END
 $$;
