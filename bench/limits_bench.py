@@ -25,8 +25,7 @@ the lease that took the units).
   one limit ref (a concurrency limit of 1,000,000 on one key, so it never blocks), alternated
   `--rounds` times each; the best executions/s of each (issue: at most 15 % lower with the limit).
 
-Until the queue enforces limits (issue 22's engine), rate and noisy show no limiting: a MISS is
-then the expected result. The last line of output is one JSON object with every figure.
+The last line of output is one JSON object with every figure.
 """
 
 from __future__ import annotations

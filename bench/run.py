@@ -157,7 +157,7 @@ MEASUREMENTS = (
         "1,000 WatchExecutions streams (SUCCEEDED of one job) while one worker drains 200 runs "
         "of it: every subscriber gets every event",
     ),
-    # Issue 22 (bench/limits_bench.py): until the queue enforces limits, rate and noisy show none.
+    # Issue 22 (bench/limits_bench.py): limits enforced end to end.
     Measurement(
         "limits-rate",
         "limits_bench.py",

@@ -1146,7 +1146,7 @@ SCENARIOS: tuple[Scenario, ...] = (
              description="cancels of running and finished runs while the completion buffer is full"),
     Scenario("unknown-event", unknown_event, schedulers=1, servers=1, budget=60,
              description="unreadable entries in the event stream under open watchers"),
-    # Issue 22: the caps under faults (they fail, over cap, until the queue enforces limits).
+    # Issue 22: the caps under faults, counted from PostgreSQL (`over cap`).
     Scenario("limits-kill9", limits_kill9, env=FAST_WORKERS, cron_jobs=5, budget=600, settle=60,
              description="10,000 keys capped at 1, kill -9 of a worker every 10 s for 2 min"),
     Scenario("limits-flushall", limits_flushall, env=CAPPED_WORKERS, cron_jobs=5, budget=480, settle=60,

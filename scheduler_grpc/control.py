@@ -36,11 +36,12 @@ from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.db.search import DeadLetter as DeadLetter  # noqa: PLC0414 - re-exported: the console's rows
 from scheduler_grpc.db.search import SearchQueries
 from scheduler_grpc.db.search import Series as Series  # noqa: PLC0414 - re-exported: the charts' aggregates
-from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_committed
+from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_committed, enqueue_runs
 from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
 from scheduler_grpc.flows import FlowRun
 from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
+from scheduler_grpc.limit_sync import Definitions, LimitSync
 from scheduler_grpc.queue import MAX_BATCH, DeadPage, Queue, QueueStats
 from scheduler_grpc.queue import DeadItem as DeadItem  # noqa: PLC0414 - re-exported: what dead-letter pages hold
 from scheduler_grpc.queue_depth import Sample as Sample  # noqa: PLC0414 - re-exported: depth samples
@@ -147,7 +148,8 @@ class Control:
         self._flows = FlowRepository(pool)
         self._reads = ConsoleQueries(pool, timeout=read_timeout)
         self._searches = SearchQueries(pool, timeout=read_timeout.total_seconds())
-        self._queues = Queues(redis, capacity=QUEUE_CACHE_SIZE)
+        limits = LimitRepository(pool)
+        self._queues = Queues(redis, capacity=QUEUE_CACHE_SIZE, definitions=Definitions(limits))
         self._triggers = TriggerBatcher(self._firing, self._dispatch)
         self._bulk = BulkControl(
             BulkQueries(pool),
@@ -158,7 +160,7 @@ class Control:
             job_by_id=self.get_job,
             job_by_name=self.get_job_by_name,
         )
-        self._limits = LimitControl(LimitRepository(pool), check_request_id=_check_request_id)
+        self._limits = LimitControl(limits, check_request_id=_check_request_id, sync=LimitSync(limits, self._queues))
         self._limit_keys = LimitKeyControl(self._limits, LimitKeyQueries(pool, timeout=read_timeout), self._queues)
 
     @property
@@ -375,8 +377,14 @@ class Control:
 
     async def _requeue_dead(self, target: Queue, run_ids: Sequence[str]) -> list[Queued]:
         runs = await self._recovery.requeue_runs(run_ids)
-        if runs:
-            await target.requeue_dead([run.run_id for run in runs])
+        plain = [run.run_id for run in runs if not run.limits]
+        if plain:
+            await target.requeue_dead(plain)
+        # A run with limit keys is enqueued again with the keys PostgreSQL holds (its dead item may
+        # have none: resolved only now); if this stops between the two, reconcile enqueues it.
+        if limited := [run for run in runs if run.limits]:
+            await target.purge_dead([run.run_id for run in limited])
+            await enqueue_runs(self._queues, limited)
         return runs
 
     async def purge_dead_runs(self, queue: str, run_ids: Sequence[str] | None) -> list[str]:

@@ -5,19 +5,24 @@ PostgreSQL (`db/limits.py`). A limit's name never changes (jobs refer to it by n
 jobs still use cannot be deleted (FAILED_PRECONDITION naming them). Jobs name limits in their
 `limits` refs, checked where jobs are stored (`db/jobs.py`).
 
-Definitions only: admitting runs under them (and the per-key state a key read would show) is the
-queue's work, which lands separately.
+Each change is put in the queues at once (`limit_sync.LimitSync`: every queue a job names), after
+the commit; if Redis fails then, the change is logged and the leader's reconcile puts it later
+(the call does not fail: the limit is stored). Admitting runs is the queues' work.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from scheduler_grpc.db.limits import LimitPage, LimitRepository
 from scheduler_grpc.errors import Aborted, InvalidArgument, NotFound
+from scheduler_grpc.limit_sync import LimitSync
 from scheduler_grpc.limits import Limit, LimitSpec, Override, check_override_key, override_field, validate_limit
 from scheduler_grpc.rules import is_name
+
+log = logging.getLogger(__name__)
 
 # An update without an expected version merges onto the limit as read; if someone else writes in
 # between, the merge is redone on the new version ("last writer wins", not ABORTED).
@@ -30,11 +35,27 @@ class LimitControl:
     Args:
         limits: The limits table.
         check_request_id: `Control`'s rule for request ids (returns None for none).
+        sync: Puts changes in the queues (None: nothing is put; the leader's reconcile does it).
     """
 
-    def __init__(self, limits: LimitRepository, check_request_id: Callable[[str | None], str | None]) -> None:
+    def __init__(
+        self,
+        limits: LimitRepository,
+        check_request_id: Callable[[str | None], str | None],
+        sync: LimitSync | None = None,
+    ) -> None:
         self._limits = limits
         self._check_request_id = check_request_id
+        self._sync = sync
+
+    async def _synced(self, what: str, call: Callable[[], Awaitable[None]]) -> None:
+        """Put a committed change in the queues; a failure is logged, not raised (see the module)."""
+        if self._sync is None:
+            return
+        try:
+            await call()
+        except Exception as exc:
+            log.warning("limit %s not put in the queues; the leader's reconcile puts it: %r", what, exc)
 
     async def create_limit(self, spec: LimitSpec, *, request_id: str | None = None) -> Limit:
         """Validate and store a limit; a repeated `request_id` returns the limit its first call created.
@@ -45,7 +66,14 @@ class LimitControl:
             AlreadyExists: a limit has this name.
         """
         request_id = self._check_request_id(request_id)
-        return await self._limits.create(validate_limit(spec), request_id)
+        limit = await self._limits.create(validate_limit(spec), request_id)
+        await self._put(limit)
+        return limit
+
+    async def _put(self, limit: Limit) -> None:
+        sync = self._sync
+        if sync is not None:
+            await self._synced(limit.name, lambda: sync.push([limit]))
 
     async def get_limit(self, limit_id: str) -> Limit:
         """One limit by id.
@@ -96,10 +124,13 @@ class LimitControl:
             if spec.name != current.name:
                 raise InvalidArgument("name", "a limit's name cannot be changed (jobs refer to it by name)")
             try:
-                return await self._limits.update(limit_id, spec, current.version)
+                updated = await self._limits.update(limit_id, spec, current.version)
             except Aborted:
                 if expected_version is not None or attempt == UPDATE_ATTEMPTS:
                     raise
+            else:
+                await self._put(updated)
+                return updated
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def set_override(
@@ -142,4 +173,8 @@ class LimitControl:
             Aborted: the limit is not at `expected_version`.
             FailedPrecondition: jobs use it (named in the message).
         """
-        return await self._limits.delete(limit_id, expected_version=expected_version)
+        deleted = await self._limits.delete(limit_id, expected_version=expected_version)
+        sync = self._sync
+        if sync is not None:
+            await self._synced(deleted.name, lambda: sync.forget(deleted.name))
+        return deleted

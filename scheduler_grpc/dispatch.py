@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
@@ -21,9 +21,13 @@ from scheduler_grpc.executions import Execution
 from scheduler_grpc.handlers import breaker_key
 from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.ports import CancelStore
-from scheduler_grpc.queue import NewItem, Queue
+from scheduler_grpc.queue import LimitDefinition, NewItem, Queue
 
 log = logging.getLogger(__name__)
+
+# The definitions of named limits (`limit_sync.Definitions`): what an enqueue of runs that carry
+# limit keys writes along with them, so a queue never waits for the definitions of its work.
+DefinitionSource = Callable[[Iterable[str]], Awaitable[list[LimitDefinition]]]
 
 # Bound on announcing and enqueueing runs already committed (each Redis call has its own bound too).
 DISPATCH_TIMEOUT = timedelta(seconds=15)
@@ -38,12 +42,17 @@ class Queues:
             asked for: a `Queue` holds no state of its own). None keeps every queue: for the
             leader, whose names come from the jobs. A server, whose names come from requests (any
             valid name a viewer asks about), must bound them.
+        definitions: Where `enqueue_runs` finds the definitions of the limits its runs carry
+            (None: the runs go without them, and wait for `put_limit_definitions`).
     """
 
-    def __init__(self, redis: Redis, *, capacity: int | None = None) -> None:
+    def __init__(
+        self, redis: Redis, *, capacity: int | None = None, definitions: DefinitionSource | None = None
+    ) -> None:
         self._redis = redis
         self._capacity = capacity
         self._queues: OrderedDict[str, Queue] = OrderedDict()
+        self.definitions = definitions
 
     def get(self, name: str) -> Queue:
         queue = self._queues.get(name)
@@ -68,18 +77,29 @@ def queue_item(run: Queued, now: datetime) -> NewItem:
     and a delay if it is not due yet (a retry's backoff, a future one-shot)."""
     delay = run.due_at - now if run.due_at > now else None
     key = run.breaker_key or breaker_key(run.handler, run.payload)
-    return NewItem(run.run_id, run.priority, key, delay if delay and delay > timedelta(0) else None)
+    return NewItem(run.run_id, run.priority, key, delay if delay and delay > timedelta(0) else None, run.limits)
 
 
 async def enqueue_runs(queues: Queues, runs: Sequence[Queued], now: datetime | None = None) -> int:
-    """Enqueue runs, one script call per queue; returns how many were new to Redis."""
+    """Enqueue runs, one script call per queue; returns how many were new to Redis.
+
+    Runs that carry limit keys take the definitions of their limits along (`Queues.definitions`),
+    written in the same script call; runs without limits cost nothing more.
+    """
     now = now or datetime.now(UTC)
     by_queue: dict[str, list[NewItem]] = defaultdict(list)
+    named: dict[str, set[str]] = defaultdict(set)
     for run in runs:
         by_queue[run.queue].append(queue_item(run, now))
+        if run.limits:
+            named[run.queue].update(limit.limit for limit in run.limits)
+    found: dict[str, LimitDefinition] = {}
+    if named and queues.definitions is not None:
+        found = {d.name: d for d in await queues.definitions(set().union(*named.values()))}
     added = 0
     for name, items in by_queue.items():
-        added += await queues.get(name).enqueue_many(items)
+        definitions = [found[limit] for limit in sorted(named.get(name, ())) if limit in found]
+        added += await queues.get(name).enqueue_many(items, definitions)
     return added
 
 

@@ -51,6 +51,8 @@ class QueueKeys:
         tat: ZSET lk -> a rate key's theoretical arrival time, whole ms (GCRA, see `gcra.py`).
         tatrem: HASH lk -> the TAT's remainder in 1/limit ms steps (absent when 0).
         kpause: ZSET lk -> ms until which the key admits nothing (paused by hand or by back-pressure).
+        recount: ZSET id -> ms: runs still running whose units were counted again after Redis lost
+            them (`Queue.hold_running`), until `Queue.unhold` gives them back.
     """
 
     name: str
@@ -180,6 +182,10 @@ class QueueKeys:
     @property
     def kpause(self) -> str:
         return self._key("kpause")
+
+    @property
+    def recount(self) -> str:
+        return self._key("recount")
 
 
 @dataclass(frozen=True)

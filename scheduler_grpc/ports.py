@@ -109,8 +109,20 @@ class WorkQueue(Protocol):
         """Remove items whose runs are done with (or have nothing left to run)."""
         ...
 
-    async def nack(self, item_id: str, token: str, delay: timedelta = ..., *, count_delivery: bool = True) -> bool:
-        """Give one item back, due after `delay`."""
+    async def nack(
+        self,
+        item_id: str,
+        token: str,
+        delay: timedelta = ...,
+        *,
+        count_delivery: bool = True,
+        retry_after: timedelta | None = None,
+    ) -> bool:
+        """Give one item back, due after `delay` (or its limit keys paused for `retry_after`)."""
+        ...
+
+    async def pause_key(self, limit: str, key: str, duration: timedelta | None = None) -> datetime | None:
+        """Pause one limit key for `duration` (back-pressure: a webhook host's open breaker)."""
         ...
 
     async def nack_many(

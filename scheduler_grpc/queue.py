@@ -127,6 +127,8 @@ than a burst of outside kills (a rolling deploy, a chaos run), short beside a po
 """Dead-letter reason of an item whose leases expired `max_deliveries` times, the last one alone."""
 
 _MS: Final = timedelta(milliseconds=1)
+# A field of limdef no limit can be named (a limit name has no control character): the leader's mark.
+_SYNCED: Final = "\x00synced"
 # Each BZPOPMIN of dequeue_blocking waits at most this long, then the loop tries a dequeue anyway:
 # a marker lost to a crash between its pop and the following dequeue costs at most this much delay.
 _MAX_BLOCK_S: Final = 2.0
@@ -448,7 +450,7 @@ class Queue:
         self._remove = op("remove", f"ready delayed priority data deliveries solo seq marker {groups}")
         self._states = op("states", "ready processing delayed dead gmem")
         self._rearm = op("rearm", "ready marker gactive")
-        self._limits = op("limits", f"ready seq marker limdef {groups} tat tatrem kpause")
+        self._limits = op("limits", f"ready seq marker limdef {groups} tat tatrem kpause recount")
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -507,8 +509,9 @@ class Queue:
 
         Args:
             items: The items.
-            definitions: Limit definitions written first, in the same call (`put_limit_definitions`
-                without its wake-ups), so the definitions the items need travel with them.
+            definitions: Limit definitions written first, in the same call, each only where the
+                queue has none of that name (a definition travels with the work that needs it;
+                `put_limit_definitions` replaces one, and wakes the runs waiting for it).
 
         Returns:
             How many items were added.
@@ -1143,6 +1146,64 @@ class Queue:
             )
             for i in range(0, len(reply), 5)
         }
+
+    async def hold_running(self, runs: Iterable[tuple[str, Sequence[LimitKey]]]) -> int:
+        """Count again the concurrency units of runs still running that Redis lost (a FLUSHALL, a
+        failover to an empty replica): each `(run id, limit keys)` the queue knows in no state holds
+        its units as its lease did, so caps hold while it runs; `unhold` gives them back once it has
+        stopped. Idempotent per run id: a run that holds units, or that the queue knows with its
+        limit keys, is left alone. Runs without concurrency keys hold nothing and are not counted.
+
+        Returns:
+            How many runs now hold units they did not hold before.
+
+        Raises:
+            InvalidArgument: bad limit keys (`runs[i].limits`).
+        """
+        args: list[str] = []
+        for index, (run_id, limits) in enumerate(runs):
+            _check_id(run_id, f"runs[{index}].id")
+            if limits:
+                args += [run_id, encode_group(tuple(limits), f"runs[{index}].limits")]
+        if not args:
+            return 0
+        return int(await self._run(self._limits, ["hold", *args]))
+
+    async def unhold(self, ids: Iterable[str]) -> int:
+        """Give back the units `hold_running` counted for these runs (once each); the groups parked
+        on their keys wake. Returns how many runs gave units back."""
+        wanted = _id_list(ids)
+        if not wanted:
+            return 0
+        return int(await self._run(self._limits, ["unhold", *wanted]))
+
+    async def recounted(self) -> list[str]:
+        """The runs `hold_running` counted that `unhold` has not given back yet (at most 10,000)."""
+        return _texts(await self._run(self._limits, ["recounted"]))
+
+    async def mark_limits_synced(self) -> None:
+        """Leave a mark in the queue's definitions that the leader has put them and counted the
+        units of running runs again; a Redis that lost its data has lost the mark too."""
+        await self._bounded(self._redis.hset(self.keys.limdef, _SYNCED, "1"))
+
+    async def limits_synced(self) -> bool:
+        """Whether the mark `mark_limits_synced` leaves is still there."""
+        return bool(await self._bounded(self._redis.hexists(self.keys.limdef, _SYNCED)))
+
+    async def waiting_by_limit(self, most: int = 50_000) -> dict[str, int]:
+        """Runs waiting in groups, summed by limit name, from up to `most` keys (a sample, bounded:
+        the per-key counts are read with HSCAN, never all at once)."""
+        totals: dict[str, int] = {}
+        seen = 0
+        cursor: int = 0
+        while True:
+            cursor, fields = await self._bounded(self._redis.hscan(self.keys.kqueued, cursor, count=1000))
+            for field, count in fields.items():
+                name = _text(field).split("\0", 1)[0]
+                totals[name] = totals.get(name, 0) + int(count)
+            seen += len(fields)
+            if cursor == 0 or seen >= most:
+                return totals
 
     async def ready_by_band(self) -> dict[str, int]:
         """Ready items by priority band: `high` (> 0), `normal` (0), `low` (< 0); one round trip.

@@ -54,6 +54,7 @@ from scheduler_grpc.db.firing import FiringRepository
 from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.jobs import JobChanges, JobRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
+from scheduler_grpc.db.limits import LimitRepository
 from scheduler_grpc.db.pool import Pool
 from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.dispatch import Queues, cancel_runs, created_events, enqueue_runs, queue_item
@@ -62,6 +63,7 @@ from scheduler_grpc.events import EventType, ExecutionEvent, publish
 from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.jobs import ConcurrencyPolicy, Job, MisfirePolicy, ScheduleKind
 from scheduler_grpc.leader import LeaderElector, Term
+from scheduler_grpc.limit_sync import Definitions, LimitSync
 from scheduler_grpc.ports import FiringStore, RecoveryStore
 from scheduler_grpc.queue import MAX_BATCH, SOLO_RETRY_DELAY, ItemState
 from scheduler_grpc.schedule import count_fires, instants, last_fire_before
@@ -295,8 +297,12 @@ class LeaderLoops:
         self._recovery: RecoveryStore = RecoveryRepository(pool)
         self._changes = JobChanges(pool)
         self._flows = FlowRepository(pool)
-        self._queues = Queues(redis)
+        limits = LimitRepository(pool)
+        self._queues = Queues(redis, definitions=Definitions(limits))
         self._queues.get(default_queue)
+        self._limit_sync = LimitSync(limits, self._queues)
+        self._limits_defined = False  # some limit exists (as the last reconcile read): watch for a loss
+        self._limits_seen: set[str] = set()  # limit names `scheduler_limit_runs_waiting` has a series for
         self.scans = 0
 
     async def lead(self, term: Term) -> None:
@@ -557,6 +563,11 @@ class LeaderLoops:
     # -- recover, promote, reconcile ---------------------------------------------------------------
 
     async def _recover(self, term: Term) -> None:
+        if self._limits_defined and await self._limit_sync.lost():
+            # Redis lost its data while limits are in use: rebuild now, not at the next reconcile,
+            # so runs made meanwhile cannot start beside runs that outlived the loss.
+            log.warning("Redis lost the limit state; reconciling now")
+            await self._reconcile(term)
         for queue in self._queues.known():
             while True:
                 recovered = await queue.recover_expired(
@@ -613,6 +624,12 @@ class LeaderLoops:
           the stalled dead-lettering was lost (`_recover`); it is recorded `dead`.
         """
         self._queues.known(await self._jobs.queue_names())
+        # Limits first (issue 22): every definition put again (a Redis that lost them blocks the
+        # runs that need them), and the units of runs still running counted again if Redis lost
+        # them, before any run is enqueued again here; a run still counted so is not enqueued
+        # (its item would take its units twice): it is, once PostgreSQL no longer has it running.
+        self._limits_defined = await self._limit_sync.put_all() > 0
+        _, held = await self._limit_sync.recount()
         after: str | None = None
         restored = 0
         while True:
@@ -620,7 +637,7 @@ class LeaderLoops:
                 older_than=self._loop.reconcile_grace, after_run_id=after, limit=MAX_BATCH
             )
             missing, dead = await self._redis_disagrees(runs)
-            restored += await self._enqueue(missing)
+            restored += await self._enqueue([run for run in missing if run.run_id not in held])
             for name, run_ids in dead.items():
                 restored += len(await self._queues.get(name).requeue_dead(run_ids))
             if len(runs) < MAX_BATCH:
@@ -628,6 +645,10 @@ class LeaderLoops:
             after = runs[-1].run_id
         stale = await self._recovery.stale_running_runs(grace=self._loop.stale_running_grace, limit=MAX_BATCH)
         missing, dead = await self._redis_disagrees(stale)
+        # Past its timeout, a run still counted again is taken as gone: its units come back first.
+        for run in missing:
+            if run.run_id in held:
+                await self._queues.get(run.queue).unhold([run.run_id])
         restored += await self._enqueue(missing)
         for run_ids in dead.values():
             await self._record_stalled_dead(term, run_ids)
@@ -663,12 +684,19 @@ class LeaderLoops:
             after = dead[-1].run.run_id
 
     async def _observe_queues(self, term: Term) -> None:
+        waiting: dict[str, int] = {}
         for queue in self._queues.known():
             stats = await queue.stats()
             for state in ("ready", "processing", "delayed", "dead"):
                 metrics.QUEUE_DEPTH.labels(queue.name, state).set(getattr(stats, state))
             for band, count in (await queue.ready_by_band()).items():
                 metrics.QUEUE_READY_BY_PRIORITY.labels(queue.name, band).set(count)
+            for name, count in (await queue.waiting_by_limit()).items():
+                waiting[name] = waiting.get(name, 0) + count
+        # By limit name over every queue; a limit with nothing waiting any more reads 0.
+        for name in self._limits_seen | waiting.keys():
+            metrics.LIMIT_RUNS_WAITING.labels(name).set(waiting.get(name, 0))
+        self._limits_seen |= waiting.keys()
 
     async def _redis_disagrees(self, runs: Sequence[Queued]) -> tuple[list[Queued], dict[str, list[str]]]:
         """Of open runs, those Redis knows in no state, and (by queue) the ids it has dead-lettered."""

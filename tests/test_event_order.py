@@ -20,7 +20,7 @@ from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.events import EventType
 from scheduler_grpc.jobs import JobSpec, ScheduleKind
 from scheduler_grpc.leader import Term
-from scheduler_grpc.queue import NewItem, Queue
+from scheduler_grpc.queue import LimitDefinition, NewItem, Queue
 from scheduler_grpc.scheduler import LeaderLoops, LoopSettings
 
 
@@ -29,11 +29,11 @@ def _spy_on_enqueue(monkeypatch: pytest.MonkeyPatch, redis: aioredis.Redis) -> l
     seen: list[tuple[str, bool]] = []
     enqueue_many = Queue.enqueue_many
 
-    async def spying(self: Queue, items: Iterable[NewItem]) -> int:
+    async def spying(self: Queue, items: Iterable[NewItem], definitions: Iterable[LimitDefinition] = ()) -> int:
         items = list(items)
         created = {e.run_id for e in await events.read_after(redis, count=10_000) if e.type is EventType.CREATED}
         seen.extend((item.id, item.id in created) for item in items)
-        return await enqueue_many(self, items)
+        return await enqueue_many(self, items, definitions)
 
     monkeypatch.setattr(Queue, "enqueue_many", spying)
     return seen

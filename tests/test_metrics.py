@@ -6,10 +6,12 @@ import asyncio
 import re
 import urllib.request
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import redis.asyncio as aioredis
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,6 +20,7 @@ from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.embedded import free_port
 from scheduler_grpc.jobs import JobSpec, RetryPolicy, ScheduleKind
+from scheduler_grpc.limits import LimitKind, LimitRef, LimitSpec
 from scheduler_grpc.queue import Queue
 from tests.conftest import ROOT
 from tests.engine_helpers import Role, Roles, eventually, wait_until_ready
@@ -72,8 +75,9 @@ async def test_engine_metrics_move_when_their_events_happen(
     roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:
     scheduler = roles.start("scheduler", SCHEDULER_BREAKER_MIN_CALLS="2")
-    worker = roles.start("worker", SCHEDULER_BREAKER_MIN_CALLS="2")
+    worker = roles.start("worker", SCHEDULER_BREAKER_MIN_CALLS="2", SCHEDULER_WEBHOOK_ALLOWLIST="127.0.0.1/32")
     await wait_until_ready(redis, workers=1)
+    throttling = await _throttling_server()
     created_before = metrics.JOBS_CREATED._value.get()
     tick = await control.create_job(
         JobSpec(name="tick", handler="test.echo", schedule_kind=ScheduleKind.CRON, cron="* * * * * *")
@@ -96,6 +100,16 @@ async def test_engine_metrics_move_when_their_events_happen(
     # A run Redis "lost": reconcile puts it back.
     lost = (await control.trigger_job(side.id))[0]
     await Queue(redis, "side").remove(lost.run_id)
+    # Limits (issue 22): a run admitted, a run waiting in its group (queue "side": no worker), a
+    # run its webhook target rate limits (429 with Retry-After).
+    await control.limits.create_limit(LimitSpec("metered", LimitKind.CONCURRENCY, 5))
+    metered = (LimitRef("metered", "k"),)
+    for spec in (
+        JobSpec(name="admitted", handler="test.echo", limits=metered),
+        JobSpec(name="waiting", handler="test.echo", queue="side", limits=metered),
+        JobSpec(name="throttled", handler="http.webhook", payload={"url": throttling.url}, limits=metered),
+    ):
+        await control.trigger_job((await control.create_job(spec)).id)
 
     checks: dict[str, Callable[[Samples, Samples], bool]] = {
         "executions": lambda s, w: value(w, "scheduler_executions_total", status="succeeded", handler="test.echo") >= 2,
@@ -116,6 +130,9 @@ async def test_engine_metrics_move_when_their_events_happen(
         "bands": lambda s, w: value(s, "scheduler_queue_ready_by_priority", queue="side", band="normal") >= 1,
         "recoveries": lambda s, w: value(s, "scheduler_lease_recoveries_total", queue="side") >= 1,
         "reconcile": lambda s, w: value(s, "scheduler_reconcile_reenqueued_total") >= 1,
+        "admissions": lambda s, w: value(w, "scheduler_limit_admissions_total", limit="metered") >= 1,
+        "limit_waiting": lambda s, w: value(s, "scheduler_limit_runs_waiting", limit="metered") >= 1,
+        "throttle": lambda s, w: value(w, "scheduler_limit_throttle_waits_total", limit="metered") >= 1,
     }
     pending = dict(checks)
 
@@ -129,6 +146,8 @@ async def test_engine_metrics_move_when_their_events_happen(
         await eventually(all_moved, within=30, interval=0.5)
     except AssertionError:
         raise AssertionError(f"metrics that did not move: {sorted(pending)}") from None
+    finally:
+        await throttling.runner.cleanup()
     assert stalled.run_id != lost.run_id
     scraped = set()
     for role in (scheduler, worker):
@@ -137,6 +156,27 @@ async def test_engine_metrics_move_when_their_events_happen(
     engine_metrics = {name for name in documented() if not name.startswith(server_only)}
     missing = {name for name in engine_metrics if not any(s.startswith(name.removesuffix("_total")) for s in scraped)}
     assert not missing, missing
+
+
+@dataclass
+class _Server:
+    runner: web.AppRunner
+    url: str
+
+
+async def _throttling_server() -> _Server:
+    """A webhook target that always answers 429 with `Retry-After: 1`."""
+
+    async def throttle(request: web.Request) -> web.Response:
+        return web.Response(status=429, headers={"Retry-After": "1"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", throttle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return _Server(runner, f"http://127.0.0.1:{port}/hook")
 
 
 async def test_lateness_counts_scheduled_and_manual_runs_not_a_backfilled_past(

@@ -33,6 +33,7 @@ import asyncpg
 from scheduler_grpc import outputs, pagetokens
 from scheduler_grpc.db.leadership import Connection
 from scheduler_grpc.executions import DeadReason, Execution, ExecutionStatus, Trigger
+from scheduler_grpc.gcra import LimitKey
 from scheduler_grpc.jobs import RetryPolicy
 from scheduler_grpc.tracing import trace_id_of
 
@@ -72,6 +73,25 @@ def snapshot_of_run(alias: str) -> str:
 
 
 SNAPSHOT_COLUMNS = ", ".join(SNAPSHOT)
+
+
+# A run's limit keys as the statement that makes its first attempt resolves them from the run's
+# payload snapshot `payload` and its job's refs `refs` (migration 0014): NULL for a job without
+# limits (one comparison: the hot path of jobs without limits pays nothing else), else an array
+# of keys or a string (why they cannot be resolved: the run is recorded dead with it).
+def resolved_limit_keys(refs: str, payload: str) -> str:
+    """The SQL expression of the resolution of `refs` (jobs.limits) against `payload`."""
+    return f"(CASE WHEN {refs} = '[]'::jsonb THEN NULL ELSE resolve_limit_keys({refs}, {payload}) END)"
+
+
+def keys_of(resolved: str) -> str:
+    """The `limit_keys` value of a resolution (NULL when it failed or there are no limits)."""
+    return f"(CASE WHEN jsonb_typeof({resolved}) = 'array' THEN {resolved} END)"
+
+
+def key_error_of(resolved: str) -> str:
+    """Why a resolution failed (NULL when it did not)."""
+    return f"(CASE WHEN jsonb_typeof({resolved}) = 'string' THEN {resolved} #>> '{{}}' END)"
 
 
 _LOW_62 = (1 << 62) - 1
@@ -151,12 +171,23 @@ class Queued:
     queue: str
     breaker_key: str = ""
     payload: dict[str, Any] | None = None  # the run's snapshot, for its breaker key (dispatch.queue_item)
+    # The limit keys the run took when it was made (`job_executions.limit_keys`); empty: none.
+    limits: tuple[LimitKey, ...] = ()
+
+
+def limit_keys_from_json(value: Any) -> tuple[LimitKey, ...]:
+    """A run's `limit_keys` column (`[[limit, key, units], ...]` or NULL) as queue limit keys."""
+    if not value:
+        return ()
+    return tuple(LimitKey(str(limit), str(key), int(units)) for limit, key, units in value)
 
 
 def queued_from_row(row: asyncpg.Record) -> Queued:
+    """The `Queued` of a row with the run's id, job, priority, due time, handler, queue, payload
+    and (if the statement selects it) its `limit_keys`."""
     return Queued(
         str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"], row["queue"],
-        payload=row["payload"],
+        payload=row["payload"], limits=limit_keys_from_json(row.get("limit_keys")),
     )  # fmt: skip
 
 
@@ -222,6 +253,7 @@ class Claim:
     upstream_results: Mapping[str, Any] = field(default_factory=dict)
     # The `traceparent` of the span that made the run (migration 0013); None when tracing was off.
     trace_context: str | None = None
+    limits: tuple[LimitKey, ...] = ()  # the run's limit keys (a rate-limited hand-back names them)
 
     @property
     def budget_attempt(self) -> int:

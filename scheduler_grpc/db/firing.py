@@ -7,6 +7,7 @@ commits atomically.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -26,12 +27,22 @@ from scheduler_grpc.db.executions import (
     execution_from_row,
     executions_by_id,
     ids,
+    key_error_of,
+    keys_of,
     new_execution_id,
     queued_from_row,
+    resolved_limit_keys,
     snapshot,
 )
 from scheduler_grpc.errors import Fenced
 from scheduler_grpc.executions import ExecutionStatus, Trigger
+
+log = logging.getLogger(__name__)
+
+# The status and end of a new run from its resolution `resolved` (see `resolved_limit_keys`):
+# `dead` at once when its limit keys cannot be resolved (it never blocks a key), else `queued`.
+_STATUS = "CASE WHEN jsonb_typeof(resolved) = 'string' THEN 'dead' ELSE 'queued' END"
+_FINISHED = "CASE WHEN jsonb_typeof(resolved) = 'string' THEN now() END"
 
 
 class FiringRepository:
@@ -93,13 +104,17 @@ class FiringRepository:
                 FROM unnest($3::uuid[], $4::timestamptz[], $5::timestamptz[]) AS a(job_id, old_next, new_next)
                 WHERE j.id = a.job_id AND j.next_run_time = a.old_next AND j.status = 'active'
                   AND EXISTS (SELECT 1 FROM fence)
-                RETURNING j.id, j.priority, j.concurrency_policy, {snapshot("j")}
+                RETURNING j.id, j.priority, j.concurrency_policy, {snapshot("j")},
+                          {resolved_limit_keys("j.limits", "j.payload")} AS resolved
             ), planned AS (
                 -- Each run's id (and run_id) is made here: a CTE read twice is evaluated once.
                 -- The EXISTS sees only rows from before this statement, so the slots of a job
                 -- recorded together are weighed against each other here (the window `w`).
-                SELECT uuid_v7() AS id, p.*, a.priority, {snapshot("a")},
-                       CASE WHEN p.status <> 'queued' OR a.concurrency_policy = 'allow' THEN p.status
+                SELECT uuid_v7() AS id, p.*, a.priority, {snapshot("a")}, a.resolved,
+                       CASE WHEN p.status <> 'queued' THEN p.status
+                            -- its limit keys cannot be resolved: the run fails, no key is blocked
+                            WHEN jsonb_typeof(a.resolved) = 'string' THEN 'dead'
+                            WHEN a.concurrency_policy = 'allow' THEN p.status
                             -- forbid: the statement's first slot runs, if no run was open before it
                             WHEN a.concurrency_policy = 'forbid' AND (
                                 p.scheduled_for > min(p.scheduled_for) FILTER (WHERE p.status = 'queued') OVER w
@@ -121,16 +136,17 @@ class FiringRepository:
             ), inserted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
                                             priority, term, finished_at, missed_through, missed_count,
-                                            trace_context, {SNAPSHOT_COLUMNS})
+                                            trace_context, limit_keys, error, {SNAPSHOT_COLUMNS})
                 SELECT id, id, job_id, scheduled_for, 1, final_status, 'schedule', due_at, priority, $2,
                        CASE WHEN final_status = 'queued' THEN NULL ELSE now() END, missed_through, missed_count,
-                       trace_context, {SNAPSHOT_COLUMNS}
+                       trace_context, CASE WHEN final_status = 'queued' THEN {keys_of("resolved")} END,
+                       CASE WHEN final_status = 'dead' THEN {key_error_of("resolved")} END, {SNAPSHOT_COLUMNS}
                 FROM planned
                 ON CONFLICT DO NOTHING
-                RETURNING id, job_id, status, priority, due_at
+                RETURNING id, job_id, status, priority, due_at, limit_keys
             )
             SELECT (SELECT count(*) FROM fence) AS fenced_in, i.id, i.id AS run_id, i.job_id, i.status, i.priority,
-                   i.due_at, p.handler, p.queue, p.payload, clock_timestamp() AS clock
+                   i.due_at, p.handler, p.queue, p.payload, i.limit_keys, clock_timestamp() AS clock
             FROM (SELECT 1) AS one
             LEFT JOIN inserted i ON true
             LEFT JOIN planned p ON p.id = i.id
@@ -184,11 +200,12 @@ class FiringRepository:
         ids = [new_execution_id() for _ in slots]
         rows = await self._pool.fetch(
             f"""
-            WITH job AS (SELECT id, priority, {SNAPSHOT_COLUMNS} FROM jobs WHERE id = $1)
+            WITH job AS (SELECT id, priority, {SNAPSHOT_COLUMNS}, {resolved_limit_keys("limits", "payload")} AS resolved
+                         FROM jobs WHERE id = $1)
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                        priority, request_id, {SNAPSHOT_COLUMNS})
-            SELECT s.id, s.id, job.id, s.slot, 1, 'queued', $2, coalesce($5, now()), job.priority, $4,
-                   {snapshot("job")}
+                                        priority, request_id, limit_keys, error, finished_at, {SNAPSHOT_COLUMNS})
+            SELECT s.id, s.id, job.id, s.slot, 1, {_STATUS}, $2, coalesce($5, now()), job.priority, $4,
+                   {keys_of("job.resolved")}, {key_error_of("job.resolved")}, {_FINISHED}, {snapshot("job")}
             FROM job, unnest($3::uuid[], $6::timestamptz[]) AS s(id, slot)
             WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
                 SELECT 1 FROM (
@@ -198,7 +215,7 @@ class FiringRepository:
                 ) AS range WHERE range.missed_through >= s.slot
             )
             ON CONFLICT DO NOTHING
-            RETURNING id AS run_id, job_id, priority, due_at, handler, queue, payload
+            RETURNING id AS run_id, job_id, priority, due_at, handler, queue, payload, limit_keys, status, error
             """,
             uuid.UUID(job_id),
             trigger.value,
@@ -207,7 +224,13 @@ class FiringRepository:
             due_at,
             list(slots),
         )
-        return [queued_from_row(row) for row in rows]
+        failed = [row for row in rows if row["status"] != ExecutionStatus.QUEUED]
+        if failed:
+            log.warning(
+                "%d runs recorded dead: their limit keys cannot be resolved: %s", len(failed), failed[0]["error"],
+                extra={"job_id": job_id, "run_ids": [str(row["run_id"]) for row in failed[:10]]},
+            )  # fmt: skip
+        return [queued_from_row(row) for row in rows if row["status"] == ExecutionStatus.QUEUED]
 
     async def trigger_now(self, requests: Sequence[TriggerRequest]) -> list[TriggerResult]:
         """Create one manual run per request, for many jobs at once, in ONE statement (group commit).
@@ -236,7 +259,9 @@ class FiringRepository:
         results: list[TriggerResult] = []
         for row in rows:
             if row["id"] is not None:
-                results.append(TriggerResult(TriggerOutcome.CREATED, execution_from_row(row), queued_from_row(row)))
+                # A run whose limit keys cannot be resolved is recorded dead: nothing to enqueue.
+                run = queued_from_row(row) if row["status"] == ExecutionStatus.QUEUED else None
+                results.append(TriggerResult(TriggerOutcome.CREATED, execution_from_row(row), run))
             elif row["prior_id"] is not None and str(row["prior_id"]) in earlier:
                 results.append(TriggerResult(TriggerOutcome.REPEATED, earlier[str(row["prior_id"])]))
             elif not row["job_found"]:
@@ -255,7 +280,8 @@ class FiringRepository:
                 SELECT * FROM unnest($1::integer[], $2::uuid[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[])
                     AS r(ord, id, job_id, slot, request_id, trace_context)
             ), eligible AS (
-                SELECT r.id, r.job_id, r.slot, r.request_id, r.trace_context, j.priority, {snapshot("j")}
+                SELECT r.id, r.job_id, r.slot, r.request_id, r.trace_context, j.priority, {snapshot("j")},
+                       {resolved_limit_keys("j.limits", "j.payload")} AS resolved
                 FROM r JOIN jobs j ON j.id = r.job_id
                 WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
                     SELECT 1 FROM (
@@ -266,12 +292,13 @@ class FiringRepository:
                 )
             ), inserted AS (
                 INSERT INTO job_executions AS e (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                                 priority, request_id, trace_context, {SNAPSHOT_COLUMNS})
-                SELECT id, id, job_id, slot, 1, 'queued', 'manual', now(), priority, request_id, trace_context,
-                       {SNAPSHOT_COLUMNS}
+                                                 priority, request_id, trace_context, limit_keys, error, finished_at,
+                                                 {SNAPSHOT_COLUMNS})
+                SELECT id, id, job_id, slot, 1, {_STATUS}, 'manual', now(), priority, request_id, trace_context,
+                       {keys_of("resolved")}, {key_error_of("resolved")}, {_FINISHED}, {SNAPSHOT_COLUMNS}
                 FROM eligible
                 ON CONFLICT DO NOTHING
-                RETURNING {COLUMNS}, e.handler, e.queue, e.payload
+                RETURNING {COLUMNS}, e.handler, e.queue, e.payload, e.limit_keys
             )
             SELECT r.ord, j.id IS NOT NULL AS job_found, el.id IS NOT NULL AS eligible, p.id AS prior_id, i.*
             FROM r

@@ -20,7 +20,14 @@ import asyncpg
 from scheduler_grpc import outputs
 from scheduler_grpc.db import faults
 from scheduler_grpc.db.attempts import latest_attempt
-from scheduler_grpc.db.executions import Queued, new_execution_id
+from scheduler_grpc.db.executions import (
+    Queued,
+    key_error_of,
+    keys_of,
+    new_execution_id,
+    queued_from_row,
+    resolved_limit_keys,
+)
 from scheduler_grpc.db.leadership import Connection, assert_current_term
 from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -169,9 +176,7 @@ class FlowRepository:
             return [], []
         rows = await self._record(flow_run_id, decisions, term)
         queued = [
-            Queued(str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"],
-                   row["queue"], payload=row["payload"])
-            for row in rows if row["status"] == "queued"
+            queued_from_row(row) for row in rows if row["status"] == "queued"
         ]  # fmt: skip
         recorded = [
             Recorded(str(row["run_id"]), str(row["job_id"]), row["status"], row["handler"], row["error"] or "")
@@ -223,13 +228,24 @@ class FlowRepository:
                 RETURNING n.job_id, d.run_id, d.status, d.payload, d.error
             )
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at, priority,
-                                        term, finished_at, error, {", ".join(_SNAPSHOT)})
-            SELECT c.run_id, c.run_id, j.id, clock_timestamp(), 1, c.status, 'upstream', now(), j.priority, $7,
-                   CASE WHEN c.status = 'queued' THEN NULL ELSE now() END, c.error,
+                                        term, finished_at, error, limit_keys, {", ".join(_SNAPSHOT)})
+            SELECT c.run_id, c.run_id, j.id, clock_timestamp(), 1, s.status, 'upstream', now(), j.priority, $7,
+                   CASE WHEN s.status = 'queued' THEN NULL ELSE now() END,
+                   coalesce(c.error, {key_error_of("r.resolved")}),
+                   {keys_of("r.resolved")},
                    j.handler, coalesce(c.payload, j.payload), j.queue, j.timeout, j.max_retries, j.initial_backoff,
                    j.max_backoff, j.retry_jitter
             FROM claimed c JOIN jobs j ON j.id = c.job_id
-            RETURNING id AS run_id, job_id, status, priority, due_at, handler, queue, payload, error
+            -- A run's limit keys come from its resolved payload; if they cannot be resolved the run
+            -- is dead at once (its dependents follow their rules), as for an unresolved reference.
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN c.status = 'queued'
+                            THEN {resolved_limit_keys("j.limits", "coalesce(c.payload, j.payload)")} END AS resolved
+            ) r
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN jsonb_typeof(r.resolved) = 'string' THEN 'dead' ELSE c.status END AS status
+            ) s
+            RETURNING id AS run_id, job_id, status, priority, due_at, handler, queue, payload, error, limit_keys
             """,
             uuid.UUID(flow_run_id),
             [new_execution_id() for _ in decisions],

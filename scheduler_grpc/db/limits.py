@@ -183,6 +183,72 @@ class LimitRepository:
         token = pagetokens.encode("limits", {}, [limits[-1].name]) if len(rows) > size else ""
         return LimitPage(limits, token)
 
+    async def by_names(self, names: Sequence[str]) -> list[Limit]:
+        """The limits named `names` that exist (what the queues' scripts need for runs that carry them)."""
+        if not names:
+            return []
+        async with asyncio.timeout(self._timeout):
+            rows = await self._pool.fetch(
+                f"SELECT {_COLUMNS} FROM limits WHERE name = ANY($1::text[]) ORDER BY name", list(names)
+            )
+        return [limit_from_row(row) for row in rows]
+
+    async def every_limit(self) -> list[Limit]:
+        """Every limit, by name (the leader re-puts them all in the queues)."""
+        async with asyncio.timeout(self._timeout):
+            rows = await self._pool.fetch(f"SELECT {_COLUMNS} FROM limits ORDER BY name")
+        return [limit_from_row(row) for row in rows]
+
+    async def queue_names(self) -> list[str]:
+        """The queues limit definitions go to: every queue a job names (a job may take a limit
+        later), and every queue an open run with limit keys is on (its job may have moved)."""
+        async with asyncio.timeout(self._timeout):
+            rows = await self._pool.fetch(
+                """SELECT queue FROM jobs
+                   UNION SELECT DISTINCT e.queue FROM job_executions e
+                   WHERE e.finished_at IS NULL AND e.limit_keys IS NOT NULL AND e.queue IS NOT NULL"""
+            )
+        return sorted(row["queue"] for row in rows)
+
+    async def in_use_by_open_runs(self, name: str) -> bool:
+        """Whether a queued or running run still carries limit `name` (its definition must stay in
+        the queues until it ends: a run whose limit has no definition waits)."""
+        async with asyncio.timeout(self._timeout):
+            return bool(
+                await self._pool.fetchval(
+                    """SELECT EXISTS (SELECT 1 FROM job_executions
+                       WHERE finished_at IS NULL AND limit_keys IS NOT NULL
+                         AND limit_keys @> jsonb_build_array(jsonb_build_array($1::text)))""",
+                    name,
+                )
+            )
+
+    async def running_with_limits(self, run_ids: Sequence[str]) -> set[str]:
+        """Of these runs, those whose latest attempt is `running` (their units are held)."""
+        if not run_ids:
+            return set()
+        async with asyncio.timeout(self._timeout):
+            rows = await self._pool.fetch(
+                """SELECT DISTINCT run_id::text FROM job_executions
+                   WHERE run_id = ANY($1::uuid[]) AND status = 'running' AND finished_at IS NULL""",
+                [uuid.UUID(value) for value in run_ids],
+            )
+        return {row["run_id"] for row in rows}
+
+    async def running_runs_with_limits(self, *, after_run_id: str | None, limit: int) -> list[tuple[str, str, Any]]:
+        """`(run id, queue, limit_keys)` of runs running with limit keys, by run id (a page)."""
+        async with asyncio.timeout(self._timeout):
+            rows = await self._pool.fetch(
+                """SELECT e.run_id::text, coalesce(e.queue, j.queue) AS queue, e.limit_keys
+                   FROM job_executions e JOIN jobs j ON j.id = e.job_id
+                   WHERE e.finished_at IS NULL AND e.status = 'running' AND e.limit_keys IS NOT NULL
+                     AND ($1::uuid IS NULL OR e.run_id > $1)
+                   ORDER BY e.run_id LIMIT $2""",
+                uuid.UUID(after_run_id) if after_run_id else None,
+                limit,
+            )
+        return [(row["run_id"], row["queue"], row["limit_keys"]) for row in rows]
+
     async def update(self, limit_id: str, spec: LimitSpec, expected_version: int) -> Limit:
         """Replace a limit's definition (its name stays) if it is still at `expected_version`.
 

@@ -25,7 +25,10 @@ from scheduler_grpc.db.executions import (
     Queued,
     execution_from_row,
     ids,
+    key_error_of,
+    keys_of,
     queued_from_row,
+    resolved_limit_keys,
     snapshot_of_run,
 )
 from scheduler_grpc.db.leadership import assert_current_term
@@ -74,7 +77,7 @@ class RecoveryRepository:
         rows = await self._pool.fetch(
             """
             SELECT e.run_id, e.job_id, e.priority, e.due_at, coalesce(e.handler, j.handler) AS handler,
-                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload
+                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload, e.limit_keys
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.status = 'queued' AND e.finished_at IS NULL AND e.created_at < now() - $1::interval
               AND ($2::uuid IS NULL OR e.run_id > $2)
@@ -91,7 +94,7 @@ class RecoveryRepository:
         rows = await self._pool.fetch(
             """
             SELECT e.run_id, e.job_id, e.priority, e.due_at, coalesce(e.handler, j.handler) AS handler,
-                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload
+                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload, e.limit_keys
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.status = 'running' AND e.finished_at IS NULL
               AND e.started_at < now() - coalesce(e.timeout, j.timeout) - $1::interval
@@ -111,7 +114,7 @@ class RecoveryRepository:
         """
         rows = await self._pool.fetch(
             f"""
-            SELECT e.run_id, e.job_id, e.priority, e.due_at, e.error, {snapshot_of_run("e")}
+            SELECT e.run_id, e.job_id, e.priority, e.due_at, e.error, e.limit_keys, {snapshot_of_run("e")}
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.final_status = 'dead' AND e.dlq_purged_at IS NULL AND ($1::uuid IS NULL OR e.run_id > $1)
               AND e.id = {latest_attempt("e.run_id", "a.id")}
@@ -182,7 +185,9 @@ class RecoveryRepository:
         return now, running
 
     async def requeue_runs(self, run_ids: Sequence[str]) -> list[Queued]:
-        """Runs requeued from the dead-letter queue get a new `queued` attempt (trigger dlq_requeue)."""
+        """Runs requeued from the dead-letter queue get a new `queued` attempt (trigger dlq_requeue),
+        with the run's limit keys (resolved now for a run without any whose job has limits; a run
+        whose keys still cannot be resolved gets a `dead` attempt instead and is not returned)."""
         if not run_ids:
             return []
         rows = await self._pool.fetch(
@@ -193,16 +198,25 @@ class RecoveryRepository:
                 WHERE x.status IN ('dead', 'failed', 'timed_out', 'abandoned', 'cancelled')
             )
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
-                                        trace_context, {SNAPSHOT_COLUMNS})
-            SELECT uuid_v7(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'queued', 'dlq_requeue',
-                   l.priority, l.trace_context, {snapshot_of_run("l")}
+                                        trace_context, limit_keys, error, finished_at, {SNAPSHOT_COLUMNS})
+            SELECT uuid_v7(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1,
+                   CASE WHEN jsonb_typeof(r.resolved) = 'string' THEN 'dead' ELSE 'queued' END, 'dlq_requeue',
+                   l.priority, l.trace_context, {keys_of("r.resolved")}, {key_error_of("r.resolved")},
+                   CASE WHEN jsonb_typeof(r.resolved) = 'string' THEN now() END, {snapshot_of_run("l")}
             FROM latest l JOIN jobs j ON j.id = l.job_id
+            -- The run's own keys; a run without any whose job has limits (it died because they could
+            -- not be resolved, or was made before its job had limits) resolves them now, from its
+            -- own payload and its job's refs as they are now: still unresolvable, it is dead again.
+            CROSS JOIN LATERAL (
+                SELECT coalesce(l.limit_keys, {resolved_limit_keys("j.limits", "coalesce(l.payload, j.payload)")})
+                    AS resolved
+            ) r
             ON CONFLICT DO NOTHING  -- a concurrent requeue of the same run added that attempt first
-            RETURNING run_id, job_id, priority, due_at, handler, queue, payload
+            RETURNING run_id, job_id, priority, due_at, handler, queue, payload, limit_keys, status
             """,
             ids(run_ids),
         )
-        return [queued_from_row(row) for row in rows]
+        return [queued_from_row(row) for row in rows if row["status"] == ExecutionStatus.QUEUED]
 
     async def mark_dead_letters_purged(self, run_ids: Sequence[str]) -> int:
         """Record that an operator purged these runs from the dead-letter queue (so no rebuild restores them)."""

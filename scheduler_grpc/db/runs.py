@@ -32,6 +32,7 @@ from scheduler_grpc.db.executions import (
     Outcome,
     Queryable,
     ids,
+    limit_keys_from_json,
     snapshot,
     snapshot_of_run,
 )
@@ -121,14 +122,14 @@ class RunRepository:
             ), latest AS (
                 SELECT x.id, x.run_id, x.job_id, x.scheduled_for, x.attempt, x.status, x.claim_token,
                        x.priority, x.started_at, x.due_at, x.trigger, x.cancel_requested_at, i.token, i.reserve,
-                       x.trace_context, {snapshot("x")}
+                       x.trace_context, x.limit_keys, {snapshot("x")}
                 FROM items i CROSS JOIN LATERAL {latest_attempt("i.run_id", lock=True)} x
             ), started AS (
                 UPDATE job_executions e SET status = 'running', claim_token = l.token, worker_id = $3,
                        started_at = CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at) ELSE now() END
                 FROM latest l WHERE e.id = l.id AND l.status = 'queued'
                 RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at, e.trigger,
-                          e.trace_context, {snapshot("e")}
+                          e.trace_context, e.limit_keys, {snapshot("e")}
             ), abandoned AS (
                 UPDATE job_executions e
                 SET status = CASE WHEN l.cancel_requested_at IS NULL THEN 'abandoned' ELSE 'cancelled' END,
@@ -138,11 +139,12 @@ class RunRepository:
                 RETURNING e.id
             ), restarted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
-                                            claim_token, worker_id, started_at, trace_context, {SNAPSHOT_COLUMNS})
+                                            claim_token, worker_id, started_at, trace_context, limit_keys,
+                                            {SNAPSHOT_COLUMNS})
                 SELECT uuid_v7(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'running', 'retry',
                        l.priority, l.token, $3,
                        CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at) ELSE now() END,
-                       l.trace_context, {snapshot("l")}
+                       l.trace_context, l.limit_keys, {snapshot("l")}
                 FROM latest l
                 WHERE l.status = 'abandoned'
                    OR (l.status = 'running' AND l.claim_token <> l.token AND l.cancel_requested_at IS NULL)
@@ -151,16 +153,16 @@ class RunRepository:
                 -- is simply not claimed here (the caller acks the item; reconcile enqueues the attempt).
                 ON CONFLICT DO NOTHING
                 RETURNING id, run_id, job_id, scheduled_for, attempt, started_at, due_at, trigger, trace_context,
-                          {SNAPSHOT_COLUMNS}
+                          limit_keys, {SNAPSHOT_COLUMNS}
             ), claimed AS (
                 SELECT * FROM started
                 UNION ALL SELECT * FROM restarted
                 UNION ALL SELECT l.id, l.run_id, l.job_id, l.scheduled_for, l.attempt, l.started_at, l.due_at,
-                                 l.trigger, l.trace_context, {snapshot("l")}
+                                 l.trigger, l.trace_context, l.limit_keys, {snapshot("l")}
                           FROM latest l WHERE l.status = 'running' AND l.claim_token = l.token
             )
             SELECT c.id::text, c.run_id::text, c.job_id::text, c.scheduled_for, c.attempt, c.started_at, c.due_at,
-                   c.trigger, j.name, c.trace_context,
+                   c.trigger, j.name, c.trace_context, c.limit_keys,
                    {snapshot_of_run("c")},
                    CASE WHEN c.attempt = 1 THEN 0  -- a first attempt has no earlier ones: no probe
                         ELSE (SELECT count(*) FROM job_executions p
@@ -197,6 +199,7 @@ class RunRepository:
                 interrupted=row["interrupted"],
                 trigger=TRIGGERS[row["trigger"]],
                 trace_context=row["trace_context"],
+                limits=limit_keys_from_json(row["limit_keys"]),
             )
             for row in rows
         ]
@@ -267,9 +270,9 @@ class RunRepository:
                 -- snapshot comes from the attempt's row as the statement's snapshot shows it (the
                 -- completion does not change it), read only for the few outcomes that retry.
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                            priority, trace_context, {SNAPSHOT_COLUMNS})
+                                            priority, trace_context, limit_keys, {SNAPSHOT_COLUMNS})
                 SELECT uuid_v7(), d.run_id, d.job_id, d.scheduled_for, d.attempt + 1, 'queued', 'retry',
-                       now() + d.retry_after, d.priority, p.trace_context, {snapshot("p")}
+                       now() + d.retry_after, d.priority, p.trace_context, p.limit_keys, {snapshot("p")}
                 FROM done d JOIN job_executions p ON p.id = d.id
                 WHERE d.retry_after IS NOT NULL AND d.cancel_requested_at IS NULL
                 ON CONFLICT DO NOTHING
@@ -408,12 +411,12 @@ class RunRepository:
                 FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
                 WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
                 RETURNING e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, e.trace_context,
-                          {snapshot("e")}
+                          e.limit_keys, {snapshot("e")}
             ), next AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                            priority, trace_context, {SNAPSHOT_COLUMNS})
+                                            priority, trace_context, limit_keys, {SNAPSHOT_COLUMNS})
                 SELECT uuid_v7(), g.run_id, g.job_id, g.scheduled_for, g.attempt + 1, 'queued', 'retry',
-                       now() + $6::interval, g.priority, g.trace_context, {snapshot("g")}
+                       now() + $6::interval, g.priority, g.trace_context, g.limit_keys, {snapshot("g")}
                 FROM gone g WHERE g.status = $3
                 ON CONFLICT DO NOTHING
                 RETURNING id

@@ -22,6 +22,7 @@ from scheduler_grpc.handlers.base import (
     JSONValue,
     Maintenance,
     PermanentHandlerError,
+    RateLimited,
     load_plugins,
 )
 from scheduler_grpc.handlers.shell import ShellHandler
@@ -112,6 +113,7 @@ __all__ = [
     "LogHandler",
     "Maintenance",
     "PermanentHandlerError",
+    "RateLimited",
     "ResultHandler",
     "ShellHandler",
     "WebhookHandler",

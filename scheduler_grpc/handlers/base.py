@@ -149,6 +149,29 @@ class PermanentHandlerError(HandlerError):
     retryable: ClassVar[bool] = False
 
 
+MAX_RATE_LIMIT_WAIT = timedelta(hours=1)
+"""The longest wait a `RateLimited` asks for is bounded to this."""
+
+
+class RateLimited(HandlerError):
+    """The upstream said "too many requests, retry after T" (back-pressure, not a failure).
+
+    The worker hands the run back without spending an attempt: the attempt goes back to `queued`
+    and the run's limit keys are paused until `retry_after` has passed (so the other runs of those
+    keys wait too, while runs of other keys go on); a run without limit keys waits that long by
+    itself. A worker that does not know this type takes it as the `HandlerError` it also is.
+
+    Attributes:
+        retry_after: How long to wait, bounded to 0..`MAX_RATE_LIMIT_WAIT`.
+        reason: What the upstream said, for the logs.
+    """
+
+    def __init__(self, retry_after: timedelta, reason: str = "rate limited by the upstream") -> None:
+        super().__init__(f"{reason}; retry after {retry_after.total_seconds():g}s")
+        self.retry_after = min(max(retry_after, timedelta(0)), MAX_RATE_LIMIT_WAIT)
+        self.reason = reason
+
+
 # --------------------------------------------------------------------------------------------
 # Payload description and validation helpers
 # --------------------------------------------------------------------------------------------

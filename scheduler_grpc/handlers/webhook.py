@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import email.utils
 import re
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from ipaddress import IPv6Address
 from typing import Any, ClassVar
 
@@ -14,6 +16,7 @@ from yarl import URL
 
 from scheduler_grpc import tracing
 from scheduler_grpc.handlers.base import (
+    MAX_RATE_LIMIT_WAIT,
     ExecutionContext,
     Field,
     Handler,
@@ -21,6 +24,7 @@ from scheduler_grpc.handlers.base import (
     HandlerSettings,
     JSONValue,
     PermanentHandlerError,
+    RateLimited,
     get_number,
     get_str,
     get_str_map,
@@ -215,6 +219,7 @@ class WebhookHandler(Handler):
                 preview = await _read_prefix(response.content, PREVIEW_BYTES)
                 status = response.status
                 location = response.headers.get("Location")
+                retry_after = response.headers.get("Retry-After")
         except TargetRefused as exc:
             raise PermanentHandlerError(str(exc)) from None
         except aiohttp.ClientConnectorDNSError as exc:
@@ -231,6 +236,9 @@ class WebhookHandler(Handler):
             "body_preview": preview.decode("utf-8", errors="replace"),
         }
         if not _expected(status, expected):
+            wait = retry_after_of(retry_after) if status in (429, 503) else None
+            if wait is not None:  # back-pressure: the run is handed back, its keys paused
+                raise RateLimited(wait, f"HTTP {status} from {host} with Retry-After: {retry_after}")
             wanted = "200-299" if expected is None else ", ".join(map(str, expected))
             hint = f" (redirect to {location!r} not followed)" if 300 <= status < 400 and location else ""
             raise HandlerError(f"HTTP {status} from {host}{hint}; expected {wanted}", details=result)
@@ -240,6 +248,25 @@ class WebhookHandler(Handler):
         sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             await session.close()
+
+
+def retry_after_of(value: str | None, now: datetime | None = None) -> timedelta | None:
+    """The wait a `Retry-After` header asks for (RFC 9110: delay seconds, or an HTTP date), at
+    least 0 (a date in the past) and at most `MAX_RATE_LIMIT_WAIT`; None when absent or unreadable."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        wait = timedelta(seconds=min(int(text[:12]), int(MAX_RATE_LIMIT_WAIT.total_seconds())))
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
+            when = when.replace(tzinfo=UTC)
+        wait = when - (now or datetime.now(UTC))
+    return min(max(wait, timedelta(0)), MAX_RATE_LIMIT_WAIT)
 
 
 def _check_url(text: str, settings: HandlerSettings) -> str:

@@ -2,7 +2,8 @@
 -- KEYS[7]=limdef KEYS[8]=lims KEYS[9]=gwait KEYS[10]=gmem KEYS[11]=gactive KEYS[12]=gdelay
 -- KEYS[13]=gblock KEYS[14]=grr KEYS[15]=kpark KEYS[16]=kqueued KEYS[17]=held KEYS[18]=holds
 -- ARGV[1]=number of limit definitions D, then ARGV[2..2D+1]: two per definition: name, encoded
--- (written to limdef first: a definition travels with the work that needs it)
+-- (written to limdef first where it has none: a definition travels with the work that needs it,
+-- and never replaces one a put wrote, which may be newer than the enqueuer's copy)
 -- then five per item: id, priority (-1000..1000, checked by the caller), delay in ms (0: ready now),
 -- data (opaque bytes; '' stores nothing), group (its limit keys, see _groups.lua; '' for none)
 -- Returns: the number of items added. An id the queue already knows, in any state, is skipped,
@@ -22,7 +23,7 @@ local ready_key, delayed_key, priority_key, data_key, seq_key, marker_key, limde
 
 local defs = tonumber(ARGV[1])
 for i = 2, 2 * defs, 2 do
-  redis.call('HSET', limdef_key, ARGV[i], ARGV[i + 1])
+  redis.call('HSETNX', limdef_key, ARGV[i], ARGV[i + 1])
 end
 
 local now

@@ -1,6 +1,6 @@
 -- KEYS[1]=ready KEYS[2]=seq KEYS[3]=marker KEYS[4]=limdef KEYS[5]=lims KEYS[6]=gwait KEYS[7]=gmem
 -- KEYS[8]=gactive KEYS[9]=gdelay KEYS[10]=gblock KEYS[11]=grr KEYS[12]=kpark KEYS[13]=kqueued
--- KEYS[14]=held KEYS[15]=holds KEYS[16]=tat KEYS[17]=tatrem KEYS[18]=kpause
+-- KEYS[14]=held KEYS[15]=holds KEYS[16]=tat KEYS[17]=tatrem KEYS[18]=kpause KEYS[19]=recount
 -- ARGV[1]=operation, then its arguments:
 --   'define' name, encoded, name, encoded...: store definitions (gcra.py `encode_definition`), and
 --     wake up to 1000 groups per limit parked on its keys, so a raised limit admits at once
@@ -9,15 +9,23 @@
 --   'resume' limit, key: end a pause now and wake up to 1000 groups parked on the key
 --   'state' limit, key: read the key's state
 --   'blocked' id...: why each waiting run waits
+--   'hold' id, group, id, group...: after Redis lost them, count again the concurrency units of runs
+--     still running (PostgreSQL says so) that this queue knows in no state: each such run holds its
+--     units as its lease did (held, its holds record) and is listed in recount; a run with a holds
+--     record or known with limits (lims) is left alone, so a hold is idempotent per run id
+--   'unhold' id...: give back the units `hold` counted for runs no longer running (once per run)
+--   'recounted': the ids `hold` counted and `unhold` has not given back (at most 10,000)
 -- Returns: 'define', 'resume': groups woken; 'undefine': definitions removed; 'pause': the end in
 -- ms; 'state': {running units, queued runs, next admission ms (-1: unknown, a concurrency limit is
 -- full or the limit has no definition), paused until ms (-1: not paused), now ms}; 'blocked': five
 -- per run whose group is parked: id, limit, key, since ms, kind ('c' concurrency, 'r' rate, 'p'
--- paused, 'u' no definition or a limit of 0); runs not parked are left out.
+-- paused, 'u' no definition or a limit of 0); runs not parked are left out. 'hold': runs counted;
+-- 'unhold': runs whose units came back; 'recounted': the ids.
 local ready_key, seq_key, marker_key, limdef_key, lims_key, gwait_key, gmem_key, gactive_key, gdelay_key,
-  gblock_key, grr_key, kpark_key, kqueued_key, held_key, holds_key, tat_key, tatrem_key, kpause_key =
+  gblock_key, grr_key, kpark_key, kqueued_key, held_key, holds_key, tat_key, tatrem_key, kpause_key,
+  recount_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11],
-  KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18]
+  KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18], KEYS[19]
 
 -- @include ready_score
 -- @include groups
@@ -120,5 +128,43 @@ elseif op == 'blocked' then
     end
   end
   return out
+elseif op == 'hold' then
+  local count = 0
+  for i = 2, #ARGV, 2 do
+    local id, group = ARGV[i], ARGV[i + 1]
+    if redis.call('HEXISTS', holds_key, id) == 0 and redis.call('HEXISTS', lims_key, id) == 0 then
+      local holds = {}
+      for _, e in ipairs(group_entries(group)) do
+        local raw = redis.call('HGET', limdef_key, e[1])
+        -- Rate keys hold nothing; a limit without a definition is counted as a cap (the caller
+        -- puts definitions first): counting a unit too many delays a run, one too few breaks a cap.
+        if not raw or cjson.decode(raw).k == 'c' then
+          local lk = lk_of(e[1], e[2])
+          holds[#holds + 1] = {lk, tonumber(e[3])}
+          redis.call('HINCRBY', held_key, lk, tonumber(e[3]))
+        end
+      end
+      if #holds > 0 then
+        redis.call('HSET', holds_key, id, cjson.encode(holds))
+        redis.call('ZADD', recount_key, now, id)
+        count = count + 1
+      end
+    end
+  end
+  return count
+elseif op == 'unhold' then
+  local count, woken = 0, 0
+  for i = 2, #ARGV do
+    if redis.call('ZREM', recount_key, ARGV[i]) == 1 then
+      count = count + 1
+      if return_units(ARGV[i]) then
+        woken = woken + 1
+      end
+    end
+  end
+  woke(woken)
+  return count
+elseif op == 'recounted' then
+  return redis.call('ZRANGE', recount_key, 0, 9999)
 end
 return redis.error_reply('unknown operation ' .. tostring(op))

@@ -12,7 +12,7 @@ from typing import Any
 from scheduler_grpc import outputs, tracing
 from scheduler_grpc.db.executions import Claim, Outcome
 from scheduler_grpc.executions import DeadReason, ExecutionStatus
-from scheduler_grpc.handlers import ExecutionContext, HandlerError, PermanentHandlerError
+from scheduler_grpc.handlers import ExecutionContext, HandlerError, PermanentHandlerError, RateLimited
 from scheduler_grpc.queue import Lease
 from scheduler_grpc.worker.lifecycle import Run
 
@@ -99,7 +99,8 @@ class Deadline:
 
 async def run_handler(attempt: Attempt, handler: Any, ctx: ExecutionContext) -> Outcome:
     """Run the handler of `attempt` under its deadline: its outcome. A cancellation other than the
-    deadline's (a cancel request, a stop, a lost lease) propagates."""
+    deadline's (a cancel request, a stop, a lost lease) propagates, and so does `RateLimited`
+    (back-pressure: the caller hands the run back, no outcome)."""
     claim, deadline = attempt.claim, attempt.deadline
     assert deadline is not None
     if deadline.expired:  # its batch's timeout passed before this handler could start
@@ -121,6 +122,8 @@ async def run_handler(attempt: Attempt, handler: Any, ctx: ExecutionContext) -> 
             # Nobody cancelled this task: the handler raised CancelledError itself (a bug of its
             # own), which must not pass for a stop of ours.
             status, error = ExecutionStatus.FAILED, "CancelledError raised by the handler"
+    except RateLimited:
+        raise
     except PermanentHandlerError as exc:
         return attempt.end_with(ExecutionStatus.DEAD, error=str(exc), dead=DeadReason.PERMANENT)
     except (HandlerError, outputs.Unstorable) as exc:  # (a result over a bound: this attempt's failure)

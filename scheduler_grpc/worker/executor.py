@@ -17,7 +17,7 @@ from scheduler_grpc.db.executions import Claim
 from scheduler_grpc.errors import SchedulerError
 from scheduler_grpc.events import EventType
 from scheduler_grpc.executions import DeadReason, ExecutionStatus, Trigger
-from scheduler_grpc.handlers import ExecutionContext, HandlerRegistry, HandlerSettings
+from scheduler_grpc.handlers import ExecutionContext, HandlerRegistry, HandlerSettings, RateLimited, breaker_key
 from scheduler_grpc.worker.attempt import Attempt, Deadline, failed, run_handler, run_handler_traced
 from scheduler_grpc.worker.lifecycle import State, Stop
 from scheduler_grpc.worker.support import MS, Maintenance, Shared, faulted, log, sleep_until
@@ -50,6 +50,9 @@ class Executor:
         deadlines: dict[timedelta, Deadline] = {}
         for run in runs:
             shared.tracker.claimed(run)
+            if run.claim.limits:
+                for name in {limit.limit for limit in run.claim.limits}:
+                    metrics.LIMIT_ADMISSIONS.labels(name).inc()
             if run.reserved:
                 assert run.claim.clock is not None  # a claim with reservations reads the clock
                 run.due = replied + max((run.claim.started_at - run.claim.clock).total_seconds(), 0.0)
@@ -172,10 +175,16 @@ class Executor:
         except SchedulerError as exc:  # unknown handler (plugin removed): a permanent failure
             outcome = run.end_with(ExecutionStatus.DEAD, error=str(exc), dead=DeadReason.PERMANENT)
         else:
-            if not traced:
-                outcome = await run_handler(run, handler, self._context(run))
-            else:
-                outcome = await run_handler_traced(run, handler, self._context(run))
+            try:
+                if not traced:
+                    outcome = await run_handler(run, handler, self._context(run))
+                else:
+                    outcome = await run_handler_traced(run, handler, self._context(run))
+            except RateLimited as exc:
+                # Back-pressure, not a failure: the breaker does not count it, no attempt is spent.
+                shared.tracker.returning(run)
+                await self._throttle(run, exc)
+                return
             breaker.record(failed(outcome))  # a cancelled attempt counts neither way
         run.outcome = outcome
         shared.tracker.finished(run)
@@ -226,11 +235,41 @@ class Executor:
 
     # -- hand-backs ----------------------------------------------------------------------------------
 
+    async def _throttle(self, run: Attempt, exc: RateLimited) -> None:
+        """A handler said "rate limited, retry after T": the attempt goes back to `queued` unspent
+        (`unclaim`: the attempt count does not move), and the item back to the queue without
+        counting the delivery, its limit keys paused for T (`nack(retry_after=)`: the other runs of
+        those keys wait too, runs of other keys go on); a run without limit keys waits T itself.
+        A run whose cancel was requested meanwhile is recorded `cancelled` instead."""
+        shared, claim, lease = self._shared, run.claim, run.lease
+        shared.stats.throttled += 1
+        for name in {limit.limit for limit in claim.limits}:
+            metrics.LIMIT_THROTTLE_WAITS.labels(name).inc()
+        end = State.LAPSED
+        try:
+            statuses = await shared.runs.unclaim([(claim.execution_id, lease.token)])
+            status = statuses.get(claim.execution_id)
+            wait = max(exc.retry_after, MS)
+            if status is ExecutionStatus.QUEUED:
+                await shared.queue.nack(lease.id, lease.token, count_delivery=False, retry_after=wait)
+                end = State.HANDED_BACK
+            elif status is ExecutionStatus.CANCELLED:
+                await shared.queue.finish_many([lease])
+                shared.outbox.add([shared.event(EventType.CANCELLED, claim, error="cancelled")])
+                end = State.HANDED_BACK
+            extra = {"run_id": claim.run_id, "retry_after_s": wait.total_seconds(), "reason": exc.reason}
+            log.info("rate limited by the upstream; handed back", extra=extra)
+        except Exception as error:
+            faulted(error, "hand back a rate-limited run", shared.id)
+        finally:
+            shared.tracker.end(run, end)
+
     async def _defer(self, run: Attempt, exc: BreakerOpen) -> None:
         shared, claim, lease = self._shared, run.claim, run.lease
         shared.stats.breaker_deferred += 1
         end = State.LAPSED
         try:
+            await self._pause_host_keys(claim, exc.retry_after)
             await shared.runs.release([(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after)
             await shared.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
             shared.outbox.add([shared.event(EventType.INTERRUPTED, claim, error=str(exc))])
@@ -239,6 +278,19 @@ class Executor:
             faulted(error, "defer a run", shared.id)
         finally:
             shared.tracker.end(run, end)
+
+    async def _pause_host_keys(self, claim: Claim, wait: timedelta) -> None:
+        """An open breaker on a webhook host pauses the limit keys of the run that equal that host
+        (a limit keyed on the host: `key: payload.host` or the host as a constant) until the
+        breaker half-opens, so the runs of those keys wait in the queue instead of coming here."""
+        if not claim.limits:
+            return
+        _, _, host = breaker_key(claim.handler, claim.payload).partition(":")
+        if claim.handler != "http.webhook" or not host:
+            return
+        for limit in claim.limits:
+            if limit.key.lower() == host and wait > timedelta(0):
+                await self._shared.queue.pause_key(limit.limit, limit.key, wait)
 
     async def unreserve(self, runs: Sequence[Attempt], delay: timedelta = timedelta(0)) -> None:
         """Hand back RETURNING held runs that never started: each attempt back to `queued`, unspent

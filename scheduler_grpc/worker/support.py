@@ -45,6 +45,7 @@ class WorkerStats:
     claimed: int = 0
     completed: int = 0
     breaker_deferred: int = 0
+    throttled: int = 0  # runs handed back rate limited (`RateLimited`), no attempt spent
     lost_leases: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
 
