@@ -436,6 +436,11 @@ class Control:
         """A new queued attempt for each run whose latest attempt ended unsuccessfully (trigger
         `dlq_requeue`), enqueued (for `control_bulk`)."""
         runs = await self._recovery.requeue_runs(run_ids)
+        # A run with limit keys may have a dead item without them (resolved only now): it goes, and
+        # the run is enqueued with the keys PostgreSQL holds (as `_requeue_dead`).
+        for name, group in itertools.groupby(sorted((r for r in runs if r.limits), key=lambda r: r.queue),
+                                             key=lambda r: r.queue):  # fmt: skip
+            await self._queues.get(name).purge_dead([run.run_id for run in group])
         await self._dispatch(runs)
         return runs
 

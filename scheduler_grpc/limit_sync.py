@@ -97,11 +97,14 @@ class LimitSync:
 
     async def forget(self, name: str) -> None:
         """Take a deleted limit's definition out of the queues, unless open runs still carry it
-        (they would wait for ever without one); the next put of a limit of that name replaces it."""
+        (they would wait for ever without one). A copy left in a queue no job names any more is
+        replaced by the leader's next `put_all` once a job there names a limit of that name again."""
         if await self._limits.in_use_by_open_runs(name):
             log.info("deleted limit kept in the queues while runs carry it", extra={"limit": name})
             return
-        for queue in await self._targets():
+        # The queues jobs name now, and those this process used (the last job on a queue may be gone).
+        targets = {queue.name: queue for queue in [*await self._targets(), *self._queues.known()]}
+        for queue in targets.values():
             await queue.delete_limit_definitions([name])
 
     async def put_all(self) -> int:

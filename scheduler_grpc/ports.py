@@ -125,6 +125,10 @@ class WorkQueue(Protocol):
         """Pause one limit key for `duration` (back-pressure: a webhook host's open breaker)."""
         ...
 
+    async def pause_keys_equal(self, ids: Iterable[str], key: str, duration: timedelta) -> int:
+        """Pause the limit keys of these items whose key is `key` (a webhook host's open breaker)."""
+        ...
+
     async def nack_many(
         self, leases: Iterable[Lease | tuple[str, str]], delay: timedelta = ..., *, count_delivery: bool = True
     ) -> list[bool]:

@@ -1177,6 +1177,17 @@ class Queue:
             return 0
         return int(await self._run(self._limits, ["unhold", *wanted]))
 
+    async def pause_keys_equal(self, ids: Iterable[str], key: str, duration: timedelta) -> int:
+        """Pause for `duration` every limit key of these items whose key text is `key` (ignoring
+        case): an open circuit breaker on a webhook host pauses the limits keyed on that host. A
+        later pause already set is kept. Returns how many keys were paused or extended."""
+        _check_limit_name("-", key)
+        wanted = _id_list(ids)
+        if not wanted:
+            return 0
+        ms = _to_ms(duration, "duration", minimum=1)
+        return int(await self._run(self._limits, ["pause_equal", ms, key, *wanted]))
+
     async def recounted(self) -> list[str]:
         """The runs `hold_running` counted that `unhold` has not given back yet (at most 10,000)."""
         return _texts(await self._run(self._limits, ["recounted"]))

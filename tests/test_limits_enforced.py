@@ -304,3 +304,31 @@ async def _server(handler: Any) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+async def test_an_open_webhook_breaker_pauses_the_limit_keyed_on_its_host(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis, redis_url: str, database_url: str
+) -> None:
+    from scheduler_grpc.handlers import HandlerSettings, default_registry
+
+    await control.limits.create_limit(LimitSpec("per-host", LimitKind.CONCURRENCY, 10))
+    await control.limits.create_limit(LimitSpec("per-customer", LimitKind.CONCURRENCY, 10))
+    job = await control.create_job(JobSpec(
+        name="hook", handler="http.webhook", payload={"url": "http://127.0.0.1:9/down"},
+        limits=(LimitRef("per-host", "127.0.0.1"), LimitRef("per-customer", "c1"))))  # fmt: skip
+    registry = default_registry(HandlerSettings(dev_mode=True))
+    async with running_worker(redis_url, database_url, pool, registry) as (worker, _):
+        breaker = worker.breakers.get(registry.get("http.webhook").breaker_key(job.payload))
+        for _ in range(worker.breakers.policy.min_calls):
+            await breaker.call(_open, lambda result: result)
+        assert worker.breakers.blocked_for(breaker.key) > timedelta(0)
+        await control.trigger_job(job.id)
+        await eventually(lambda: _true(worker.stats.breaker_deferred >= 1))
+    queue = Queue(redis)
+    assert (await queue.key_state("per-host", "127.0.0.1")).paused_until is not None
+    assert (await queue.key_state("per-customer", "c1")).paused_until is None  # not keyed on the host
+    await registry.aclose()
+
+
+async def _open() -> bool:
+    return True

@@ -268,3 +268,19 @@ async def test_a_dead_letter_requeue_keeps_the_keys_or_resolves_them_or_stays_de
     assert run.limits == (LimitKey("per-customer", "7", 1),)
     assert await limit_keys(pool, dead.run_id) == [None, None, [["per-customer", "7", 1]]]
     assert await redis.hexists(Queue(redis).keys.lims, dead.run_id)
+
+
+async def test_limit_changes_reach_the_queues_at_once(control: Control, redis: aioredis.Redis) -> None:
+    from dataclasses import replace
+
+    limit = await control.limits.create_limit(LimitSpec("per-customer", LimitKind.CONCURRENCY, 1))
+    job = await control.create_job(JobSpec(name="user", handler="test.echo", payload={"customer_id": "a"},
+                                           limits=(CUSTOMER,)))  # fmt: skip
+    queue = Queue(redis)
+    await control.limits.merge_limit(limit.id, lambda current: replace(current, limit=3))
+    assert json.loads(await redis.hget(queue.keys.limdef, "per-customer"))["l"] == 3
+    [run] = await control.trigger_job(job.id)
+    await control.delete_job(job.id)  # its runs go with it
+    await control.limits.delete_limit(limit.id)
+    assert not await redis.hexists(queue.keys.limdef, "per-customer")
+    assert run.limits

@@ -75,12 +75,12 @@ def snapshot_of_run(alias: str) -> str:
 SNAPSHOT_COLUMNS = ", ".join(SNAPSHOT)
 
 
-# A run's limit keys as the statement that makes its first attempt resolves them from the run's
-# payload snapshot `payload` and its job's refs `refs` (migration 0014): NULL for a job without
-# limits (one comparison: the hot path of jobs without limits pays nothing else), else an array
-# of keys or a string (why they cannot be resolved: the run is recorded dead with it).
 def resolved_limit_keys(refs: str, payload: str) -> str:
-    """The SQL expression of the resolution of `refs` (jobs.limits) against `payload`."""
+    """The SQL expression of a run's limit keys as the statement that makes its first attempt
+    resolves them from its job's refs `refs` (jobs.limits) and its payload snapshot `payload`
+    (`resolve_limit_keys`, migration 0014): NULL for a job without limits (one comparison: runs of
+    jobs without limits pay nothing else), else an array of keys, or a string saying why they
+    cannot be resolved (the run is recorded dead with it)."""
     return f"(CASE WHEN {refs} = '[]'::jsonb THEN NULL ELSE resolve_limit_keys({refs}, {payload}) END)"
 
 

@@ -171,6 +171,11 @@ class FiringRepository:
         queued = [
             queued_from_row(row) for row in rows if row["id"] is not None and row["status"] == ExecutionStatus.QUEUED
         ]
+        if len(queued) < len(rows) and (dead := [row for row in rows if row["status"] == ExecutionStatus.DEAD]):
+            log.warning(
+                "%d fired runs recorded dead: their limit keys cannot be resolved", len(dead),
+                extra={"job_ids": sorted({str(row["job_id"]) for row in dead})[:10]},
+            )  # fmt: skip
         return queued, max(row["clock"] for row in rows)
 
     async def open_run_ids(self, job_ids: Sequence[str], *, excluding: Sequence[str] = ()) -> list[str]:

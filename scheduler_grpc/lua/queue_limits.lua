@@ -15,12 +15,15 @@
 --     record or known with limits (lims) is left alone, so a hold is idempotent per run id
 --   'unhold' id...: give back the units `hold` counted for runs no longer running (once per run)
 --   'recounted': the ids `hold` counted and `unhold` has not given back (at most 10,000)
+--   'pause_equal' ms, key, id...: pause for ms every limit key of these items whose key text equals
+--     `key` (case-insensitive; an open breaker on a webhook host pauses the limits keyed on the host);
+--     a later pause already set is kept
 -- Returns: 'define', 'resume': groups woken; 'undefine': definitions removed; 'pause': the end in
 -- ms; 'state': {running units, queued runs, next admission ms (-1: unknown, a concurrency limit is
 -- full or the limit has no definition), paused until ms (-1: not paused), now ms}; 'blocked': five
 -- per run whose group is parked: id, limit, key, since ms, kind ('c' concurrency, 'r' rate, 'p'
 -- paused, 'u' no definition or a limit of 0); runs not parked are left out. 'hold': runs counted;
--- 'unhold': runs whose units came back; 'recounted': the ids.
+-- 'unhold': runs whose units came back; 'recounted': the ids; 'pause_equal': keys paused.
 local ready_key, seq_key, marker_key, limdef_key, lims_key, gwait_key, gmem_key, gactive_key, gdelay_key,
   gblock_key, grr_key, kpark_key, kqueued_key, held_key, holds_key, tat_key, tatrem_key, kpause_key,
   recount_key =
@@ -163,6 +166,19 @@ elseif op == 'unhold' then
     end
   end
   woke(woken)
+  return count
+elseif op == 'pause_equal' then
+  local until_ms, wanted, count = now + tonumber(ARGV[2]), string.lower(ARGV[3]), 0
+  for i = 4, #ARGV do
+    local group = any_limits() and redis.call('HGET', lims_key, ARGV[i])
+    if group then
+      for _, e in ipairs(group_entries(group)) do
+        if string.lower(e[2]) == wanted then
+          count = count + redis.call('ZADD', kpause_key, 'GT', 'CH', string.format('%.0f', until_ms), lk_of(e[1], e[2]))
+        end
+      end
+    end
+  end
   return count
 elseif op == 'recounted' then
   return redis.call('ZRANGE', recount_key, 0, 9999)

@@ -259,6 +259,7 @@ class Claimer:
             else:
                 wanted.append(run)
         for wait, group in deferred.items():
+            await _pause_host_keys(shared, group, wait)  # first: no run of those keys is taken meanwhile
             if any(run.reserved for run in group):
                 elapsed = timedelta(seconds=time.monotonic() - fetched)
                 await shared.queue.finish_many(retries=[
@@ -592,3 +593,16 @@ async def publish_loop(shared: Shared) -> None:
                         extra={"worker_id": shared.id, "count": len(batch)})  # fmt: skip
         finally:
             shared.outbox.done()
+
+
+async def _pause_host_keys(shared: Shared, runs: Sequence[Attempt], wait: timedelta) -> None:
+    """Runs deferred for an open breaker on a webhook host (`http.webhook:<host>`) pause the limit
+    keys they carry that equal the host until the breaker half-opens (issue 22): the other runs of
+    those keys then wait in the queue instead of being fetched and deferred one by one."""
+    by_host: dict[str, list[str]] = {}
+    for run in runs:
+        handler, _, host = run.lease.data.decode().partition(":")
+        if handler == "http.webhook" and host:
+            by_host.setdefault(host, []).append(run.id)
+    for host, ids in by_host.items():
+        await shared.queue.pause_keys_equal(ids, host, wait)
