@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import asyncpg
 
-from scheduler_grpc import pagetokens
+from scheduler_grpc.db import keyset
 from scheduler_grpc.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_grpc.limits import (
     Limit,
@@ -31,8 +31,6 @@ from scheduler_grpc.limits import (
 
 _COLUMNS: Final = 'id, name, kind, "limit", period, burst, overrides, version, created_at, updated_at'
 _DEFAULT_TIMEOUT: Final = timedelta(seconds=5)
-MAX_PAGE_SIZE: Final = 1000
-DEFAULT_PAGE_SIZE: Final = 100
 # Jobs named in a FAILED_PRECONDITION refusing a delete, at most (then ", ...").
 _NAMED_JOBS: Final = 10
 _KINDS: Final = {member.value: member for member in LimitKind}
@@ -163,24 +161,17 @@ class LimitRepository:
         Raises:
             InvalidArgument: `page_size` out of range or a `page_token` this server did not issue.
         """
-        if not 0 <= page_size <= MAX_PAGE_SIZE:
-            raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
-        size = page_size or DEFAULT_PAGE_SIZE
-        after: str | None = None
-        if page_token:
-            position = pagetokens.decode(page_token, "limits", {})
-            if len(position) != 1 or not isinstance(position[0], str):
-                raise InvalidArgument("page_token", "not a token this server issued")
-            after = position[0]
-        async with asyncio.timeout(self._timeout):
-            rows = await self._pool.fetch(
-                f"""SELECT {_COLUMNS} FROM limits WHERE $1::text IS NULL OR name > $1
-                    ORDER BY name LIMIT $2""",
-                after,
-                size + 1,
-            )
-        limits = [limit_from_row(row) for row in rows[:size]]
-        token = pagetokens.encode("limits", {}, [limits[-1].name]) if len(rows) > size else ""
+        limits, token = await keyset.page_by_name(
+            self._pool,
+            self._timeout,
+            kind="limits",
+            select=f"SELECT {_COLUMNS} FROM limits",
+            column="name",
+            page_size=page_size,
+            page_token=page_token,
+            item=limit_from_row,
+            name_of=lambda found: found.name,
+        )
         return LimitPage(limits, token)
 
     async def by_names(self, names: Sequence[str]) -> list[Limit]:

@@ -18,13 +18,11 @@ from typing import Any, Final
 
 import asyncpg
 
-from scheduler_grpc import pagetokens
+from scheduler_grpc.db import keyset
 from scheduler_grpc.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 _COLUMNS: Final = "id, username, password_hash, role, disabled, created_at, updated_at, version"
 _DEFAULT_TIMEOUT: Final = timedelta(seconds=5)
-MAX_PAGE_SIZE: Final = 1000
-DEFAULT_PAGE_SIZE: Final = 100
 # Arbitrary, fixed: identifies "a change to the set of enabled admins" among advisory locks.
 _ADMINS_LOCK: Final = 0x5C4ED_0A11
 _ADMIN: Final = "admin"
@@ -143,24 +141,17 @@ class UserRepository:
         Raises:
             InvalidArgument: `page_size` out of range or a `page_token` this server did not issue.
         """
-        if not 0 <= page_size <= MAX_PAGE_SIZE:
-            raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
-        size = page_size or DEFAULT_PAGE_SIZE
-        after: str | None = None
-        if page_token:
-            position = pagetokens.decode(page_token, "users", {})
-            if len(position) != 1 or not isinstance(position[0], str):
-                raise InvalidArgument("page_token", "not a token this server issued")
-            after = position[0]
-        async with asyncio.timeout(self._timeout):
-            rows = await self._pool.fetch(
-                f"""SELECT {_COLUMNS} FROM users WHERE $1::text IS NULL OR username > $1
-                    ORDER BY username LIMIT $2""",
-                after,
-                size + 1,
-            )
-        users = [_user(row) for row in rows[:size]]
-        token = pagetokens.encode("users", {}, [users[-1].username]) if len(rows) > size else ""
+        users, token = await keyset.page_by_name(
+            self._pool,
+            self._timeout,
+            kind="users",
+            select=f"SELECT {_COLUMNS} FROM users",
+            column="username",
+            page_size=page_size,
+            page_token=page_token,
+            item=_user,
+            name_of=lambda found: found.username,
+        )
         return UserPage(users, token)
 
     async def create(self, username: str, password_hash: str, role: str, request_id: str | None = None) -> User:
