@@ -391,11 +391,26 @@ def worker_pid(worker_id: str | None) -> int | None:
     return int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
 
 
+@dataclass(frozen=True)
+class Kill:
+    """One worker process the suite killed (kill -9).
+
+    Attributes:
+        pid: Its process id (the middle of its worker id, `host:pid:random`).
+        spawned: When the suite started it (before it could claim anything).
+        killed: When the suite had reaped it: every attempt it ran had stopped by then.
+    """
+
+    pid: int
+    spawned: datetime
+    killed: datetime
+
+
 def attempt_end(
     started_at: datetime,
     finished_at: datetime | None,
     worker_id: str | None,
-    kills: Sequence[tuple[int, datetime]],
+    kills: Sequence[Kill],
     cutoff: datetime,
 ) -> datetime:
     """When an attempt surely stopped running: the end the checker gives its hold.
@@ -404,30 +419,31 @@ def attempt_end(
       PostgreSQL before it acks the queue item (the ack returns the units), so the recorded end
       precedes the units' return, and `started_at` (the claim's statement time) follows the lease
       that took them: the recorded interval lies inside the real hold.
-    * Its worker was killed (kill -9 by the scenario, after the attempt started): the kill
-      instant, if earlier than `finished_at`. A killed attempt is recorded `abandoned` by whoever
-      claims its run next, which may be long after its lease expired and its units came back
-      (the run waits in its group's backlog behind the key's other runs meanwhile), so its
-      `finished_at` says nothing about when it stopped; the process surely stopped by the time
-      the suite reaped it, which is the instant recorded in `kills` (an upper bound: a start
-      inside the few milliseconds of the kill is counted as an overlap, and a legitimate one
-      cannot happen there, since the units come back only when the lease expires).
+    * Its worker was killed (kill -9 by the scenario): the kill instant, if earlier than
+      `finished_at`. A killed attempt is recorded `abandoned` by whoever claims its run next, which
+      may be long after its lease expired and its units came back (the run waits in its group's
+      backlog behind the key's other runs meanwhile), so its `finished_at` says nothing about when
+      it stopped; the process surely stopped by the time the suite reaped it, which is `killed`
+      (an upper bound: a start inside the few milliseconds of the kill is counted as an overlap,
+      and a legitimate one cannot happen there, since the units come back only when the lease
+      expires). The process is the one with the attempt's pid spawned last before `started_at`:
+      its claim may reach PostgreSQL after the kill (sent just before it, executed by the server
+      after), so `started_at` can follow `killed`; such an attempt never ran a handler, and its
+      interval is empty.
     * Not finished at all: `cutoff` (the check's own instant; such a run is also reported stuck).
 
     Args:
         started_at: The attempt's `started_at`.
         finished_at: Its `finished_at` (None: still open).
         worker_id: The worker that ran it (`host:pid:random`).
-        kills: (pid, instant after the process was reaped) of every worker kill, in any order;
-            a pid may recur (reused by the system): the first kill after the start counts.
+        kills: Every worker kill, in any order; a pid may recur (reused by the system).
         cutoff: The end of an attempt never finished.
     """
     end = finished_at if finished_at is not None else cutoff
     pid = worker_pid(worker_id)
-    if pid is not None:
-        after = [at for killed, at in kills if killed == pid and at >= started_at]
-        if after:
-            end = min(end, *after)
+    ran_in = [kill for kill in kills if kill.pid == pid and kill.spawned <= started_at]
+    if ran_in:
+        end = min(end, max(ran_in, key=lambda kill: kill.spawned).killed)
     return end
 
 
@@ -442,9 +458,7 @@ class CapReport:
     notes: list[str] = field(default_factory=list)
 
 
-async def check_caps(
-    pool: asyncpg.Pool, *, kills: Sequence[tuple[int, datetime]] = (), cutoff: datetime | None = None
-) -> CapReport:
+async def check_caps(pool: asyncpg.Pool, *, kills: Sequence[Kill] = (), cutoff: datetime | None = None) -> CapReport:
     """Read every started attempt of every job with limits and check that no key of a concurrency
     limit ever held more units than its cap (`cap_breaches` over `attempt_end` intervals).
 

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -49,6 +50,7 @@ class RoleProcess:
         redis_link: The proxy this role reaches Redis through.
         pg_link: The proxy this role reaches PostgreSQL through.
         ended_by_suite: How the suite ended it ("kill -9", "SIGTERM", ...), or "" if it did not.
+        spawned_at: When its current process was started (before it could do anything).
     """
 
     name: str
@@ -62,9 +64,11 @@ class RoleProcess:
     ended_by_suite: str = ""
     generation: int = 0
     history: list[str] = field(default_factory=list)
+    spawned_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def start(self) -> None:
         self.generation += 1
+        self.spawned_at = datetime.now(UTC)
         self.ended_by_suite = ""
         with open(self.log_path, "ab") as log:
             log.write(f"=== start #{self.generation} ===\n".encode())

@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -26,7 +26,7 @@ import orjson
 from scheduler_client import SchedulerClient
 from scheduler_client.errors import SchedulerClientError
 
-from chaos.checker import check_caps
+from chaos.checker import Kill, check_caps
 from chaos.cluster import RoleProcess
 from chaos.harness import Scenario, Stage, eventually, now
 from chaos.watchers import Watchers, gaps, judge, login
@@ -992,7 +992,7 @@ async def capped_done_at_least(stage: Stage, load: CappedLoad, count: int, withi
     return True
 
 
-async def capped_check(stage: Stage, load: CappedLoad, kills: Sequence[tuple[int, datetime]]) -> None:
+async def capped_check(stage: Stage, load: CappedLoad, kills: Sequence[Kill]) -> None:
     """Every run of the load final (bounded), then the caps from PostgreSQL (`checker.check_caps`):
     breaches and keys recorded wrong are violations; the counts go to the report's `over cap`."""
     await capped_done_at_least(stage, load, len(load.run_ids), within=240, what="every run final")
@@ -1029,15 +1029,15 @@ async def limits_kill9(stage: Stage, kills: int = 12, every: float = 10.0) -> No
     every run succeeded."""
     load = await capped_load(stage, "k9-", keys=round(10_000 * limits_scale()), runs_per_key=2,
                              seconds=(0.05, 0.2))  # fmt: skip
-    killed: list[tuple[int, datetime]] = []
+    killed: list[Kill] = []
     hit = 0
     for turn in range(kills):
         began = now()
         worker, runs = await busy_worker(stage, turn)
-        pid = worker.pid
+        pid, spawned = worker.pid, worker.spawned_at
         worker.kill9()
         at = now()  # reaped: every attempt it ran has stopped by now
-        killed.append((pid, at))
+        killed.append(Kill(pid, spawned, at))
         hit += bool(runs)
         stage.fault(f"kill -9 {worker.name} ({len(runs)} running)")
         if runs:
@@ -1078,7 +1078,7 @@ async def limits_failover(stage: Stage, rounds: int = 3, every: float = 12.0) ->
     once, every run succeeded."""
     load = await capped_load(stage, "fo-", keys=round(3_000 * limits_scale()), runs_per_key=3,
                              seconds=(0.1, 0.5))  # fmt: skip
-    killed: list[tuple[int, datetime]] = []
+    killed: list[Kill] = []
     for turn in range(rounds):
         began = now()
         leader = await stage.leader()
@@ -1086,9 +1086,9 @@ async def limits_failover(stage: Stage, rounds: int = 3, every: float = 12.0) ->
         worker, runs = await busy_worker(stage, turn)
         at = now()
         leader.kill9()
-        pid = worker.pid
+        pid, spawned = worker.pid, worker.spawned_at
         worker.kill9()
-        killed.append((pid, now()))
+        killed.append(Kill(pid, spawned, now()))
         stage.fault(f"kill -9 {leader.name}")
         stage.fault(f"kill -9 {worker.name} ({len(runs)} running)")
         stage.mark(f"kill -9 {leader.name}", at, after_term=term)

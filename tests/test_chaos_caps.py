@@ -10,7 +10,7 @@ import asyncpg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.checker import Hold, attempt_end, cap_breaches, check_caps, worker_pid
+from chaos.checker import Hold, Kill, attempt_end, cap_breaches, check_caps, worker_pid
 from scheduler_grpc.control import Control
 from scheduler_grpc.jobs import JobSpec
 from scheduler_grpc.limits import LimitKind, LimitRef, LimitSpec
@@ -86,18 +86,32 @@ def test_worker_pid_from_a_worker_id() -> None:
 
 
 def test_a_killed_workers_attempt_ends_at_its_kill_not_at_its_takeover() -> None:
-    kills = [(4242, at(500)), (4242, at(9000))]  # the pid reused by a later process, killed again
+    # The pid reused by a later process (spawned at 550), killed again.
+    kills = [Kill(4242, at(0), at(500)), Kill(4242, at(550), at(9000))]
     cutoff = at(20_000)
     # Taken over (recorded abandoned) long after the kill: it stopped running at the kill.
     assert attempt_end(at(100), at(4000), "h:4242:a", kills, cutoff) == at(500)
     # Finished by its worker before the kill: its own record.
     assert attempt_end(at(100), at(300), "h:4242:a", kills, cutoff) == at(300)
-    # Started after the first kill (a new process that got the same pid): the next kill counts.
+    # Started in the later process with the same pid: its own kill counts.
     assert attempt_end(at(600), at(9500), "h:4242:b", kills, cutoff) == at(9000)
     # Another worker, never killed, never finished: open until the cut-off.
     assert attempt_end(at(100), None, "h:77:c", kills, cutoff) == cutoff
     # The next attempt of the key starting after the kill but before the takeover is no overlap.
     first = Hold("l", "k", 1, at(100), attempt_end(at(100), at(4000), "h:4242:a", kills, cutoff), "killed")
+    second = Hold("l", "k", 1, at(3500), at(3600), "next")
+    assert cap_breaches([first, second], lambda _l, _k: 1) == []
+
+
+def test_a_claim_that_reached_postgresql_after_its_workers_kill_holds_nothing() -> None:
+    """The claim's statement was sent before the kill and executed after it (a fresh clone's
+    `make chaos` saw started_at 2 ms after the reap): that process ran no handler, so the attempt,
+    taken over later, overlaps nothing (before: it held the key until its takeover, a false
+    breach with the key's next run)."""
+    kills = [Kill(4242, at(0), at(500)), Kill(4242, at(550), at(9000))]
+    late = attempt_end(at(502), at(4000), "h:4242:a", kills, at(20_000))
+    assert late == at(500)
+    first = Hold("l", "k", 1, at(502), late, "claimed-after-kill")
     second = Hold("l", "k", 1, at(3500), at(3600), "next")
     assert cap_breaches([first, second], lambda _l, _k: 1) == []
 
@@ -131,13 +145,13 @@ async def test_check_caps_reads_planted_attempts(pool: asyncpg.Pool, control: Co
     # A killed worker's attempt, taken over at 5000, ended at its kill (300): no overlap with 400..
     await attempt(job.id, 250, 5000, worker="h:4242:k")
     await attempt(other.id, 400, 500)
-    report = await check_caps(pool, kills=[(4242, at(300))], cutoff=at(10_000))
+    report = await check_caps(pool, kills=[Kill(4242, at(0), at(300))], cutoff=at(10_000))
     assert report.breaches == [], report.breaches
     # ... but without the kill it would be one, and an attempt still open runs until the cut-off.
     assert len((await check_caps(pool, cutoff=at(10_000))).breaches) == 1
     await attempt(other.id, 600, None)
     await attempt(job.id, 9000, 9100)
-    report = await check_caps(pool, kills=[(4242, at(300))], cutoff=at(10_000))
+    report = await check_caps(pool, kills=[Kill(4242, at(0), at(300))], cutoff=at(10_000))
     assert [(b.key, b.at) for b in report.breaches] == [("acme", at(9000))]
     assert "no attempt recorded its limit keys" in report.notes[0]
     # Keys the run recorded are compared with the ones its payload gives.
@@ -147,6 +161,6 @@ async def test_check_caps_reads_planted_attempts(pool: asyncpg.Pool, control: Co
         uuid.UUID(job.id),
         at(0),
     )
-    report = await check_caps(pool, kills=[(4242, at(300))], cutoff=at(10_000))
+    report = await check_caps(pool, kills=[Kill(4242, at(0), at(300))], cutoff=at(10_000))
     assert len(report.wrong_keys) == 1
     assert "expected [('per-customer', 'acme', 1)]" in report.wrong_keys[0]
