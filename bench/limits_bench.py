@@ -9,8 +9,9 @@ one limit costs a drain. Each mode measures its floor in the same run.
 Uses REDIS_URL / DATABASE_URL (embedded servers when unset; flushes that Redis database and
 truncates the job and limit tables). Limits and jobs are defined, and runs triggered, through
 `Control` (the application layer behind LimitService and JobService: `JobSpec.limits`); every figure
-is read from PostgreSQL's own timestamps (`started_at` is the claim's statement time, right after
-the lease that took the units).
+is read from PostgreSQL's own timestamps (`started_at` of a run leased ready is the instant the queue
+leased it, the Redis clock reading its limits admitted it on, in whole milliseconds; the claim that
+follows records it, so the claims' latency does not shift the starts).
 
 * rate: a rate limit of `--rate`/s with `--burst`, one key, a backlog of `--runs` `test.echo` runs
   triggered before one worker (200 slots) starts. Most starts in any half-open 1-second window

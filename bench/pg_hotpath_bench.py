@@ -96,8 +96,11 @@ async def main(args: argparse.Namespace, database_url: str) -> dict[str, object]
             if explain:
                 await _explain(pool, items, tokens_of=dict(items))
                 explain_done = True
+            # As the worker claims a dequeue's batch: with its one lease instant (whole ms).
+            now = datetime.now(UTC)
+            leased = now.replace(microsecond=now.microsecond // 1000 * 1000)
             cpu, wal = tree_cpu_seconds(ppid), await _wal(pool)
-            claims = await repo.claim(items, "worker-probe")
+            claims = await repo.claim(items, "worker-probe", leased_at=[leased] * len(items))
             spent["claim"][0] += tree_cpu_seconds(ppid) - cpu
             spent["claim"][1] += await _wal(pool) - wal
             tokens = dict(items)
@@ -150,12 +153,13 @@ async def _explain(pool: Any, items: list[tuple[str, str]], tokens_of: dict[str,
         await transaction.start()
         try:
             print("=== claim", file=sys.stderr)
-            await explaining.claim(items, "worker-probe")
+            await explaining.claim(items, "worker-probe", leased_at=[datetime.now(UTC)] * len(items))
             await transaction.rollback()
             # The completion needs claimed rows: claim for real in the transaction, then explain.
             transaction = connection.transaction()
             await transaction.start()
-            claims = await RunRepository(connection).claim(items, "worker-probe")
+            leased = [datetime.now(UTC)] * len(items)
+            claims = await RunRepository(connection).claim(items, "worker-probe", leased_at=leased)
             outcomes = [
                 Outcome(c.execution_id, tokens_of[c.run_id], ExecutionStatus.SUCCEEDED, None, {"ok": True}, None)
                 for c in claims

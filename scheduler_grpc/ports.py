@@ -44,9 +44,15 @@ class RunStore(Protocol):
     """
 
     async def claim(
-        self, items: Sequence[tuple[str, str]], worker_id: str, *, reserved: Sequence[bool] = ()
+        self,
+        items: Sequence[tuple[str, str]],
+        worker_id: str,
+        *,
+        reserved: Sequence[bool] = (),
+        leased_at: Sequence[datetime | None] = (),
     ) -> list[Claim]:
-        """The current attempt of each run, now `running` under the lease token."""
+        """The current attempt of each run, now `running` under the lease token; a ready item's
+        start is its lease instant (`leased_at`, one per item; unknown: the claim's time)."""
         ...
 
     async def upstream_results(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:

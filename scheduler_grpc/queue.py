@@ -186,6 +186,9 @@ class Lease:
             long after the dequeue read the Redis clock the item is due.
         solo: This delivery must run alone on its worker: nothing else may be leased, claimed or
             run beside it until it ends (the item stalled `max_stalls - 1` times already).
+        leased_at: The instant of the lease (Redis clock, UTC, whole milliseconds): the clock
+            reading its dequeue admitted it on (its limits' units and rates were taken then) and
+            counted `deadline` from; the same for every lease of one dequeue. None when unknown.
     """
 
     id: str
@@ -196,6 +199,7 @@ class Lease:
     deadline: datetime
     due_in: timedelta | None = None
     solo: bool = False
+    leased_at: datetime | None = None
 
 
 class Leased(list[Lease]):
@@ -1298,6 +1302,9 @@ def _to_ms(value: object, field: str, *, minimum: int = 0) -> int:
     return ms
 
 
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
@@ -1319,10 +1326,13 @@ def _lease_args(leases: Iterable[Lease | tuple[str, str]]) -> list[str]:
 
 
 def _leases(reply: Sequence[Any]) -> Leased:
-    """A dequeue's reply `{deadline_ms, flags, id, token, data, priority, deliveries, due_in_ms, ...}`
-    as leases (flags: 1 = the caller is a solo item's drainer, 2 = the one lease is solo)."""
+    """A dequeue's reply `{deadline_ms, flags, leased_ms, id, token, data, priority, deliveries,
+    due_in_ms, ...}` as leases (flags: 1 = the caller is a solo item's drainer, 2 = the one lease is
+    solo; leased_ms: the instant of every lease, Redis clock)."""
     deadline = _from_ms(int(reply[0]))
     flags = int(reply[1])
+    # Whole milliseconds, exactly (no float on the way): the start PostgreSQL records is this value.
+    leased_at = _EPOCH + timedelta(milliseconds=int(reply[2]))
     return Leased(
         (
             Lease(
@@ -1334,8 +1344,9 @@ def _leases(reply: Sequence[Any]) -> Leased:
                 deadline=deadline,
                 due_in=None if int(reply[i + 5]) < 0 else timedelta(milliseconds=int(reply[i + 5])),
                 solo=bool(flags & 2),
+                leased_at=leased_at,
             )
-            for i in range(2, len(reply), 6)
+            for i in range(3, len(reply), 6)
         ),
         solo_waiting=bool(flags & 1),
     )

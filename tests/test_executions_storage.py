@@ -1,5 +1,5 @@
 """How execution rows are stored (migration 0009): the claim is a HOT update, and every query that
-looks up open rows or a finished status still reads an index."""
+looks up open rows or a finished status still reads an index; what the claim records as a start."""
 
 from __future__ import annotations
 
@@ -78,6 +78,31 @@ async def test_an_open_row_has_no_finished_at_and_a_finished_one_has_one(pool: a
     [claim] = await RunRepository(pool).claim([(run, "t")], "w")
     with pytest.raises(asyncpg.CheckViolationError):
         await pool.execute("UPDATE job_executions SET finished_at = now() WHERE id = $1", uuid.UUID(claim.execution_id))
+
+
+async def test_a_ready_run_starts_at_its_lease_kept_between_its_due_time_and_its_claim(pool: asyncpg.Pool) -> None:
+    """`started_at` is the lease instant given with the item; a lease instant after the claim (the
+    queue's clock ahead) starts it at the claim, one before its due time (the clock behind) at its
+    due time to the millisecond, and an item without one (a caller that has none) at the claim."""
+    job_id = await _job(pool)
+    now = await pool.fetchval("SELECT clock_timestamp()")
+    due = now - timedelta(hours=1, microseconds=123_456)  # not a whole millisecond
+    runs = await FiringRepository(pool).trigger(
+        job_id, Trigger.MANUAL, [due + timedelta(microseconds=n) for n in range(4)], due_at=due
+    )
+    leased = due + timedelta(minutes=30, microseconds=456)  # whole milliseconds, as a queue gives them
+    leased = leased.replace(microsecond=leased.microsecond // 1000 * 1000)
+    instants = [leased, now + timedelta(hours=1), due - timedelta(hours=1), None]
+    async with pool.acquire() as connection, connection.transaction():
+        claims = await RunRepository(connection).claim(
+            [(run.run_id, f"t-{n}") for n, run in enumerate(runs)], "w", leased_at=instants
+        )
+        claimed_at = await connection.fetchval("SELECT now()")  # the claim's statement time
+    starts = {claim.run_id: claim.started_at for claim in claims}
+    stored = dict(await pool.fetch("SELECT run_id::text, started_at FROM job_executions WHERE job_id = $1", job_id))
+    assert stored == starts
+    due_ms = due.replace(microsecond=due.microsecond // 1000 * 1000)
+    assert [starts[run.run_id] for run in runs] == [leased, claimed_at, due_ms, claimed_at]
 
 
 async def _plan(pool: asyncpg.Pool, sql: str, *args: object) -> str:

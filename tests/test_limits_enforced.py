@@ -84,9 +84,11 @@ async def all_succeeded(pool: asyncpg.Pool, job_ids: Sequence[str], runs: int) -
 
 
 def overlaps(rows: Sequence[asyncpg.Record]) -> int:
-    """Pairs of attempts that ran at once (started before the other finished)."""
+    """Pairs of attempts that ran at once (started before the other finished). A start is its lease
+    instant, read from the Redis clock in whole milliseconds: up to 1 ms before the PostgreSQL
+    finish that preceded the lease, so only a start a millisecond or more before counts."""
     spans = sorted((row["started_at"], row["finished_at"]) for row in rows if row["started_at"] is not None)
-    return sum(1 for (_, end), (start, _) in itertools.pairwise(spans) if start < end)
+    return sum(1 for (_, end), (start, _) in itertools.pairwise(spans) if start + timedelta(milliseconds=1) <= end)
 
 
 async def test_runs_of_one_key_never_overlap_while_other_keys_run(
@@ -124,8 +126,40 @@ async def test_a_rate_limit_spaces_the_starts(
     async with running_worker(redis_url, database_url, pool, registry, concurrency=8):
         await eventually(lambda: all_succeeded(pool, [job.id], 6), within=30)
     starts = [row["started_at"] for row in await attempts(pool, [job.id])]
-    # Six starts at 5/s with no burst: admitted 200 ms apart (the claims add their own jitter).
-    assert (starts[-1] - starts[0]).total_seconds() >= 0.85
+    # Six starts at 5/s with no burst: each admitted at least 200 ms after the one before, and the
+    # recorded starts are those admissions (the leases), whatever the claims' jitter.
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    assert min(gaps) >= timedelta(milliseconds=200), gaps
+
+
+async def test_a_run_starts_at_the_instant_its_rate_admitted_it_not_at_its_claim(
+    keyed: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    """Two admissions 200 ms apart claimed together, late: each start is its own lease instant (the
+    instant the rate admitted it), not the one claim's time."""
+    await keyed.limits.create_limit(LimitSpec("api", LimitKind.RATE, 5, timedelta(seconds=1)))  # one per 200 ms
+    job = await keyed.create_job(JobSpec(name="rated", handler=Sleep.name, payload={"customer_id": "x"},
+                                         limits=(LimitRef("api", "billing-api"),)))  # fmt: skip
+    for _ in range(2):
+        await keyed.trigger_job(job.id)
+    queue = Queue(redis)
+    seconds, micros = await redis.time()
+    before = seconds * 1000 + micros // 1000
+    [first] = await queue.dequeue("w", VT, 2)  # the rate admits one now ...
+    [second] = await queue.dequeue_blocking("w", VT, 2, timedelta(seconds=5))  # ... and the next 200 ms on
+    assert first.leased_at is not None
+    assert second.leased_at is not None
+    assert before <= first.leased_at.timestamp() * 1000
+    assert second.leased_at - first.leased_at >= timedelta(milliseconds=200)
+    leases = [first, second]
+    claims = await RunRepository(pool).claim(
+        [(lease.id, lease.token) for lease in leases], "w", leased_at=[lease.leased_at for lease in leases]
+    )
+    claimed_at = await pool.fetchval("SELECT clock_timestamp()")
+    assert {claim.run_id: claim.started_at for claim in claims} == {lease.id: lease.leased_at for lease in leases}
+    rows = await attempts(pool, [job.id])
+    assert [row["started_at"] for row in rows] == [first.leased_at, second.leased_at]
+    assert all(row["started_at"] < claimed_at for row in rows)
 
 
 async def test_a_rate_limited_run_pauses_its_key_spends_no_attempt_and_other_keys_run(

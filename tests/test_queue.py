@@ -166,6 +166,11 @@ async def test_lease_carries_the_item(redis: aioredis.Redis) -> None:
     assert lease.token
     assert before + timedelta(seconds=10) - timedelta(milliseconds=1) <= lease.deadline
     assert lease.deadline <= after + timedelta(seconds=10)
+    # The lease's instant: the script's clock reading (between ours), whole ms, the deadline's origin.
+    assert lease.leased_at is not None
+    assert before - timedelta(milliseconds=1) <= lease.leased_at <= after
+    assert lease.leased_at.microsecond % 1000 == 0
+    assert lease.leased_at == lease.deadline - timedelta(seconds=10)
     assert await redis.hget(queue.keys.owner, "a") == b"worker-1"
     assert await queue.dequeue("worker-1", VT) == []
 
@@ -226,6 +231,7 @@ async def test_dequeue_takes_the_best_batch(redis: aioredis.Redis) -> None:
     assert [lease.id for lease in leases] == ["i2", "i5", "i8", "i1"]
     assert len({lease.token for lease in leases}) == 4
     assert len({lease.deadline for lease in leases}) == 1
+    assert len({lease.leased_at for lease in leases}) == 1  # one call, one instant
     stats = await queue.stats()
     assert (stats.ready, stats.processing, stats.delayed, stats.dead) == (5, 4, 0, 0)
 

@@ -156,7 +156,8 @@ async def test_a_rate_admits_its_burst_then_waits_exactly_until_the_retry_time(
         assert before <= due - round(wait_s * 1000) <= after  # the script's clock, between ours
     # A blocking dequeue gets the next run no earlier than the retry time, and only one.
     [lease] = await queue.dequeue_blocking("w", VT, 10, timedelta(seconds=3))
-    leased_at = int(lease.deadline.timestamp() * 1000) - int(VT.total_seconds() * 1000)
+    assert lease.leased_at is not None
+    leased_at = round(lease.leased_at.timestamp() * 1000)  # the instant the rate admitted it
     assert lease.id == "r3"
     assert due <= leased_at < due + 1000
 
@@ -502,12 +503,13 @@ async def test_a_rate_drains_a_backlog_at_the_rate_and_no_second_exceeds_it_plus
     await queue.put_limit_definitions([LimitDefinition("api", "rate", 100, timedelta(seconds=1), burst=10)])
     await queue.enqueue_many([item(f"r{n}", ("api", "host")) for n in range(300)])
     starts: list[int] = []
-    vt_ms = int(VT.total_seconds() * 1000)
 
     async def consumer(name: str) -> None:
         while len(starts) < 300:
             leases = await queue.dequeue_blocking(name, VT, 20, timedelta(seconds=1))
-            starts.extend(round(lease.deadline.timestamp() * 1000) - vt_ms for lease in leases)
+            for lease in leases:  # its instant: the one its admission read (the start a worker records)
+                assert lease.leased_at is not None
+                starts.append(round(lease.leased_at.timestamp() * 1000))
             if leases:
                 assert all(await queue.ack_many(leases))
 

@@ -67,12 +67,17 @@ class SpyRepository(RunRepository):
         self.plain: set[str] = set()
 
     async def claim(
-        self, items: Sequence[tuple[str, str]], worker_id: str, *, reserved: Sequence[bool] = ()
+        self,
+        items: Sequence[tuple[str, str]],
+        worker_id: str,
+        *,
+        reserved: Sequence[bool] = (),
+        leased_at: Sequence[datetime | None] = (),
     ) -> list[Claim]:
         flags = list(reserved) or [False] * len(items)
         for (run_id, _), flag in zip(items, flags, strict=True):
             (self.reserved if flag else self.plain).add(run_id)
-        return await super().claim(items, worker_id, reserved=reserved)
+        return await super().claim(items, worker_id, reserved=reserved, leased_at=leased_at)
 
 
 Clocked = tuple[ClockHandler, HandlerRegistry, Control]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -88,14 +88,29 @@ class RunRepository:
         return found
 
     async def claim(
-        self, items: Sequence[tuple[str, str]], worker_id: str, *, reserved: Sequence[bool] = ()
+        self,
+        items: Sequence[tuple[str, str]],
+        worker_id: str,
+        *,
+        reserved: Sequence[bool] = (),
+        leased_at: Sequence[datetime | None] = (),
     ) -> list[Claim]:
         """Claim the current attempt of each run `(run_id, lease_token)` for `worker_id`.
 
         `reserved` flags items a worker reserved ahead of their due time (one flag per item; empty:
         none): their attempt's `started_at` is the expected start, the later of the database clock
         and the attempt's `due_at`, and the worker starts it when `Claim.clock` reaches that (the
-        completion then writes the real start, `Outcome.started_at`). Others start `now()`.
+        completion then writes the real start, `Outcome.started_at`).
+
+        Any other item starts when the queue leased it: `leased_at` gives each item's lease instant
+        (`Lease.leased_at`: Redis clock, whole milliseconds, the instant its limits admitted it; one
+        per item, None or empty: unknown), and the attempt's `started_at` is that instant, kept
+        between the attempt's `due_at` (to the millisecond) and this statement's `now()`, so
+        whatever the offset between the two clocks it never precedes its due time (by a whole
+        millisecond) nor follows its claim (with one clock the bounds do not bind: a lease follows
+        its item's due time and precedes its claim). Without a lease instant it starts `now()`.
+        So a rate limit's admissions and the recorded starts are the same instants, however long
+        the claim took after the lease.
 
         The lease token becomes the attempt's claim token; only it can complete the attempt. Per run,
         the latest attempt decides:
@@ -117,16 +132,22 @@ class RunRepository:
             f"""
             WITH items AS (
                 -- Ids travel as text both ways: cheaper for the client than uuid objects.
-                -- `reserve` is NULL (not reserved) for every item when $6 is empty.
-                SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $6::bool[]) AS i(run_id, token, reserve)
+                -- `reserve` is NULL (not reserved) for every item when $6 is empty, `leased_at` NULL
+                -- (unknown: the start is now()) when $7 is.
+                SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $6::bool[], $7::timestamptz[])
+                    AS i(run_id, token, reserve, leased_at)
             ), latest AS (
                 SELECT x.id, x.run_id, x.job_id, x.scheduled_for, x.attempt, x.status, x.claim_token,
                        x.priority, x.started_at, x.due_at, x.trigger, x.cancel_requested_at, i.token, i.reserve,
-                       x.trace_context, x.limit_keys, {snapshot("x")}
+                       x.trace_context, x.limit_keys, {snapshot("x")},
+                       -- A ready item's start: its lease, within [its due time, this claim].
+                       least(now(), greatest(coalesce(i.leased_at, now()), date_trunc('milliseconds', x.due_at)))
+                           AS leased_start
                 FROM items i CROSS JOIN LATERAL {latest_attempt("i.run_id", lock=True)} x
             ), started AS (
                 UPDATE job_executions e SET status = 'running', claim_token = l.token, worker_id = $3,
-                       started_at = CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at) ELSE now() END
+                       started_at = CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at)
+                                         ELSE l.leased_start END
                 FROM latest l WHERE e.id = l.id AND l.status = 'queued'
                 RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at, e.trigger,
                           e.trace_context, e.limit_keys, {snapshot("e")}
@@ -143,7 +164,7 @@ class RunRepository:
                                             {SNAPSHOT_COLUMNS})
                 SELECT uuid_v7(), l.run_id, l.job_id, l.scheduled_for, l.attempt + 1, 'running', 'retry',
                        l.priority, l.token, $3,
-                       CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at) ELSE now() END,
+                       CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at) ELSE l.leased_start END,
                        l.trace_context, l.limit_keys, {snapshot("l")}
                 FROM latest l
                 WHERE l.status = 'abandoned'
@@ -179,6 +200,7 @@ class RunRepository:
             LOST_WORKER_ERROR,
             CANCELLED_ERROR,
             list(reserved),
+            list(leased_at),
         )
         return [
             Claim(

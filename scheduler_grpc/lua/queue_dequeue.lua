@@ -11,11 +11,14 @@
 -- {wait_ms, drain} when nothing was leased: wait_ms is how long until the earliest delayed item the
 -- caller may take is due (Redis clock, as a duration; with reservations on, until it comes within
 -- the window), -1 when there is none; drain is 1 when the caller skipped a solo item and is now its
--- drainer (see below), else 0. Otherwise {deadline_ms, flags, id, token, data, priority,
+-- drainer (see below), else 0. Otherwise {deadline_ms, flags, leased_ms, id, token, data, priority,
 -- deliveries, due_in_ms, id, ...}: the best ready items, best first, then the reserved items in due
 -- order, each now leased to the worker until deadline_ms (Redis clock); flags is 1 (drain, as
--- above) + 2 (the reply's one lease is a solo delivery). due_in_ms is -1 for a ready item; for a
--- reserved one, how long until it is due (Redis clock, as a duration: no host clock matters).
+-- above) + 2 (the reply's one lease is a solo delivery). leased_ms is the instant of every lease of
+-- the reply (Redis clock, whole ms): the one clock reading this call admits on (limits) and counts
+-- the deadline from, so a run's recorded start can be the instant its limits admitted it.
+-- due_in_ms is -1 for a ready item; for a reserved one, how long until it is due (Redis clock, as a
+-- duration: no host clock matters).
 -- Delayed items whose due time has passed are promoted to ready first (up to ARGV[4]), so a worker
 -- takes work at its due time without waiting for the leader's promote loop.
 -- Reservations: when the ready items do not fill ARGV[3], delayed items due within the window (up
@@ -458,7 +461,7 @@ local deadline = string.format('%.0f', now + tonumber(ARGV[2]))
 -- Redis restarts without its data and the counter starts over.
 local stamp = '.' .. t[1] .. string.format('%06d', tonumber(t[2]))
 
-local out = {deadline, (drain() and 1 or 0) + (solo_id and 2 or 0)}
+local out = {deadline, (drain() and 1 or 0) + (solo_id and 2 or 0), string.format('%.0f', now)}
 local function lease(id, due_in, suffix)
   local token = string.format('%d', redis.call('INCR', lease_seq_key)) .. stamp .. suffix
   redis.call('ZADD', processing_key, deadline, id)

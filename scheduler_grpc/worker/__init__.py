@@ -8,8 +8,9 @@ all derived from those states. The stages ask the tracker and tell it what happe
   one blocking script call and tracks them (LEASED, or RESERVED for a delayed item due within
   `SCHEDULER_WORKER_RESERVE_AHEAD`); the next batch is leased while the previous one is claimed.
 - claim (`stages.Claimer`): items whose breaker is open go straight back (HANDED_BACK); one
-  statement claims the rest under their lease tokens: a ready run starts (RUNNING), a reserved
-  one is held (HELD); an item with nothing left to run is acked away (DROPPED).
+  statement claims the rest under their lease tokens: a ready run starts (RUNNING; its recorded
+  start is its lease instant, `Lease.leased_at`), a reserved one is held (HELD); an item with
+  nothing left to run is acked away (DROPPED).
 - execute (`executor.Executor`): each claimed run in a task of the role's task group. A held run
   waits for its due time on the database clock, then for a slot (STARTING; first come, first
   served, before fetching) within the reserve grace, else goes back unspent (RETURNING, then

@@ -396,7 +396,8 @@ class Executor:
     # -- metrics -------------------------------------------------------------------------------------
 
     def observe_starts(self, claims: Sequence[Claim], starts: Sequence[datetime] = ()) -> None:
-        """Lateness and queue wait of attempts that started (at `starts`, default their claims')."""
+        """Lateness and queue wait of attempts that started (at `starts`, default their claims'
+        `started_at`: a ready run's lease instant)."""
         metrics.WORKER_SLOTS.labels("busy").set(self._shared.tracker.running)
         lateness: list[float] = []
         waits: list[float] = []

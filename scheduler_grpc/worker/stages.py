@@ -278,11 +278,14 @@ class Claimer:
         claims and the monotonic time the claim replied (a held run's due time counts from it)."""
         shared = self._shared
         items = [(run.id, run.token) for run in runs]
+        # A ready run starts at its lease, the instant its limits admitted it, not at this claim.
+        leased_at = [run.lease.leased_at for run in runs]
         try:
             if any(run.reserved for run in runs):
-                claims = await shared.runs.claim(items, shared.id, reserved=[run.reserved for run in runs])
+                reserved = [run.reserved for run in runs]
+                claims = await shared.runs.claim(items, shared.id, reserved=reserved, leased_at=leased_at)
             else:  # a batch without reservations pays nothing for them
-                claims = await shared.runs.claim(items, shared.id)
+                claims = await shared.runs.claim(items, shared.id, leased_at=leased_at)
             replied = time.monotonic()
             flow_runs = [claim.run_id for claim in claims if claim.trigger not in _ROOT_TRIGGERS]
             if flow_runs:  # a flow run's downstream runs: their handlers get the upstream results
