@@ -391,6 +391,12 @@ def worker_pid(worker_id: str | None) -> int | None:
     return int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
 
 
+LEASE_RESOLUTION = timedelta(milliseconds=1)
+"""A start recorded from a lease is the dequeue's clock in whole milliseconds (the instant the limits
+admitted it), so it may read up to this much before the instant the run really held its units: a
+hand-off within a millisecond of the previous holder's `finished_at` is not an overlap."""
+
+
 @dataclass(frozen=True)
 class Kill:
     """One worker process the suite killed (kill -9).
@@ -417,8 +423,10 @@ def attempt_end(
 
     * Recorded by its own worker (the usual case): `finished_at`. The worker records an outcome in
       PostgreSQL before it acks the queue item (the ack returns the units), so the recorded end
-      precedes the units' return, and `started_at` (the claim's statement time) follows the lease
-      that took them: the recorded interval lies inside the real hold.
+      precedes the units' return, and `started_at` is the lease that took them (the dequeue's Redis
+      clock, in whole milliseconds, recorded by the claim): the recorded interval lies inside the
+      real hold but for its start, which may read up to 1 ms early (`check_caps` counts a hold from
+      `started_at + LEASE_RESOLUTION`).
     * Its worker was killed (kill -9 by the scenario): the kill instant, if earlier than
       `finished_at`. A killed attempt is recorded `abandoned` by whoever claims its run next, which
       may be long after its lease expired and its units came back (the run waits in its group's
@@ -426,10 +434,12 @@ def attempt_end(
       it stopped; the process surely stopped by the time the suite reaped it, which is `killed`
       (an upper bound: a start inside the few milliseconds of the kill is counted as an overlap,
       and a legitimate one cannot happen there, since the units come back only when the lease
-      expires). The process is the one with the attempt's pid spawned last before `started_at`:
-      its claim may reach PostgreSQL after the kill (sent just before it, executed by the server
-      after), so `started_at` can follow `killed`; such an attempt never ran a handler, and its
-      interval is empty.
+      expires). The process is the one with the attempt's pid spawned last before `started_at`.
+      A claim that reached PostgreSQL after the kill (sent just before it, executed by the server
+      after) still starts at its lease, before the kill, and holds [lease, killed): its units were
+      taken at the lease and came back only when the lease expired. A claim without a lease
+      instant (recorded at its own statement time) can start after `killed`: that process ran no
+      handler, and the interval is empty.
     * Not finished at all: `cutoff` (the check's own instant; such a run is also reported stuck).
 
     Args:
@@ -498,7 +508,8 @@ async def check_caps(pool: asyncpg.Pool, *, kills: Sequence[Kill] = (), cutoff: 
                 report.wrong_keys.append(f"run {r['run_id'][-12:]}: recorded {r['limit_keys']}, expected {keys}")
         end = attempt_end(r["started_at"], r["finished_at"], r["worker_id"], kills, cutoff or r["now"])
         label = f"{r['run_id'][-12:]}#{r['attempt']}"  # a uuid v7's head is its time: the tail tells runs apart
-        holds += [Hold(limit, key, units, r["started_at"], end, label) for limit, key, units in keys]
+        start = r["started_at"] + LEASE_RESOLUTION
+        holds += [Hold(limit, key, units, start, end, label) for limit, key, units in keys]
     report.holds = len(rows)
     report.keys = len({(h.limit, h.key) for h in holds if cap(h.limit, h.key) is not None})
     report.breaches = cap_breaches(holds, cap)

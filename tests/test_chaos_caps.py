@@ -10,7 +10,7 @@ import asyncpg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.checker import Hold, Kill, attempt_end, cap_breaches, check_caps, worker_pid
+from chaos.checker import LEASE_RESOLUTION, Hold, Kill, attempt_end, cap_breaches, check_caps, worker_pid
 from scheduler_grpc.control import Control
 from scheduler_grpc.jobs import JobSpec
 from scheduler_grpc.limits import LimitKind, LimitRef, LimitSpec
@@ -142,6 +142,16 @@ async def test_check_caps_reads_planted_attempts(pool: asyncpg.Pool, control: Co
     await attempt(free.id, 1, 1000)
     report = await check_caps(pool, cutoff=at(10_000))
     assert (report.keys, report.holds, report.breaches) == (1, 2, [])
+    # A start stamped by its lease in whole milliseconds may read up to 1 ms before the previous
+    # holder's finish (recorded to the microsecond): a hand-off, not an overlap.
+    await attempt(job.id, 200, 300)
+    await pool.execute(
+        "UPDATE job_executions SET finished_at = finished_at + interval '700 microseconds' WHERE started_at = $1",
+        at(100),
+    )
+    report = await check_caps(pool, cutoff=at(10_000))
+    assert (report.holds, report.breaches) == (3, [])
+    await pool.execute("DELETE FROM job_executions WHERE started_at = $1", at(200))
     # A killed worker's attempt, taken over at 5000, ended at its kill (300): no overlap with 400..
     await attempt(job.id, 250, 5000, worker="h:4242:k")
     await attempt(other.id, 400, 500)
@@ -152,7 +162,8 @@ async def test_check_caps_reads_planted_attempts(pool: asyncpg.Pool, control: Co
     await attempt(other.id, 600, None)
     await attempt(job.id, 9000, 9100)
     report = await check_caps(pool, kills=[Kill(4242, at(0), at(300))], cutoff=at(10_000))
-    assert [(b.key, b.at) for b in report.breaches] == [("acme", at(9000))]
+    # Reported at the counted start: the recorded one plus the lease stamp's resolution.
+    assert [(b.key, b.at) for b in report.breaches] == [("acme", at(9000) + LEASE_RESOLUTION)]
     assert "no attempt recorded its limit keys" in report.notes[0]
     # Keys the run recorded are compared with the ones its payload gives.
     await pool.execute(
