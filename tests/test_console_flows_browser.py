@@ -13,6 +13,7 @@ from tests.test_console_browser import (
     Topology,
     admin,
     browser,
+    close_tab,
     create_job,
     expect,
     page,
@@ -89,7 +90,8 @@ def test_a_flow_run_page_shows_the_dag_with_every_nodes_state(
     other = admin.new_page()
     other.goto(f"{topology.url}/jobs/{root}")
     other.click("#job-actions button.trigger")
-    other.close()
+    expect(other).to_have_url(re.compile(r"/executions\?job="))  # the trigger's redirect landed
+    close_tab(other)
     # The live row (never reloaded) names the job and the trigger, not an id fragment and a blank.
     row = page.locator("#executions tbody tr").first
     expect(row.locator("td").nth(1)).to_have_text("dag-root")
