@@ -255,6 +255,10 @@ def create_job(page: Page, topology: Topology, name: str, handler: str, **fields
             locator.select_option(value)
         else:
             locator.fill(value)
+    if "cron" in fields:
+        # The preview's fire times land above Save and move it: clicked before they land, Save can
+        # be missed (4 of 140 saves on a loaded machine), and the form is never sent.
+        expect(page.locator("#preview-list")).to_have_attribute("data-cron", fields["cron"])
     page.click("#save")
     expect(page.locator("#job-name")).to_have_text(name)
     return page.url.rsplit("/", 1)[-1]

@@ -66,6 +66,7 @@ def test_a_cron_typed_into_the_new_form_makes_a_cron_job(page: Page, topology: T
     page.select_option("#f-schedule_kind", "manual")
     page.locator("#f-cron").press_sequentially("0 9 * * *", delay=10)
     expect(page.locator("#f-schedule_kind")).to_have_value("cron")
+    expect(page.locator("#preview-list")).to_have_attribute("data-cron", "0 9 * * *")  # Save has moved (create_job)
     page.click("#save")
     expect(page.locator(".definition")).to_contain_text("0 9 * * *")
 
