@@ -6,8 +6,12 @@ the Redis database of REDIS_URL before each test: point them at a server you can
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
@@ -37,6 +41,9 @@ _FILE_TIERS = {"test_console_browser.py": "browser", "test_chaos.py": "chaos", "
 _ENGINE_FILES = {"test_topology.py"}  # `scheduler-grpc up` with its own embedded servers
 TIERS = ("pure", "engine", "browser", "chaos", "node")
 BROWSER_TIMEOUT_S = 300
+# The process groups of the running Chromiums (tests/test_console_browser.py's `chromium` adds each):
+# what a browser test's watchdog kills.
+CHROMIUM_GROUPS: set[int] = set()
 
 
 def tier(item: pytest.Item) -> str:
@@ -60,6 +67,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(kind)
         if kind == "browser" and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(BROWSER_TIMEOUT_S))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A browser test still running 10 s before its timeout (in its setup, call or teardown, its
+    module's fixtures' included) kills the Chromiums. Playwright's sync calls that wait on the browser
+    have no bound of their own (Page.close, BrowserContext.close and Browser.close wait forever on a
+    close that meets a navigation commit; page.evaluate on a promise that never settles): with the
+    browser gone, the pending call fails at once ("... has been closed") and so does this test, where
+    pytest-timeout's thread method would end the whole session. Armed here, around the whole protocol
+    like pytest-timeout's own timer, since no fixture's span covers a module's teardown."""
+    if tier(item) != "browser":
+        return (yield)
+    marker = item.get_closest_marker("timeout")
+    timeout = float(marker.args[0]) if marker is not None and marker.args else BROWSER_TIMEOUT_S
+    after = max(timeout - 10, timeout / 2)
+    watchdog = threading.Timer(after, _kill_chromiums, (item.nodeid, after))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        return (yield)
+    finally:
+        watchdog.cancel()
+
+
+def _kill_chromiums(nodeid: str, after: float) -> None:
+    groups = sorted(CHROMIUM_GROUPS)
+    # Captured as the running phase's stderr: the failing test's report shows why its browser died.
+    sys.stderr.write(f"\n+++ watchdog: {nodeid} still running after {after:.0f} s: SIGKILL to Chromium {groups}\n")
+    sys.stderr.flush()
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], object]]:

@@ -13,6 +13,7 @@ from tests.test_console_browser import (
     Topology,
     admin,
     browser,
+    close_tab,
     create_job,
     expect,
     page,
@@ -65,6 +66,7 @@ def test_a_cron_typed_into_the_new_form_makes_a_cron_job(page: Page, topology: T
     page.select_option("#f-schedule_kind", "manual")
     page.locator("#f-cron").press_sequentially("0 9 * * *", delay=10)
     expect(page.locator("#f-schedule_kind")).to_have_value("cron")
+    expect(page.locator("#preview-list")).to_have_attribute("data-cron", "0 9 * * *")  # Save has moved (create_job)
     page.click("#save")
     expect(page.locator(".definition")).to_contain_text("0 9 * * *")
 
@@ -89,7 +91,8 @@ def test_a_flow_run_page_shows_the_dag_with_every_nodes_state(
     other = admin.new_page()
     other.goto(f"{topology.url}/jobs/{root}")
     other.click("#job-actions button.trigger")
-    other.close()
+    expect(other).to_have_url(re.compile(r"/executions\?job="))  # the trigger's redirect landed
+    close_tab(other)
     # The live row (never reloaded) names the job and the trigger, not an id fragment and a blank.
     row = page.locator("#executions tbody tr").first
     expect(row.locator("td").nth(1)).to_have_text("dag-root")

@@ -20,6 +20,8 @@ from tests.test_console_browser import (  # noqa: F401 - fixtures
     Topology,
     admin,
     browser,
+    close_tab,
+    close_tabs,
     create_job,
     log_in,
     page,
@@ -109,10 +111,10 @@ def phone(browser: Browser, topology: Topology) -> Iterator[BrowserContext]:  # 
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     context.set_default_timeout(TIMEOUT_MS)
     try:
-        log_in(context, topology).close()
+        close_tab(log_in(context, topology))
         yield context
     finally:
-        context.close()
+        close_tabs(context)
 
 
 def test_no_horizontal_scroll_at_390_px_and_the_navigation_folds(phone: BrowserContext, topology: Topology) -> None:  # noqa: F811
@@ -153,4 +155,4 @@ def test_the_theme_follows_the_browser_preference(
         assert icon.status == 200
         assert icon.headers["content-type"].startswith("image/svg+xml")
     finally:
-        context.close()
+        close_tabs(context)
