@@ -240,6 +240,51 @@ async def test_a_webhook_429_with_retry_after_pauses_its_key_and_spends_no_attem
     assert sorted(row["attempt"] for row in rows) == [1, 1]
 
 
+async def test_a_webhook_429_retry_after_30_pauses_its_key_30_s_at_once_and_others_run(
+    control: Control, pool: asyncpg.Pool, redis_url: str, database_url: str
+) -> None:
+    """The issue's own figure, without waiting it out: the key's pause (read through the
+    application layer, as GetLimitKey does) ends 30 s after the 429, set by the hand-back itself
+    (within one admission), the attempt count stays 1, and another key's runs go on meanwhile."""
+    from datetime import UTC, datetime
+
+    from scheduler_grpc.handlers import HandlerSettings, default_registry
+
+    calls: list[str] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        calls.append(request.path)
+        if request.path == "/a":
+            return web.Response(status=429, headers={"Retry-After": "30"})
+        return web.Response(text="ok")
+
+    async with _server(hook) as url:
+        await control.limits.create_limit(LimitSpec("per-customer", LimitKind.CONCURRENCY, 2))
+        a = await control.create_job(JobSpec(name="hook-a", handler="http.webhook", payload={"url": f"{url}/a"},
+                                             limits=(LimitRef("per-customer", "cust-a"),)))  # fmt: skip
+        b = await control.create_job(JobSpec(name="hook-b", handler="http.webhook", payload={"url": f"{url}/b"},
+                                             limits=(LimitRef("per-customer", "cust-b"),)))  # fmt: skip
+        registry = default_registry(HandlerSettings(dev_mode=True))
+        env = {"SCHEDULER_WEBHOOK_ALLOWLIST": "127.0.0.1/32"}
+        async with running_worker(redis_url, database_url, pool, registry, **env) as (worker, _):
+            [run] = await control.trigger_job(a.id)
+            await eventually(lambda: _true(worker.stats.throttled == 1))
+            answered = datetime.now(UTC)
+            state = await control.limit_keys.key_state("per-customer", "cust-a")
+            for _ in range(3):
+                await control.trigger_job(b.id)
+            await eventually(lambda: all_succeeded(pool, [b.id], 3), within=20)
+            after = await control.limit_keys.key_state("per-customer", "cust-a")
+        await registry.aclose()
+    [paused_until] = {entry.state.paused_until for entry in state.queues}
+    assert paused_until is not None
+    assert 28.0 <= (paused_until - answered).total_seconds() <= 30.5  # 30 s from the 429 (less its own latency)
+    assert (calls.count("/a"), calls.count("/b")) == (1, 3)  # paused: no second call; the other key ran
+    assert (after.queued, after.running) == (1, 0)  # the run waits for the pause, unspent
+    rows = await pool.fetch("SELECT attempt, status FROM job_executions WHERE run_id = $1", run.run_id)
+    assert [(row["attempt"], row["status"]) for row in rows] == [(1, "queued")]
+
+
 def test_retry_after_reads_seconds_and_dates_bounded() -> None:
     from datetime import UTC, datetime
 
