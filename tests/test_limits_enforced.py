@@ -23,7 +23,7 @@ from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.executions import ExecutionStatus
 from scheduler_grpc.handlers import ExecutionContext, Handler, HandlerRegistry, JSONValue, RateLimited
 from scheduler_grpc.handlers.webhook import retry_after_of
-from scheduler_grpc.jobs import JobSpec
+from scheduler_grpc.jobs import Job, JobSpec
 from scheduler_grpc.limits import LimitKind, LimitRef, LimitSpec
 from scheduler_grpc.queue import Queue
 from scheduler_grpc.scheduler import LeaderLoops, LoopSettings
@@ -194,6 +194,19 @@ async def test_a_rate_limited_run_pauses_its_key_spends_no_attempt_and_other_key
     assert same
 
 
+WEBHOOK_ENV = {"SCHEDULER_WEBHOOK_ALLOWLIST": "127.0.0.1/32"}  # the local test server
+
+
+async def _webhook_jobs(control: Control, url: str) -> tuple[Job, Job]:
+    """A limit of 2 per customer and two webhook jobs on it, to `url`/a (key cust-a) and /b (cust-b)."""
+    await control.limits.create_limit(LimitSpec("per-customer", LimitKind.CONCURRENCY, 2))
+    a = await control.create_job(JobSpec(name="hook-a", handler="http.webhook", payload={"url": f"{url}/a"},
+                                         limits=(LimitRef("per-customer", "cust-a"),)))  # fmt: skip
+    b = await control.create_job(JobSpec(name="hook-b", handler="http.webhook", payload={"url": f"{url}/b"},
+                                         limits=(LimitRef("per-customer", "cust-b"),)))  # fmt: skip
+    return a, b
+
+
 async def test_a_webhook_429_with_retry_after_pauses_its_key_and_spends_no_attempt(
     control: Control, pool: asyncpg.Pool, redis_url: str, database_url: str
 ) -> None:
@@ -208,20 +221,9 @@ async def test_a_webhook_429_with_retry_after_pauses_its_key_and_spends_no_attem
         return web.Response(text="ok")
 
     async with _server(hook) as url:
-        await control.limits.create_limit(LimitSpec("per-customer", LimitKind.CONCURRENCY, 2))
-        a = await control.create_job(
-            JobSpec(
-                name="hook-a",
-                handler="http.webhook",
-                payload={"url": f"{url}/a"},
-                limits=(LimitRef("per-customer", "cust-a"),),
-            )
-        )
-        b = await control.create_job(JobSpec(name="hook-b", handler="http.webhook", payload={"url": f"{url}/b"},
-                                             limits=(LimitRef("per-customer", "cust-b"),)))  # fmt: skip
+        a, b = await _webhook_jobs(control, url)
         registry = default_registry(HandlerSettings(dev_mode=True))
-        env = {"SCHEDULER_WEBHOOK_ALLOWLIST": "127.0.0.1/32"}
-        async with running_worker(redis_url, database_url, pool, registry, **env) as (worker, _):
+        async with running_worker(redis_url, database_url, pool, registry, **WEBHOOK_ENV) as (worker, _):
             [run] = await control.trigger_job(a.id)
             await eventually(lambda: _true(worker.stats.throttled == 1))
             [second] = await control.trigger_job(a.id)
@@ -259,14 +261,9 @@ async def test_a_webhook_429_retry_after_30_pauses_its_key_30_s_at_once_and_othe
         return web.Response(text="ok")
 
     async with _server(hook) as url:
-        await control.limits.create_limit(LimitSpec("per-customer", LimitKind.CONCURRENCY, 2))
-        a = await control.create_job(JobSpec(name="hook-a", handler="http.webhook", payload={"url": f"{url}/a"},
-                                             limits=(LimitRef("per-customer", "cust-a"),)))  # fmt: skip
-        b = await control.create_job(JobSpec(name="hook-b", handler="http.webhook", payload={"url": f"{url}/b"},
-                                             limits=(LimitRef("per-customer", "cust-b"),)))  # fmt: skip
+        a, b = await _webhook_jobs(control, url)
         registry = default_registry(HandlerSettings(dev_mode=True))
-        env = {"SCHEDULER_WEBHOOK_ALLOWLIST": "127.0.0.1/32"}
-        async with running_worker(redis_url, database_url, pool, registry, **env) as (worker, _):
+        async with running_worker(redis_url, database_url, pool, registry, **WEBHOOK_ENV) as (worker, _):
             [run] = await control.trigger_job(a.id)
             await eventually(lambda: _true(worker.stats.throttled == 1))
             answered = datetime.now(UTC)
