@@ -7,6 +7,11 @@ a Struct nested past protobuf's recursion limit, truncated bytes) ends the call 
 `Undecodable` carrying the field path of the fault (found by walking the wire format along the
 message's descriptor), and the servicer method, wrapped by `register`, raises `InvalidArgument`
 with it, so the error interceptor maps it like any other client mistake.
+
+A request that does decode is refused the same way when one of its string fields holds the NUL
+character (U+0000): PostgreSQL's text and jsonb cannot store it (the statement fails: INTERNAL)
+and Redis keys use it as a separator, so no field of any request may carry one (`find_nul`).
+A payload's Struct is left to `jobs.check_json`, which names the JSON path.
 """
 
 from __future__ import annotations
@@ -30,11 +35,14 @@ _UPB_MAX_DEPTH: Final = 100
 _STRUCT: Final = "google.protobuf.Struct"
 _VALUE: Final = "google.protobuf.Value"
 _LIST: Final = "google.protobuf.ListValue"
+# Left to the payload's own validation (`jobs.check_json`), and skipped unread (a payload is large).
+_JSON_TYPES: Final = frozenset({_STRUCT, _VALUE, _LIST})
+NUL_MESSAGE: Final = "must not contain the NUL character (U+0000)"
 
 
 @dataclass(frozen=True)
 class Undecodable:
-    """A request that did not decode: the field path at fault and why."""
+    """A request that did not decode, or holds a NUL character: the field path at fault and why."""
 
     field: str
     message: str
@@ -151,6 +159,53 @@ def _struct_entry_path(data: bytes, path: str) -> str:
     return path
 
 
+def find_nul(message: Message, path: str = "") -> tuple[str, str] | None:
+    """The path of the first string field of `message` holding the NUL character, and why, if any;
+    Structs (a payload) are not looked into.
+
+    A repeated field's item is named by its index (`job.depends_on[1]`), a map's entry by its key
+    (`limit.overrides['acme']`), as the domain's own checks name them.
+    """
+    for field, value in message.ListFields():
+        field_path = _join(path, field.name)
+        if field.type == FieldDescriptor.TYPE_STRING:
+            items = enumerate(value) if field.is_repeated else [(None, value)]
+            for index, text in items:
+                if "\x00" in text:
+                    return (field_path if index is None else f"{field_path}[{index}]"), NUL_MESSAGE
+            continue
+        child = field.message_type
+        if child is None or child.full_name in _JSON_TYPES:
+            continue
+        if child.GetOptions().map_entry:
+            found = _find_nul_in_map(child, value, field_path)
+        elif field.is_repeated:
+            found = next(
+                (hit for index, item in enumerate(value) if (hit := find_nul(item, f"{field_path}[{index}]"))), None
+            )
+        else:
+            found = find_nul(value, field_path)
+        if found is not None:
+            return found
+    return None
+
+
+def _find_nul_in_map(entry: Descriptor, entries: Any, path: str) -> tuple[str, str] | None:
+    value_field = entry.fields_by_name["value"]
+    for key, value in entries.items():
+        if isinstance(key, str) and "\x00" in key:
+            return path, f"a key {NUL_MESSAGE}"
+        item_path = f"{path}[{str(key)[:40]!r}]"
+        if value_field.type == FieldDescriptor.TYPE_STRING and "\x00" in value:
+            return item_path, NUL_MESSAGE
+        message_type = value_field.message_type
+        if message_type is not None and message_type.full_name not in _JSON_TYPES:
+            found = find_nul(value, item_path)
+            if found is not None:
+                return found
+    return None
+
+
 def diagnose(descriptor: Descriptor, data: bytes) -> Undecodable:
     """Why `data` does not decode as `descriptor`, as precisely as the wire format tells."""
     fault = _find_fault(descriptor, data, "", 0, 0)
@@ -160,11 +215,16 @@ def diagnose(descriptor: Descriptor, data: bytes) -> Undecodable:
 
 
 def _deserializer(message_class: type[Message]) -> Callable[[bytes], Message | Undecodable]:
+    descriptor: Descriptor = message_class.DESCRIPTOR  # type: ignore[assignment]  # upb's Descriptor
+
     def deserialize(data: bytes) -> Message | Undecodable:
         try:
-            return message_class.FromString(data)
+            message = message_class.FromString(data)
         except DecodeError:
-            return diagnose(message_class.DESCRIPTOR, data)  # type: ignore[arg-type]  # upb's Descriptor
+            return diagnose(descriptor, data)
+        # UTF-8 encodes U+0000, and only it, as a zero byte: most requests need no look.
+        nul = find_nul(message) if b"\x00" in data else None
+        return message if nul is None else Undecodable(*nul)
 
     return deserialize
 
