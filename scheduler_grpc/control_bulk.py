@@ -92,6 +92,14 @@ class Search:
         return self == Search()
 
 
+def _no_nul(*fields: tuple[str, str | None]) -> None:
+    """Refuse text PostgreSQL cannot store (the gRPC layer refuses it in any field; the console's
+    forms reach these filters directly)."""
+    for field, value in fields:
+        if value and "\x00" in value:
+            raise InvalidArgument(field, "must not contain the NUL character (U+0000)")
+
+
 def _uuids(values: Sequence[str], field: str) -> list[str]:
     if len(values) > MAX_IDS:
         raise InvalidArgument(field, f"at most {MAX_IDS} ids per request; use a filter for more")
@@ -147,6 +155,8 @@ class BulkControl:
             InvalidArgument: an unknown state (`states`), a job id that is not a UUID (`job_id`), or a
                 name matching more than `MAX_NAME_MATCHES` jobs (`job_name`).
         """
+        _no_nul(("job_name", search.job_name), ("handler", search.handler), ("queue", search.queue),
+                ("error", search.error), *(("states", state) for state in search.states))  # fmt: skip
         for state in search.states:
             if state not in ExecutionStatus.__members__.values():
                 raise InvalidArgument("states", f"unknown state {state!r}")
@@ -280,6 +290,8 @@ class BulkControl:
                 return BulkOutcome(len(jobs), [], [])
             done, kept = await self._act_jobs(action, jobs, detach_dependents)
             return BulkOutcome(len(jobs), done, kept)
+        _no_nul(("filter.name_contains", search.name), ("filter.state", search.state),
+                ("filter.handler", search.handler), ("filter.queue", search.queue))  # fmt: skip
         if search.state and search.state not in (JobStatus.ACTIVE.value, JobStatus.PAUSED.value):
             raise InvalidArgument("filter.state", "must be active or paused")
         count = await self._queries.count_jobs(search, MAX_BULK)

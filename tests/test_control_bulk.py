@@ -107,6 +107,46 @@ async def test_a_filter_matching_too_many_is_refused_naming_the_filter(
         await bulk.executions(ExecutionAction.CANCEL)
 
 
+@pytest.mark.parametrize(
+    ("search", "field"),
+    [
+        (Search(job_name="a\x00b"), "job_name"),
+        (Search(handler="test.\x00"), "handler"),
+        (Search(queue="q\x00"), "queue"),
+        (Search(error="boom\x00"), "error"),
+    ],
+)
+async def test_a_nul_in_an_executions_filter_is_refused_naming_its_field(
+    control: Control, search: Search, field: str
+) -> None:
+    """The console's forms reach these filters without the gRPC layer's NUL check: PostgreSQL would
+    refuse the text (an error page, not a form error) had Control not refused it first."""
+    job = await control.create_job(manual("nul"))
+    await control.trigger_job(job.id)
+    with pytest.raises(InvalidArgument) as caught:
+        await control.bulk.executions(ExecutionAction.CANCEL, search=search)
+    assert caught.value.field == field
+    assert {e.status for e in await control._history.history(job.id)} == {ExecutionStatus.QUEUED}
+
+
+@pytest.mark.parametrize(
+    ("search", "field"),
+    [
+        (JobFilter(name="a\x00"), "filter.name_contains"),
+        (JobFilter(handler="\x00"), "filter.handler"),
+        (JobFilter(queue="\x00q"), "filter.queue"),
+    ],
+)
+async def test_a_nul_in_a_jobs_filter_is_refused_naming_its_field(
+    control: Control, search: JobFilter, field: str
+) -> None:
+    job = await control.create_job(manual("nul"))
+    with pytest.raises(InvalidArgument) as caught:
+        await control.bulk.jobs(JobAction.PAUSE, search=search)
+    assert caught.value.field == field
+    assert (await control.get_job(job.id)).status is JobStatus.ACTIVE
+
+
 async def test_pause_resume_and_delete_jobs_by_filter(control: Control, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(db_bulk, "BATCH", 4)
     monkeypatch.setattr(control_bulk, "BATCH", 4)
