@@ -249,6 +249,11 @@ def _from_value(value: struct_pb2.Value) -> Any:
     return None  # null_value, or no kind set
 
 
+def value_to_json(value: struct_pb2.Value) -> Any:
+    """A Value as JSON (integral numbers as ints; not validated)."""
+    return _from_value(value)
+
+
 def struct_to_dict(message: struct_pb2.Struct) -> dict[str, Any]:
     """A Struct as a dict (integral numbers as ints; not validated: see `jobs.check_json`)."""
     return {key: _from_value(item) for key, item in message.fields.items()}

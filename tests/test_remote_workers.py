@@ -1,0 +1,285 @@
+"""Remote workers (issue 23): `WorkerService.Connect` served by a real server on the test stores,
+with the Python SDK's `Worker` or a raw stream client; every count is read from PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
+
+import asyncpg
+import grpc
+import pytest
+import redis.asyncio as aioredis
+from scheduler_client.v1 import workers_pb2
+from scheduler_client.worker import ExecutionContext, Worker
+
+from scheduler_grpc.auth import Principal, Role
+from scheduler_grpc.connections import redis_client
+from scheduler_grpc.control import Control
+from scheduler_grpc.db.firing import FiringRepository
+from scheduler_grpc.dispatch import Queues, enqueue_runs
+from scheduler_grpc.executions import Trigger
+from scheduler_grpc.handlers import ExecutionContext as ServerContext
+from scheduler_grpc.handlers import Handler, HandlerSettings, JSONValue, default_registry
+from scheduler_grpc.jobs import JobSpec, RetryPolicy
+from scheduler_grpc.server import RunningServer, serve
+from tests.engine_helpers import eventually, make_settings
+from tests.test_api_support import FAST_HASHER
+
+QUEUE = "remote"
+CONNECT = "/scheduler.v1.WorkerService/Connect"
+
+
+class Declared(Handler):
+    """Only so that jobs can name `remote.noop` (the API's registry validates job handlers)."""
+
+    name: ClassVar[str] = "remote.noop"
+    description: ClassVar[str] = "served by remote workers"
+    extra_fields: ClassVar[bool] = True
+
+    async def run(self, ctx: ServerContext, payload: dict[str, Any]) -> JSONValue:
+        raise AssertionError("never run in-process")
+
+
+@dataclass
+class Deployment:
+    server: RunningServer
+    control: Control
+    pool: asyncpg.Pool
+    redis: aioredis.Redis
+    worker_key: str
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    async def key(self, role: Role) -> str:
+        creator = Principal("test", Role.ADMIN, "api_key", "test", b"")
+        return (await self.server.api.auth.create_api_key(creator, f"{role.value}-key", role, None)).secret
+
+    async def runs(self, count: int, *, job_timeout: timedelta = timedelta(minutes=5), retries: int = 0) -> list[str]:
+        """`count` runs of one job of `remote.noop` on the remote queue, enqueued; their run ids."""
+        job = await self.control.create_job(JobSpec(
+            name=f"remote-{time.monotonic_ns()}", handler="remote.noop", queue=QUEUE, timeout=job_timeout,
+            retry=RetryPolicy(max_retries=retries),
+        ))  # fmt: skip
+        base = datetime(2020, 1, 1, tzinfo=UTC)
+        ids: list[str] = []
+        queues = Queues(self.redis)
+        for start in range(0, count, 1000):
+            slots = [base + timedelta(microseconds=i) for i in range(start, min(start + 1000, count))]
+            made = await FiringRepository(self.pool).trigger(job.id, Trigger.BACKFILL, slots)
+            await enqueue_runs(queues, made)
+            ids.extend(run.run_id for run in made)
+        return ids
+
+    async def counts(self, run_ids: list[str]) -> dict[str, int]:
+        rows = await self.pool.fetch(
+            "SELECT status, count(*) AS n FROM job_executions WHERE run_id = ANY($1::uuid[]) GROUP BY status",
+            run_ids,
+        )
+        return {row["status"]: row["n"] for row in rows}
+
+    async def attempts(self, run_ids: list[str]) -> int:
+        return int(await self.pool.fetchval(
+            "SELECT max(attempt) FROM job_executions WHERE run_id = ANY($1::uuid[])", run_ids
+        ))  # fmt: skip
+
+
+@pytest.fixture
+async def deployment(
+    redis_url: str, database_url: str, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> AsyncIterator[Deployment]:
+    settings = make_settings(
+        redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_HTTP_ENABLED="false",
+        SCHEDULER_REMOTE_ACK_TIMEOUT="1s", SCHEDULER_VISIBILITY_TIMEOUT="5s", SCHEDULER_SHUTDOWN_GRACE="2s",
+    )  # fmt: skip
+    client = redis_client(redis_url)
+    registry = default_registry(HandlerSettings())
+    registry.register(Declared())
+    try:
+        async with serve(settings, client, pool, hasher=FAST_HASHER) as running:
+            deployment = Deployment(running, Control(redis, pool, registry), pool, redis, "")
+            deployment.worker_key = await deployment.key(Role.WORKER)
+            yield deployment
+    finally:
+        await registry.aclose()
+        await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def serving(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(worker.run())
+    try:
+        async with asyncio.timeout(10):
+            await worker.connected.wait()
+        yield task
+    finally:
+        worker.stop()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(15):
+                await task
+        if not task.done():
+            task.cancel()
+
+
+def sdk_worker(deployment: Deployment, **kwargs: Any) -> Worker:
+    return Worker(deployment.target, deployment.worker_key, queue=QUEUE, reconnect_max=1.0, **kwargs)
+
+
+async def test_the_python_sdk_drains_runs_each_succeeding_exactly_once(deployment: Deployment) -> None:
+    runs = await deployment.runs(2000)
+    worker = sdk_worker(deployment, slots=64)
+    seen: list[str] = []
+
+    @worker.handler("remote.noop", description="does nothing")
+    async def noop(ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
+        seen.append(ctx.execution_id)
+        return {"attempt": ctx.attempt}
+
+    began = time.monotonic()
+    async with serving(worker):
+
+        async def drained() -> bool:
+            return (await deployment.counts(runs)).get("succeeded", 0) == len(runs)
+
+        await eventually(drained, within=120, interval=0.2)
+    seconds = time.monotonic() - began
+    print(f"remote drain: {len(runs)} runs in {seconds:.2f}s, {len(runs) / seconds:.0f} runs/s")
+    assert await deployment.counts(runs) == {"succeeded": len(runs)}  # one attempt each, all succeeded
+    assert len(seen) == len(set(seen)) == len(runs)  # each execution handed to the handler once
+    results = await deployment.pool.fetchval(
+        "SELECT count(*) FROM job_executions WHERE run_id = ANY($1::uuid[]) AND result = '{\"attempt\": 1}'", runs
+    )
+    assert results == len(runs)
+
+
+# -- a raw stream client ---------------------------------------------------------------------------
+
+
+class RawStream:
+    """A `Connect` stream driven message by message."""
+
+    def __init__(self, channel: grpc.aio.Channel, key: str) -> None:
+        self._requests: asyncio.Queue[workers_pb2.ConnectRequest | None] = asyncio.Queue()
+        method = channel.stream_stream(
+            CONNECT,
+            request_serializer=workers_pb2.ConnectRequest.SerializeToString,
+            response_deserializer=workers_pb2.ConnectResponse.FromString,
+        )
+        self.call = method(self._outgoing(), metadata=(("authorization", f"Bearer {key}"),))
+
+    async def _outgoing(self) -> AsyncIterator[workers_pb2.ConnectRequest]:
+        while (request := await self._requests.get()) is not None:
+            yield request
+
+    def send(self, **message: Any) -> None:
+        self._requests.put_nowait(workers_pb2.ConnectRequest(**message))
+
+    def close(self) -> None:
+        self._requests.put_nowait(None)
+
+    async def receive(self, within: float = 10.0) -> workers_pb2.ConnectResponse:
+        async with asyncio.timeout(within):
+            response = await self.call.read()
+        assert response is not grpc.aio.EOF, "the stream ended"
+        assert isinstance(response, workers_pb2.ConnectResponse)
+        return response
+
+    async def rest(self, within: float = 10.0) -> list[workers_pb2.ConnectResponse]:
+        """What comes until the stream ends (pings left out)."""
+        found = []
+        async with asyncio.timeout(within):
+            while (response := await self.call.read()) is not grpc.aio.EOF:
+                assert isinstance(response, workers_pb2.ConnectResponse)
+                if response.WhichOneof("message") != "ping":
+                    found.append(response)
+        return found
+
+    async def receive_kind(self, kind: str, within: float = 10.0) -> workers_pb2.ConnectResponse:
+        """The next message of `kind`, answering pings on the way."""
+        while True:
+            response = await self.receive(within)
+            if response.WhichOneof("message") == "ping":
+                self.send(pong=workers_pb2.Pong(nonce=response.ping.nonce))
+                continue
+            assert response.WhichOneof("message") == kind, response
+            return response
+
+
+def hello(slots: int = 10, names: tuple[str, ...] = ("remote.noop",)) -> workers_pb2.Hello:
+    return workers_pb2.Hello(
+        handlers=[workers_pb2.HandlerInfo(name=name) for name in names], slots=slots, sdk="raw", queue=QUEUE
+    )
+
+
+@contextlib.asynccontextmanager
+async def raw(deployment: Deployment, key: str | None = None) -> AsyncIterator[Callable[[], RawStream]]:
+    async with grpc.aio.insecure_channel(deployment.target) as channel:
+        yield lambda: RawStream(channel, key or deployment.worker_key)
+
+
+async def test_assignments_never_exceed_credit_and_unacknowledged_ones_go_back_unspent(
+    deployment: Deployment,
+) -> None:
+    runs = await deployment.runs(30)
+    async with raw(deployment) as open_stream:
+        stream = open_stream()
+        stream.send(hello=hello(slots=10))
+        welcome = (await stream.receive_kind("welcome")).welcome
+        assert welcome.worker_id.startswith("remote:")
+        assert welcome.ack_timeout.seconds == 1
+        stream.send(credit=workers_pb2.Credit(grant=10))
+        assigned = [(await stream.receive_kind("assignment")).assignment for _ in range(10)]
+        assert len({a.execution_id for a in assigned}) == 10
+        # Nothing acknowledged: each goes back after the ack timeout, with a cancel to the worker;
+        # no eleventh assignment comes, whatever the wait (the credit is spent).
+        cancels = {(await stream.receive_kind("cancel")).cancel.execution_id for _ in range(10)}
+        assert cancels == {a.execution_id for a in assigned}
+
+        async def handed_back() -> bool:
+            counts = await deployment.counts(runs)
+            return counts == {"queued": 30}
+
+        await eventually(handed_back, within=10)
+        assert await deployment.attempts(runs) == 1  # no attempt spent
+        stream.close()
+        assert await stream.rest() == []  # the server ends the stream: nothing more was assigned
+    # Then an SDK worker runs all of them, each once.
+    worker = sdk_worker(deployment, slots=8)
+
+    @worker.handler("remote.noop")
+    async def noop(ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
+        return None
+
+    async with serving(worker):
+
+        async def drained() -> bool:
+            return (await deployment.counts(runs)).get("succeeded", 0) == len(runs)
+
+        await eventually(drained, within=30)
+    assert await deployment.counts(runs) == {"succeeded": 30}
+    assert await deployment.attempts(runs) == 1
+
+
+async def test_a_credit_grant_over_the_slots_ends_that_stream_only(deployment: Deployment) -> None:
+    async with raw(deployment) as open_stream:
+        good, bad = open_stream(), open_stream()
+        for stream in (good, bad):
+            stream.send(hello=hello(slots=4))
+            await stream.receive_kind("welcome")
+        bad.send(credit=workers_pb2.Credit(grant=5))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await bad.receive_kind("assignment")
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details().startswith("credit.grant:")
+        runs = await deployment.runs(1)
+        good.send(credit=workers_pb2.Credit(grant=4))
+        assignment = (await good.receive_kind("assignment")).assignment
+        assert assignment.run_id == runs[0]
+        good.close()
