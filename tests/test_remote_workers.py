@@ -15,14 +15,15 @@ import asyncpg
 import grpc
 import pytest
 import redis.asyncio as aioredis
-from scheduler_client.v1 import workers_pb2
+from scheduler_client.v1 import jobs_pb2, jobs_pb2_grpc, workers_pb2
 from scheduler_client.worker import ExecutionContext, Worker
 
-from scheduler_grpc.auth import Principal, Role
+from scheduler_grpc.auth import METHOD_ROLES, Principal, Role, required_role
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.firing import FiringRepository
 from scheduler_grpc.dispatch import Queues, enqueue_runs
+from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.executions import Trigger
 from scheduler_grpc.handlers import ExecutionContext as ServerContext
 from scheduler_grpc.handlers import Handler, HandlerSettings, JSONValue, default_registry
@@ -283,3 +284,44 @@ async def test_a_credit_grant_over_the_slots_ends_that_stream_only(deployment: D
         assignment = (await good.receive_kind("assignment")).assignment
         assert assignment.run_id == runs[0]
         good.close()
+
+
+# -- the worker role ---------------------------------------------------------------------------------
+
+
+def test_the_worker_role_serves_runs_only_and_only_it_does() -> None:
+    assert Role.WORKER.allows(Role.WORKER)
+    for other in (Role.VIEWER, Role.OPERATOR, Role.ADMIN):
+        assert not Role.WORKER.allows(other)
+        assert not other.allows(Role.WORKER)
+    assert required_role(CONNECT) is Role.WORKER
+    assert [method for method, role in METHOD_ROLES.items() if role is Role.WORKER] == [CONNECT]
+
+
+async def test_a_worker_key_connects_and_may_call_nothing_else(deployment: Deployment) -> None:
+    async with grpc.aio.insecure_channel(deployment.target) as channel:
+        jobs = jobs_pb2_grpc.JobServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await jobs.ListJobs(
+                jobs_pb2.ListJobsRequest(), metadata=(("authorization", f"Bearer {deployment.worker_key}"),)
+            )
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "needs the viewer role (you are worker)" in (caught.value.details() or "")
+    for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN):
+        async with raw(deployment, await deployment.key(role)) as open_stream:
+            stream = open_stream()
+            stream.send(hello=hello())
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stream.receive()
+            assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED, role
+    async with raw(deployment) as open_stream:
+        stream = open_stream()
+        stream.send(hello=hello())
+        assert (await stream.receive_kind("welcome")).welcome.worker_id.startswith("remote:")
+        stream.close()
+
+
+async def test_a_user_cannot_have_the_worker_role(deployment: Deployment) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        await deployment.server.api.control.users.create_user("robot", "a-long-password-1", Role.WORKER)
+    assert caught.value.field == "role"
