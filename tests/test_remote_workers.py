@@ -325,3 +325,63 @@ async def test_a_user_cannot_have_the_worker_role(deployment: Deployment) -> Non
     with pytest.raises(InvalidArgument) as caught:
         await deployment.server.api.control.users.create_user("robot", "a-long-password-1", Role.WORKER)
     assert caught.value.field == "role"
+
+
+# -- cancels -----------------------------------------------------------------------------------------
+
+
+async def test_a_cancel_reaches_the_sdk_handler_within_a_second(deployment: Deployment) -> None:
+    (run_id,) = await deployment.runs(1)
+    worker = sdk_worker(deployment, slots=2)
+    started, stopped = asyncio.Event(), asyncio.Event()
+    cancelled_at: list[float] = []
+
+    @worker.handler("remote.noop")
+    async def wait_forever(ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled_at.append(time.monotonic())
+            assert ctx.cancelled.is_set()
+            stopped.set()
+            raise
+
+    async with serving(worker):
+        async with asyncio.timeout(10):
+            await started.wait()
+        asked = time.monotonic()
+        await deployment.server.api.control.cancel_execution(run_id)
+        async with asyncio.timeout(5):
+            await stopped.wait()
+        assert cancelled_at[0] - asked < 1.0
+
+        async def recorded() -> bool:
+            return await deployment.counts([run_id]) == {"cancelled": 1}
+
+        await eventually(recorded, within=10)
+    assert worker.stats.cancelled == 1
+
+
+async def test_the_jobs_timeout_cancels_the_sdk_handler_and_records_the_timeout(deployment: Deployment) -> None:
+    (run_id,) = await deployment.runs(1, job_timeout=timedelta(milliseconds=500))
+    worker = sdk_worker(deployment, slots=2)
+    stopped = asyncio.Event()
+
+    @worker.handler("remote.noop")
+    async def wait_forever(ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+
+    async with serving(worker):
+        async with asyncio.timeout(10):
+            await stopped.wait()
+
+        async def recorded() -> bool:
+            return await deployment.counts([run_id]) == {"dead": 1}  # timed out, no retries left
+
+        await eventually(recorded, within=10)
+    error = await deployment.pool.fetchval("SELECT error FROM job_executions WHERE run_id = $1", run_id)
+    assert error.startswith("timed out after 0.5s")
