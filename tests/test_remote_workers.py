@@ -385,3 +385,79 @@ async def test_the_jobs_timeout_cancels_the_sdk_handler_and_records_the_timeout(
         await eventually(recorded, within=10)
     error = await deployment.pool.fetchval("SELECT error FROM job_executions WHERE run_id = $1", run_id)
     assert error.startswith("timed out after 0.5s")
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+
+
+async def test_bad_messages_get_clear_errors_naming_the_field_and_other_streams_go_on(deployment: Deployment) -> None:
+    async with raw(deployment) as open_stream:
+        # A handler name breaking the naming rule ends that stream before anything is served.
+        bad_name = open_stream()
+        bad_name.send(hello=hello(names=("remote.noop", "Not A Name")))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await bad_name.receive()
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (caught.value.details() or "").startswith("hello.handlers[1].name:")
+        # A first message that is not a hello.
+        no_hello = open_stream()
+        no_hello.send(credit=workers_pb2.Credit(grant=1))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await no_hello.receive()
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (caught.value.details() or "").startswith("hello:")
+
+        stream, other = open_stream(), open_stream()
+        for each in (stream, other):
+            each.send(hello=hello(slots=2))
+            await each.receive_kind("welcome")
+        runs = await deployment.runs(3)
+        stream.send(credit=workers_pb2.Credit(grant=2))
+        first, second = [(await stream.receive_kind("assignment")).assignment for _ in range(2)]
+        for assignment in (first, second):
+            stream.send(ack=workers_pb2.Ack(execution_id=assignment.execution_id, claim_token=assignment.claim_token))
+
+        def outcome(execution_id: str, token: str, value: Any) -> workers_pb2.Outcome:
+            message = workers_pb2.Outcome(execution_id=execution_id, claim_token=token)
+            message.value.string_value = value
+            return message
+
+        # Unknown execution id, foreign claim token: refused, the stream goes on.
+        stream.send(outcome=outcome("0190a5f0-0000-7000-8000-000000000000", first.claim_token, "x"))
+        rejected = (await stream.receive_kind("rejected")).rejected
+        assert (rejected.code, rejected.field) == ("NOT_FOUND", "outcome.execution_id")
+        stream.send(outcome=outcome(first.execution_id, "not-the-token", "x"))
+        rejected = (await stream.receive_kind("rejected")).rejected
+        assert (rejected.code, rejected.field) == ("FAILED_PRECONDITION", "outcome.claim_token")
+        # A result over the size limit: refused, and the attempt fails (as in-process).
+        stream.send(outcome=outcome(first.execution_id, first.claim_token, "x" * 70_000))
+        rejected = (await stream.receive_kind("rejected")).rejected
+        assert (rejected.code, rejected.field) == ("INVALID_ARGUMENT", "outcome.value")
+        # The right outcome is taken.
+        stream.send(outcome=outcome(second.execution_id, second.claim_token, "fine"))
+
+        async def recorded() -> bool:
+            statuses = {
+                row["id"]: row["status"]
+                for row in await deployment.pool.fetch(
+                    "SELECT id::text, status FROM job_executions WHERE id = ANY($1::uuid[])",
+                    [first.execution_id, second.execution_id],
+                )
+            }
+            return statuses == {first.execution_id: "dead", second.execution_id: "succeeded"}
+
+        await eventually(recorded, within=10)
+        # The other stream never noticed.
+        other.send(credit=workers_pb2.Credit(grant=1))
+        third = (await other.receive_kind("assignment")).assignment
+        assert third.run_id in runs
+        # A credit over the slots ends this stream with INVALID_ARGUMENT, never INTERNAL.
+        stream.send(credit=workers_pb2.Credit(grant=3))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stream.receive_kind("assignment")
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (caught.value.details() or "").startswith("credit.grant:")
+        other.send(ack=workers_pb2.Ack(execution_id=third.execution_id, claim_token=third.claim_token))
+        other.send(outcome=outcome(third.execution_id, third.claim_token, "also fine"))
+        other.close()
+        assert await other.rest() == []
