@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from scheduler_grpc.handlers import ExecutionContext as ServerContext
 from scheduler_grpc.handlers import Handler, HandlerSettings, JSONValue, default_registry
 from scheduler_grpc.jobs import JobSpec, RetryPolicy
 from scheduler_grpc.server import RunningServer, serve
+from tests.conftest import ROOT
 from tests.engine_helpers import eventually, make_settings
 from tests.test_api_support import FAST_HASHER
 
@@ -94,11 +96,13 @@ class Deployment:
 
 @pytest.fixture
 async def deployment(
-    redis_url: str, database_url: str, pool: asyncpg.Pool, redis: aioredis.Redis
+    request: pytest.FixtureRequest, redis_url: str, database_url: str, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> AsyncIterator[Deployment]:
+    """A server on the test stores (settings overridden by an indirect parameter), a worker key."""
+    env = {"SCHEDULER_REMOTE_ACK_TIMEOUT": "1s", **getattr(request, "param", {})}
     settings = make_settings(
         redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_HTTP_ENABLED="false",
-        SCHEDULER_REMOTE_ACK_TIMEOUT="1s", SCHEDULER_VISIBILITY_TIMEOUT="5s", SCHEDULER_SHUTDOWN_GRACE="2s",
+        SCHEDULER_VISIBILITY_TIMEOUT="5s", SCHEDULER_SHUTDOWN_GRACE="2s", **env,
     )  # fmt: skip
     client = redis_client(redis_url)
     registry = default_registry(HandlerSettings())
@@ -461,3 +465,72 @@ async def test_bad_messages_get_clear_errors_naming_the_field_and_other_streams_
         other.send(outcome=outcome(third.execution_id, third.claim_token, "also fine"))
         other.close()
         assert await other.rest() == []
+
+
+# -- a worker process killed -------------------------------------------------------------------------
+
+
+async def held_by_process(deployment: Deployment, mode: str, slots: int) -> tuple[asyncio.subprocess.Process, set[str]]:
+    """A remote worker process (`tests/remote_worker_process.py`) holding `slots` assignments."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.remote_worker_process", mode, deployment.target, deployment.worker_key, QUEUE,
+        str(slots), stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    assert process.stdout is not None
+    held: set[str] = set()
+    async with asyncio.timeout(20):
+        while len(held) < slots:
+            line = (await process.stdout.readline()).decode()
+            assert line.startswith("held "), line
+            held.add(line.split()[1])
+    return process, held
+
+
+@pytest.mark.parametrize("deployment", [{"SCHEDULER_REMOTE_ACK_TIMEOUT": "60s"}], indirect=True)
+async def test_a_killed_worker_process_hands_its_runs_back_and_each_succeeds_once(deployment: Deployment) -> None:
+    runs = await deployment.runs(10)
+    acked, acked_ids = await held_by_process(deployment, "sdk", 4)
+    unacked, unacked_ids = await held_by_process(deployment, "raw", 3)
+    rows = await deployment.pool.fetch(
+        "SELECT id::text, status FROM job_executions WHERE id = ANY($1::uuid[])", [*acked_ids, *unacked_ids]
+    )
+    assert {row["status"] for row in rows} == {"running"}
+    for process in (acked, unacked):
+        process.kill()  # SIGKILL: no goodbye on the stream
+        await process.wait()
+
+    async def unacked_back() -> bool:
+        statuses = await deployment.pool.fetch(
+            "SELECT status, attempt FROM job_executions WHERE id = ANY($1::uuid[])", list(unacked_ids)
+        )
+        return all((row["status"], row["attempt"]) == ("queued", 1) for row in statuses)
+
+    # At once (well within the 60 s ack timeout), the same attempt: nothing spent.
+    await eventually(unacked_back, within=10)
+
+    async def acked_back() -> bool:
+        statuses = await deployment.pool.fetch(
+            "SELECT status FROM job_executions WHERE id = ANY($1::uuid[])", list(acked_ids)
+        )
+        return {row["status"] for row in statuses} == {"interrupted"}
+
+    await eventually(acked_back, within=10)
+    worker = sdk_worker(deployment, slots=4)
+
+    @worker.handler("remote.noop")
+    async def noop(ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
+        return ctx.attempt
+
+    async with serving(worker):
+
+        async def drained() -> bool:
+            return (await deployment.counts(runs)).get("succeeded", 0) == len(runs)
+
+        await eventually(drained, within=30)
+    assert await deployment.counts(runs) == {"succeeded": 10, "interrupted": 4}
+    succeeded = await deployment.pool.fetch(
+        "SELECT run_id::text, count(*) AS n FROM job_executions WHERE run_id = ANY($1::uuid[]) "
+        "AND status = 'succeeded' GROUP BY run_id",
+        runs,
+    )
+    assert sorted(row["n"] for row in succeeded) == [1] * 10  # each run succeeded exactly once
