@@ -16,7 +16,8 @@ import asyncpg
 import grpc
 import pytest
 import redis.asyncio as aioredis
-from scheduler_client.v1 import jobs_pb2, jobs_pb2_grpc, workers_pb2
+import scheduler_client
+from scheduler_client.v1 import cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc, workers_pb2
 from scheduler_client.worker import ExecutionContext, Worker
 
 from scheduler_grpc.auth import METHOD_ROLES, Principal, Role, required_role
@@ -534,3 +535,36 @@ async def test_a_killed_worker_process_hands_its_runs_back_and_each_succeeds_onc
         runs,
     )
     assert sorted(row["n"] for row in succeeded) == [1] * 10  # each run succeeded exactly once
+
+
+async def test_list_workers_shows_a_remote_worker_with_its_handlers_slots_and_sdk(deployment: Deployment) -> None:
+    worker = sdk_worker(deployment, slots=7)
+
+    @worker.handler("remote.noop")
+    async def noop(ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
+        return None
+
+    @worker.handler("acme.sync", description="sync one account")
+    async def sync(ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
+        return None
+
+    token = (("authorization", f"Bearer {await deployment.key(Role.VIEWER)}"),)
+    async with serving(worker), grpc.aio.insecure_channel(deployment.target) as channel:
+        cluster = cluster_pb2_grpc.ClusterServiceStub(channel)
+
+        async def listed() -> list[cluster_pb2.Worker]:
+            reply = await cluster.ListWorkers(cluster_pb2.ListWorkersRequest(), metadata=token)
+            return [w for w in reply.workers if w.id == worker.worker_id]
+
+        (shown,) = await eventually(listed, within=10)
+        assert shown.remote
+        assert shown.id.startswith("remote:127.0.0.1:")
+        assert (shown.host, shown.pid, shown.slots, shown.queue) == ("127.0.0.1", 0, 7, QUEUE)
+        assert sorted(shown.handlers) == ["acme.sync", "remote.noop"]
+        assert shown.sdk == f"scheduler-client-python/{scheduler_client.__version__}"
+    # Gone once its stream ended (the session unregisters).
+    async with grpc.aio.insecure_channel(deployment.target) as channel:
+        reply = await cluster_pb2_grpc.ClusterServiceStub(channel).ListWorkers(
+            cluster_pb2.ListWorkersRequest(), metadata=token
+        )
+        assert worker.worker_id not in [w.id for w in reply.workers]

@@ -114,6 +114,8 @@ class Session:
         self.worker = Worker(
             redis, runs, SessionRegistry(self, list(hello.handlers)), worker_settings,
             history=history, worker_id=self.id, concurrency=hello.slots,
+            identity={"host": peer_host, "pid": 0, "remote": True,
+                      "sdk": f"{hello.sdk}/{hello.sdk_version}" if hello.sdk_version else hello.sdk},
         )  # fmt: skip
         self._tracker = self.worker._shared.tracker
         self._slot_free = self.worker._shared.slot_free
@@ -159,7 +161,8 @@ class Session:
             await asyncio.shield(self.closed)
 
     def _worker_ended(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("remote worker's session failed", exc_info=error, extra={"worker_id": self.id})
             self.fail(Aborted("the server's worker for this stream failed; reconnect"))
 
     async def _close(self, worker: asyncio.Task[None]) -> None:
