@@ -135,7 +135,7 @@ async def serving(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
 
 
 def sdk_worker(deployment: Deployment, **kwargs: Any) -> Worker:
-    return Worker(deployment.target, deployment.worker_key, queue=QUEUE, reconnect_max=1.0, **kwargs)
+    return Worker(deployment.target, deployment.worker_key, queue=QUEUE, **{"reconnect_max": 1.0, **kwargs})
 
 
 async def test_the_python_sdk_drains_runs_each_succeeding_exactly_once(deployment: Deployment) -> None:
@@ -568,3 +568,98 @@ async def test_list_workers_shows_a_remote_worker_with_its_handlers_slots_and_sd
             cluster_pb2.ListWorkersRequest(), metadata=token
         )
         assert worker.worker_id not in [w.id for w in reply.workers]
+
+
+# -- liveness and drain ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("deployment", [{"SCHEDULER_REMOTE_PING_INTERVAL": "200ms"}], indirect=True)
+async def test_a_stream_that_stops_answering_pings_is_ended_and_its_runs_handed_back(deployment: Deployment) -> None:
+    runs = await deployment.runs(2)
+    async with raw(deployment) as open_stream:
+        alive, silent = open_stream(), open_stream()
+        for stream in (alive, silent):
+            stream.send(hello=hello(slots=2))
+            await stream.receive_kind("welcome")
+
+        async def two_assignments() -> set[str]:  # answering pings meanwhile
+            return {(await alive.receive_kind("assignment", within=20)).assignment.run_id for _ in range(2)}
+
+        alive_got = asyncio.create_task(two_assignments())
+        silent.send(credit=workers_pb2.Credit(grant=2))
+        held = []
+        while len(held) < 2:  # pings are not answered
+            response = await silent.receive()
+            if response.WhichOneof("message") == "assignment":
+                a = response.assignment
+                silent.send(ack=workers_pb2.Ack(execution_id=a.execution_id, claim_token=a.claim_token))
+                held.append(a.execution_id)
+        began = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await silent.rest()
+        assert caught.value.code() == grpc.StatusCode.ABORTED
+        assert "two pings" in (caught.value.details() or "")
+        assert time.monotonic() - began < 2.0
+
+        async def handed_back() -> bool:
+            rows = await deployment.pool.fetch("SELECT status FROM job_executions WHERE id = ANY($1::uuid[])", held)
+            return {row["status"] for row in rows} == {"interrupted"}
+
+        await eventually(handed_back, within=10)
+        # The stream that answers its pings is still served (the runs' next attempts come to it).
+        alive.send(credit=workers_pb2.Credit(grant=2))
+        assert await alive_got == set(runs)
+        alive.close()
+
+
+async def test_a_server_stopping_drains_its_streams_and_records_their_outcomes(
+    redis_url: str, database_url: str, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    settings = make_settings(
+        redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_HTTP_ENABLED="false",
+        SCHEDULER_SHUTDOWN_GRACE="10s",
+    )  # fmt: skip
+    client = redis_client(redis_url)
+    registry = default_registry(HandlerSettings())
+    registry.register(Declared())
+    release = asyncio.Event()
+    try:
+        server = serve(settings, client, pool, hasher=FAST_HASHER)
+        running = await server.__aenter__()
+        stopped = False
+        try:
+            deployment = Deployment(running, Control(redis, pool, registry), pool, redis, "")
+            deployment.worker_key = await deployment.key(Role.WORKER)
+            runs = await deployment.runs(3)
+            worker = sdk_worker(deployment, slots=3, reconnect_max=30.0)
+            started: list[str] = []
+
+            @worker.handler("remote.noop")
+            async def slow(ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
+                started.append(ctx.execution_id)
+                await release.wait()
+                return "done"
+
+            task = asyncio.create_task(worker.run())
+            await eventually(lambda: _true(len(started) == 3), within=10)
+            stopping = asyncio.create_task(server.__aexit__(None, None, None))
+            stopped = True
+            async with asyncio.timeout(10):
+                await worker.draining.wait()  # told before the server stops
+            release.set()  # the handlers finish within the grace: their outcomes are recorded
+            async with asyncio.timeout(20):
+                await stopping
+            worker.stop()
+            async with asyncio.timeout(10):
+                await task
+            assert await deployment.counts(runs) == {"succeeded": 3}
+        finally:
+            if not stopped:
+                await server.__aexit__(None, None, None)
+    finally:
+        await registry.aclose()
+        await client.aclose()
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -151,6 +151,7 @@ class Worker:
         self.stats = WorkerStats()
         self.worker_id = ""
         self.connected = asyncio.Event()
+        self.draining = asyncio.Event()  # a server asked this worker to drain (it is stopping)
         self._api_key = api_key
         self._tls = tls
         self._options = [
@@ -309,11 +310,13 @@ class _Stream:
                 entry[0].cancel()
         elif kind == "welcome":
             self.welcomed = True
+            self._worker.draining.clear()
             self._worker.worker_id = response.welcome.worker_id
             self._worker.stats.connects += 1
             self._worker.connected.set()
             self._grant(self._worker.slots - len(self._tasks))
         elif kind == "drain":
+            self._worker.draining.set()
             self._draining = True
             self._close_when_idle()
         elif kind == "rejected":
