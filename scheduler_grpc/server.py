@@ -336,7 +336,7 @@ async def serve(
         )
         await authenticator.ensure_admin(settings.admin_username, password)
         fanout = EventFanout(redis, buffer=settings.watch_buffer, timeout=timeout)
-        remote = RemoteWorkers(redis, RunRepository(pool), HistoryRepository(pool), settings)
+        remote = RemoteWorkers(redis, RunRepository(pool), HistoryRepository(pool), settings, registry.names())
         api = Api(
             control=Control(
                 redis,

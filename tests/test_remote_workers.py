@@ -66,11 +66,14 @@ class Deployment:
         creator = Principal("test", Role.ADMIN, "api_key", "test", b"")
         return (await self.server.api.auth.create_api_key(creator, f"{role.value}-key", role, None)).secret
 
-    async def runs(self, count: int, *, job_timeout: timedelta = timedelta(minutes=5), retries: int = 0) -> list[str]:
+    async def runs(
+        self, count: int, *, job_timeout: timedelta = timedelta(minutes=5), retries: int = 0,
+        payload: dict[str, Any] | None = None,
+    ) -> list[str]:  # fmt: skip
         """`count` runs of one job of `remote.noop` on the remote queue, enqueued; their run ids."""
         job = await self.control.create_job(JobSpec(
             name=f"remote-{time.monotonic_ns()}", handler="remote.noop", queue=QUEUE, timeout=job_timeout,
-            retry=RetryPolicy(max_retries=retries),
+            retry=RetryPolicy(max_retries=retries), payload=payload or {},
         ))  # fmt: skip
         base = datetime(2020, 1, 1, tzinfo=UTC)
         ids: list[str] = []
@@ -139,12 +142,14 @@ def sdk_worker(deployment: Deployment, **kwargs: Any) -> Worker:
 
 
 async def test_the_python_sdk_drains_runs_each_succeeding_exactly_once(deployment: Deployment) -> None:
-    runs = await deployment.runs(2000)
+    sent = {"n": 5, "f": 1.5, "s": "x", "nested": [1, {"b": True, "none": None}]}
+    runs = await deployment.runs(2000, payload=sent)
     worker = sdk_worker(deployment, slots=64)
     seen: list[str] = []
 
     @worker.handler("remote.noop", description="does nothing")
     async def noop(ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
+        assert payload == sent  # integral numbers stay ints
         seen.append(ctx.execution_id)
         return {"attempt": ctx.attempt}
 
@@ -404,6 +409,13 @@ async def test_bad_messages_get_clear_errors_naming_the_field_and_other_streams_
             await bad_name.receive()
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert (caught.value.details() or "").startswith("hello.handlers[1].name:")
+        # A built-in handler's name: a worker key must not receive its runs' payloads.
+        builtin = open_stream()
+        builtin.send(hello=hello(names=("http.webhook",)))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await builtin.receive()
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (caught.value.details() or "").startswith("hello.handlers[0].name: 'http.webhook' is a built-in")
         # A first message that is not a hello.
         no_hello = open_stream()
         no_hello.send(credit=workers_pb2.Credit(grant=1))

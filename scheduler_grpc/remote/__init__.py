@@ -13,6 +13,7 @@ stream each, on the same run lifecycle as the in-process worker.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
@@ -32,9 +33,13 @@ class RemoteWorkers:
         runs: The attempts in PostgreSQL (the worker's hot path).
         history: What `system.cleanup` prunes through.
         settings: The server's settings.
+        reserved: Handler names remote workers may not serve (the server's built-in handlers).
     """
 
-    def __init__(self, redis: Redis, runs: RunStore, history: HistoryPruning, settings: Settings) -> None:
+    def __init__(
+        self, redis: Redis, runs: RunStore, history: HistoryPruning, settings: Settings, reserved: Collection[str] = ()
+    ) -> None:
+        self._reserved = frozenset(reserved)
         self._redis = redis
         self._runs = runs
         self._history = history
@@ -47,7 +52,7 @@ class RemoteWorkers:
         Raises:
             InvalidArgument: naming the hello's field at fault.
         """
-        check_hello(hello)
+        check_hello(hello, self._reserved)
         session = Session(
             hello, redis=self._redis, runs=self._runs, history=self._history, settings=self._settings,
             peer_host=peer_host(peer),

@@ -4,7 +4,7 @@ the worker says first (`check_hello`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -44,8 +44,9 @@ class Hello:
     queue: str = ""
 
 
-def check_hello(hello: Hello) -> None:
-    """Require a well-formed hello.
+def check_hello(hello: Hello, reserved: Collection[str] = ()) -> None:
+    """Require a well-formed hello; `reserved`: handler names a remote worker may not serve (the
+    built-in handlers: a worker key must not receive the payloads of, say, `http.webhook` runs).
 
     Raises:
         InvalidArgument: naming the field (`hello.handlers[i].name`, `hello.slots`, ...).
@@ -58,6 +59,8 @@ def check_hello(hello: Hello) -> None:
             check_handler_name(spec.name)
         except TypeError as exc:
             raise InvalidArgument(f"hello.handlers[{index}].name", str(exc)) from None
+        if spec.name in reserved:
+            raise InvalidArgument(f"hello.handlers[{index}].name", f"{spec.name!r} is a built-in handler of the server")
         if spec.name in seen:
             raise InvalidArgument(f"hello.handlers[{index}].name", f"{spec.name!r} is named twice")
         seen.add(spec.name)

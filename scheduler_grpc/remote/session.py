@@ -137,6 +137,7 @@ class Session:
     def drain(self, deadline: datetime) -> None:
         """The server is stopping: take no new work (no more assignments), finish by `deadline`."""
         self._closing = True
+        self._credit = 0  # nothing more is leased; what is claimed meanwhile goes back unspent
         self._credit_changed.set()
         self._send(Drain(deadline))
 

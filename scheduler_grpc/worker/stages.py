@@ -166,7 +166,7 @@ class Fetcher:
             while not tracker.idle:
                 await self._slots_changed()
             self._solo_waiting = False
-            return True
+            return self._free() > 0  # (a remote worker's credit may be spent)
         if self._free() <= 0:
             await self._slots_changed()
             return False

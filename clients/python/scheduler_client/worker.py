@@ -336,7 +336,7 @@ class _Stream:
             deadline=_time(assignment, "deadline"), scheduled_for=_time(assignment, "scheduled_for"),
             claim_token=assignment.claim_token,
         )  # fmt: skip
-        payload = MessageToDict(assignment.payload)
+        payload = _integral(MessageToDict(assignment.payload))
         task = asyncio.create_task(self._execute(ctx, payload), name=f"run {assignment.execution_id}")
         self._tasks[assignment.execution_id] = (task, ctx)
 
@@ -388,6 +388,18 @@ def _duration(seconds: float) -> duration_pb2.Duration:
     message = duration_pb2.Duration()
     message.FromNanoseconds(int(seconds * 1e9))
     return message
+
+
+def _integral(value: Any) -> Any:
+    """JSON numbers as protobuf carries them (doubles) back to ints where integral, as the server
+    reads payloads (`5` stays `5`, not `5.0`)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _integral(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_integral(item) for item in value]
+    return value
 
 
 def _json_text(value: Mapping[str, Any]) -> str:
