@@ -45,8 +45,12 @@ async def raw(target: str, key: str, queue: str, slots: int) -> None:
             response_deserializer=workers_pb2.ConnectResponse.FromString,
         )
         async for response in connect(requests(), metadata=(("authorization", f"Bearer {key}"),)):
-            if response.WhichOneof("message") == "assignment":
+            kind = response.WhichOneof("message")
+            if kind == "assignment":
                 print(f"held {response.assignment.execution_id}", flush=True)
+            elif kind == "assignments":
+                for assignment in response.assignments.assignments:
+                    print(f"held {assignment.execution_id}", flush=True)
 
 
 if __name__ == "__main__":

@@ -178,6 +178,7 @@ class RawStream:
 
     def __init__(self, channel: grpc.aio.Channel, key: str) -> None:
         self._requests: asyncio.Queue[workers_pb2.ConnectRequest | None] = asyncio.Queue()
+        self._buffered: list[workers_pb2.ConnectResponse] = []
         method = channel.stream_stream(
             CONNECT,
             request_serializer=workers_pb2.ConnectRequest.SerializeToString,
@@ -196,15 +197,22 @@ class RawStream:
         self._requests.put_nowait(None)
 
     async def receive(self, within: float = 10.0) -> workers_pb2.ConnectResponse:
+        """The next message; several assignments in one (`assignments`) come one by one."""
+        if self._buffered:
+            return self._buffered.pop(0)
         async with asyncio.timeout(within):
             response = await self.call.read()
         assert response is not grpc.aio.EOF, "the stream ended"
         assert isinstance(response, workers_pb2.ConnectResponse)
+        if response.WhichOneof("message") == "assignments":
+            self._buffered = [workers_pb2.ConnectResponse(assignment=each) for each in response.assignments.assignments]
+            return self._buffered.pop(0)
         return response
 
     async def rest(self, within: float = 10.0) -> list[workers_pb2.ConnectResponse]:
         """What comes until the stream ends (pings left out)."""
         found = []
+        found.extend(self._buffered)
         async with asyncio.timeout(within):
             while (response := await self.call.read()) is not grpc.aio.EOF:
                 assert isinstance(response, workers_pb2.ConnectResponse)
@@ -491,11 +499,16 @@ async def held_by_process(deployment: Deployment, mode: str, slots: int) -> tupl
     )  # fmt: skip
     assert process.stdout is not None
     held: set[str] = set()
-    async with asyncio.timeout(20):
-        while len(held) < slots:
-            line = (await process.stdout.readline()).decode()
-            assert line.startswith("held "), line
-            held.add(line.split()[1])
+    try:
+        async with asyncio.timeout(20):
+            while len(held) < slots:
+                line = (await process.stdout.readline()).decode()
+                assert line.startswith("held "), line
+                held.add(line.split()[1])
+    except BaseException:
+        process.kill()
+        await process.wait()
+        raise
     return process, held
 
 

@@ -63,6 +63,7 @@ _CLOSED: Final = object()
 # Messages waiting to go out beyond the assignments' own bound (rejections, pings, cancels): a
 # worker that sends bad messages without reading the answers loses its stream.
 OUTBOX_SLACK: Final = 256
+ASSIGNMENT_BATCH: Final = 500  # most assignments in one message
 
 
 @dataclass(eq=False)
@@ -204,15 +205,23 @@ class Session:
         self._outbox.append(message)
         self._outbox_ready.set()
 
-    async def outbound(self) -> AsyncIterator[Outbound]:
-        """The messages to send, until the session ends; then raises its error, if any."""
+    async def outbound(self) -> AsyncIterator[Outbound | list[Assignment]]:
+        """The messages to send, until the session ends; then raises its error, if any. Assignments
+        waiting one after another come as one list (one write for all of them)."""
+        outbox = self._outbox
         while True:
-            while not self._outbox:
+            while not outbox:
                 self._outbox_ready.clear()
                 await self._outbox_ready.wait()
-            message = self._outbox.popleft()
+            message = outbox.popleft()
             if message is _CLOSED:
                 break
+            if isinstance(message, Assignment) and outbox and isinstance(outbox[0], Assignment):
+                batch = [message]
+                while outbox and isinstance(outbox[0], Assignment) and len(batch) < ASSIGNMENT_BATCH:
+                    batch.append(cast(Assignment, outbox.popleft()))
+                yield batch
+                continue
             yield cast(Outbound, message)
         if self._error is not None:
             raise self._error

@@ -95,10 +95,18 @@ def _dispatch(request: Any, session: Session) -> None:
         session.on_outcome(outcome_of(request.outcome))
     elif kind == "pong":
         session.on_pong(request.pong.nonce)
+    elif kind == "batch":
+        batch = request.batch
+        for ack in batch.acks:
+            session.on_ack(ack.execution_id, ack.claim_token)
+        for outcome in batch.outcomes:
+            session.on_outcome(outcome_of(outcome))
+        if batch.credit:
+            session.on_credit(batch.credit)
     elif kind == "hello":
         raise InvalidArgument("hello", "sent twice: only the first message of a stream is `hello`")
     else:
-        raise InvalidArgument("message", "empty: set one of hello, credit, ack, outcome, pong")
+        raise InvalidArgument("message", "empty: set one of hello, credit, ack, outcome, pong, batch")
 
 
 # -- messages to domain values ------------------------------------------------------------------------
@@ -143,16 +151,22 @@ def outcome_of(message: workers_pb2.Outcome) -> OutcomeReport:
 # -- domain values to messages ------------------------------------------------------------------------
 
 
-def response(message: Outbound) -> workers_pb2.ConnectResponse:
-    if isinstance(message, Assignment):
+def _assignment(message: Assignment) -> workers_pb2.Assignment:
+    return workers_pb2.Assignment(
+        run_id=message.run_id, execution_id=message.execution_id, job_id=message.job_id,
+        job_name=message.job_name, attempt=message.attempt, claim_token=message.claim_token,
+        handler=message.handler, payload=convert.dict_to_struct(message.payload),
+        deadline=convert.timestamp(message.deadline), scheduled_for=convert.timestamp(message.scheduled_for),
+    )  # fmt: skip
+
+
+def response(message: Outbound | list[Assignment]) -> workers_pb2.ConnectResponse:
+    if isinstance(message, list):
         return workers_pb2.ConnectResponse(
-            assignment=workers_pb2.Assignment(
-                run_id=message.run_id, execution_id=message.execution_id, job_id=message.job_id,
-                job_name=message.job_name, attempt=message.attempt, claim_token=message.claim_token,
-                handler=message.handler, payload=convert.dict_to_struct(message.payload),
-                deadline=convert.timestamp(message.deadline), scheduled_for=convert.timestamp(message.scheduled_for),
-            )
-        )  # fmt: skip
+            assignments=workers_pb2.Assignments(assignments=[_assignment(each) for each in message])
+        )
+    if isinstance(message, Assignment):
+        return workers_pb2.ConnectResponse(assignment=_assignment(message))
     if isinstance(message, CancelOrder):
         return workers_pb2.ConnectResponse(
             cancel=workers_pb2.Cancel(execution_id=message.execution_id, reason=message.reason)

@@ -49,6 +49,8 @@ _FATAL: Final = frozenset(
      grpc.StatusCode.UNIMPLEMENTED}
 )  # fmt: skip
 
+_BATCHED: Final = frozenset({"ack", "outcome", "credit"})
+
 Handler = Callable[["ExecutionContext", dict[str, Any]], Awaitable[Any]]
 
 
@@ -252,11 +254,32 @@ class _Stream:
         self.welcomed = False
 
     async def _outgoing(self) -> AsyncIterator[workers_pb2.ConnectRequest]:
+        """The requests, with the acks, outcomes and credit that are ready together in one
+        `RequestBatch` (one write instead of three per run on a busy stream)."""
+        queue = self._requests
         while True:
-            request = await self._requests.get()
+            request = await queue.get()
             if request is None:
                 return
-            yield request
+            if request.WhichOneof("message") not in _BATCHED or queue.empty():
+                yield request
+                continue
+            batch, others, end = workers_pb2.RequestBatch(), [], False
+            _merge(batch, request)
+            while not queue.empty():
+                more = queue.get_nowait()
+                if more is None:
+                    end = True
+                    break
+                if more.WhichOneof("message") in _BATCHED:
+                    _merge(batch, more)
+                else:
+                    others.append(more)
+            yield workers_pb2.ConnectRequest(batch=batch)
+            for other in others:
+                yield other
+            if end:
+                return
 
     def _send(self, request: workers_pb2.ConnectRequest) -> None:
         self._requests.put_nowait(request)
@@ -301,6 +324,9 @@ class _Stream:
         kind = response.WhichOneof("message")
         if kind == "assignment":
             self._assigned(response.assignment)
+        elif kind == "assignments":
+            for assignment in response.assignments.assignments:
+                self._assigned(assignment)
         elif kind == "ping":
             self._send(workers_pb2.ConnectRequest(pong=workers_pb2.Pong(nonce=response.ping.nonce)))
         elif kind == "cancel":
@@ -375,6 +401,16 @@ class _Stream:
     def _forget(self, ctx: ExecutionContext) -> None:
         self._tasks.pop(ctx.execution_id, None)
         self._close_when_idle()
+
+
+def _merge(batch: workers_pb2.RequestBatch, request: workers_pb2.ConnectRequest) -> None:
+    kind = request.WhichOneof("message")
+    if kind == "ack":
+        batch.acks.append(request.ack)
+    elif kind == "outcome":
+        batch.outcomes.append(request.outcome)
+    else:
+        batch.credit += request.credit.grant
 
 
 def _time(message: workers_pb2.Assignment, name: str) -> datetime | None:

@@ -98,19 +98,31 @@ class Pong(_message.Message):
     nonce: int
     def __init__(self, nonce: _Optional[int] = ...) -> None: ...
 
+class RequestBatch(_message.Message):
+    __slots__ = ("acks", "outcomes", "credit")
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[Ack]
+    outcomes: _containers.RepeatedCompositeFieldContainer[Outcome]
+    credit: int
+    def __init__(self, acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ..., outcomes: _Optional[_Iterable[_Union[Outcome, _Mapping]]] = ..., credit: _Optional[int] = ...) -> None: ...
+
 class ConnectRequest(_message.Message):
-    __slots__ = ("hello", "credit", "ack", "outcome", "pong")
+    __slots__ = ("hello", "credit", "ack", "outcome", "pong", "batch")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     PONG_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     credit: Credit
     ack: Ack
     outcome: Outcome
     pong: Pong
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., outcome: _Optional[_Union[Outcome, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ...) -> None: ...
+    batch: RequestBatch
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., outcome: _Optional[_Union[Outcome, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., batch: _Optional[_Union[RequestBatch, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("worker_id", "ack_timeout", "lease_timeout", "server_time", "ping_interval")
@@ -182,18 +194,26 @@ class Rejected(_message.Message):
     message: str
     def __init__(self, execution_id: _Optional[str] = ..., code: _Optional[str] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
+class Assignments(_message.Message):
+    __slots__ = ("assignments",)
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
+    def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ...) -> None: ...
+
 class ConnectResponse(_message.Message):
-    __slots__ = ("welcome", "assignment", "cancel", "ping", "drain", "rejected")
+    __slots__ = ("welcome", "assignment", "cancel", "ping", "drain", "rejected", "assignments")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignment: Assignment
     cancel: Cancel
     ping: Ping
     drain: Drain
     rejected: Rejected
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ...) -> None: ...
+    assignments: Assignments
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ...) -> None: ...
