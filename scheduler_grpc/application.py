@@ -17,6 +17,7 @@ from scheduler_grpc.control import Control
 from scheduler_grpc.events import EventFanout
 from scheduler_grpc.handlers import HandlerRegistry
 from scheduler_grpc.metrics import Metrics
+from scheduler_grpc.remote import RemoteWorkers
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Api:
         handlers: The handler registry (validation, descriptions).
         metrics: Where calls are recorded.
         health: The stores' health as the server last checked it.
+        remote: The remote workers' sessions (`WorkerService.Connect`); None where not served.
     """
 
     control: Control
@@ -49,3 +51,4 @@ class Api:
     handlers: HandlerRegistry
     metrics: Metrics
     health: StoreHealth
+    remote: RemoteWorkers | None = None
