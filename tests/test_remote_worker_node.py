@@ -1,0 +1,203 @@
+"""The Node.js SDK's remote worker (`clients/node/worker.js`), in a process of its own
+(`tests/remote_worker_node.js`), against a real server on the test stores: it drains runs each
+succeeding exactly once, a cancel aborts its handler's signal, a lost stream is reconnected. Every
+count is read from PostgreSQL. The server side is `tests/test_remote_workers.py`'s `deployment`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import grpc
+import pytest
+from scheduler_client.v1 import cluster_pb2, cluster_pb2_grpc
+
+from scheduler_grpc.auth import Role
+from scheduler_grpc.errors import Aborted
+from tests import test_client_node, test_remote_workers
+from tests.conftest import ROOT
+from tests.engine_helpers import eventually
+from tests.test_remote_workers import QUEUE, Deployment
+
+# Fixtures of other files: `npm ci` when node_modules is missing; a server on the test stores.
+node_modules = test_client_node.node_modules
+deployment = test_remote_workers.deployment
+
+NODE = shutil.which("node")
+SCRIPT = ROOT / "tests" / "remote_worker_node.js"
+
+pytestmark = [
+    pytest.mark.skipif(NODE is None or shutil.which("npm") is None, reason="node and npm are needed"),
+    pytest.mark.usefixtures("node_modules"),
+]
+
+
+@dataclass
+class NodeWorker:
+    """The Node.js worker process and the lines it printed (`connected`, `held`, `aborted`, `stats`)."""
+
+    process: asyncio.subprocess.Process
+    lines: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+    seen: list[str] = field(default_factory=list)
+
+    async def line(self, prefix: str, within: float = 10.0) -> str:
+        """The next line starting with `prefix` (earlier lines of other kinds are kept in `seen`)."""
+        async with asyncio.timeout(within):
+            while True:
+                line = await self.lines.get()
+                self.seen.append(line)
+                if line.startswith(prefix + " "):
+                    return line[len(prefix) + 1 :]
+
+    async def stop(self) -> dict[str, int]:
+        """SIGTERM (the SDK's `stop()`: running handlers finish); its final counts."""
+        self.process.send_signal(signal.SIGTERM)
+        stats = json.loads(await self.line("stats", within=20))
+        assert await self.process.wait() == 0
+        return dict(stats)
+
+
+@contextlib.asynccontextmanager
+async def node_worker(
+    deployment: Deployment, slots: int, expect: dict[str, Any] | None = None
+) -> AsyncIterator[NodeWorker]:
+    assert NODE is not None
+    env = {**os.environ, "EXPECT_PAYLOAD": json.dumps(expect) if expect is not None else ""}
+    process = await asyncio.create_subprocess_exec(
+        NODE, str(SCRIPT), deployment.target, deployment.worker_key, QUEUE, str(slots),
+        stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
+    )  # fmt: skip
+    worker = NodeWorker(process)
+
+    async def pump() -> None:
+        assert process.stdout is not None
+        while line := await process.stdout.readline():
+            worker.lines.put_nowait(line.decode().rstrip("\n"))
+
+    reader = asyncio.create_task(pump())
+    try:
+        yield worker
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+
+
+async def test_the_node_sdk_drains_runs_each_succeeding_exactly_once(deployment: Deployment) -> None:
+    sent = {"n": 5, "f": 1.5, "s": "x", "nested": [1, {"b": True, "none": None}]}
+    runs = await deployment.runs(2000, payload=sent)
+    began = time.monotonic()
+    async with node_worker(deployment, slots=64, expect=sent) as worker:
+        worker_id = await worker.line("connected")
+
+        async def drained() -> bool:
+            return (await deployment.counts(runs)).get("succeeded", 0) == len(runs)
+
+        await eventually(drained, within=120, interval=0.2)
+        seconds = time.monotonic() - began
+        print(f"node remote drain: {len(runs)} runs in {seconds:.2f}s, {len(runs) / seconds:.0f} runs/s")
+        stats = await worker.stop()
+    assert worker_id.startswith("remote:127.0.0.1:")
+    assert await deployment.counts(runs) == {"succeeded": len(runs)}  # one attempt each, all succeeded
+    # Each execution handed to the handler once, each outcome reported, nothing refused.
+    assert stats["calls"] == stats["distinct"] == stats["assigned"] == stats["succeeded"] == len(runs), stats
+    assert (stats["failed"], stats["rejected"], stats["connects"]) == (0, 0, 1), stats
+    # The payload arrived intact (integral numbers, nesting, null), the result was stored.
+    results = await deployment.pool.fetchval(
+        "SELECT count(*) FROM job_executions WHERE run_id = ANY($1::uuid[]) "
+        'AND result = \'{"attempt": 1, "ok": true}\'::jsonb',
+        runs,
+    )
+    assert results == len(runs)
+
+
+async def test_a_cancel_aborts_the_node_handlers_signal_within_a_second(deployment: Deployment) -> None:
+    (run_id,) = await deployment.runs(1, payload={"hold": True})
+    async with node_worker(deployment, slots=2) as worker:
+        execution_id = await worker.line("held")
+        assert execution_id == run_id  # the first attempt's execution id is the run's id
+        # The worker is listed with its SDK while it holds the run.
+        token = (("authorization", f"Bearer {await deployment.key(Role.VIEWER)}"),)
+        async with grpc.aio.insecure_channel(deployment.target) as channel:
+            reply = await cluster_pb2_grpc.ClusterServiceStub(channel).ListWorkers(
+                cluster_pb2.ListWorkersRequest(), metadata=token
+            )
+        (shown,) = [w for w in reply.workers if w.remote]
+        assert (shown.slots, shown.queue, list(shown.handlers)) == (2, QUEUE, ["remote.noop"])
+        assert shown.sdk.startswith("scheduler-client-node/")
+        asked = time.monotonic()
+        await deployment.server.api.control.cancel_execution(run_id)
+        aborted = await worker.line("aborted", within=5)
+        assert time.monotonic() - asked < 1.0
+        assert aborted.split(" ", 1) == [execution_id, "cancelled"]
+
+        async def recorded() -> bool:
+            return await deployment.counts([run_id]) == {"cancelled": 1}
+
+        await eventually(recorded, within=10)
+        stats = await worker.stop()
+    assert (stats["cancelled"], stats["rejected"]) == (1, 0), stats
+
+
+async def test_the_jobs_timeout_aborts_the_node_handler_and_records_the_timeout(deployment: Deployment) -> None:
+    (run_id,) = await deployment.runs(1, job_timeout=timedelta(milliseconds=500), payload={"hold": True})
+    async with node_worker(deployment, slots=2) as worker:
+        execution_id = await worker.line("held")
+        assert (await worker.line("aborted")).startswith(execution_id)
+
+        async def recorded() -> bool:
+            return await deployment.counts([run_id]) == {"dead": 1}  # timed out, no retries left
+
+        await eventually(recorded, within=10)
+        await worker.stop()
+    error = await deployment.pool.fetchval("SELECT error FROM job_executions WHERE run_id = $1", run_id)
+    assert error.startswith("timed out after 0.5s")
+
+
+async def test_a_lost_stream_aborts_its_runs_and_the_node_worker_reconnects(deployment: Deployment) -> None:
+    (held_run,) = await deployment.runs(1, payload={"hold": True})
+    async with node_worker(deployment, slots=4) as worker:
+        first = await worker.line("connected")
+        held = await worker.line("held")
+        # The server ends this stream (as it does for a worker that misses two pings).
+        remote = deployment.server.api.remote
+        assert remote is not None
+        (session,) = [s for s in remote.sessions if s.id == first]
+        session.fail(Aborted("ended by the test"))
+        assert (await worker.line("aborted")).startswith(held)  # its run was handed back
+        second = await worker.line("connected")  # within the 1 s backoff cap
+        assert second != first
+        # The run comes back to the new stream: as its next attempt, or as the same one when the
+        # server had not read the ack yet (then the run counted as not started: unspent).
+        again = await worker.line("held")
+        await deployment.server.api.control.cancel_execution(held_run)
+        assert (await worker.line("aborted")).startswith(again)
+
+        async def settled() -> bool:
+            counts = await deployment.counts([held_run])
+            return counts in ({"cancelled": 1}, {"interrupted": 1, "cancelled": 1}) and (again != held) == (
+                "interrupted" in counts
+            )
+
+        await eventually(settled, within=10)
+        runs = await deployment.runs(20)
+
+        async def drained() -> bool:
+            return (await deployment.counts(runs)).get("succeeded", 0) == len(runs)
+
+        await eventually(drained, within=30)
+        stats = await worker.stop()
+    assert await deployment.counts(runs) == {"succeeded": 20}
+    assert stats["connects"] == 2, stats
