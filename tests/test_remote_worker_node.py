@@ -14,15 +14,22 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
 
 import grpc
 import pytest
 from scheduler_client.v1 import cluster_pb2, cluster_pb2_grpc
 
 from scheduler_grpc.auth import Role
+from scheduler_grpc.control import Control
+from scheduler_grpc.db.firing import FiringRepository
+from scheduler_grpc.dispatch import Queues, enqueue_runs
 from scheduler_grpc.errors import Aborted
+from scheduler_grpc.executions import Trigger
+from scheduler_grpc.handlers import ExecutionContext as ServerContext
+from scheduler_grpc.handlers import Handler, HandlerSettings, JSONValue, default_registry
+from scheduler_grpc.jobs import JobSpec, RetryPolicy
 from tests import test_client_node, test_remote_workers
 from tests.conftest import ROOT
 from tests.engine_helpers import eventually
@@ -201,3 +208,69 @@ async def test_a_lost_stream_aborts_its_runs_and_the_node_worker_reconnects(depl
         stats = await worker.stop()
     assert await deployment.counts(runs) == {"succeeded": 20}
     assert stats["connects"] == 2, stats
+
+
+# -- the README's example ----------------------------------------------------------------------------
+
+
+class AcmeSync(Handler):
+    """Only so that jobs can name `acme.sync` (the API's registry validates job handlers)."""
+
+    name: ClassVar[str] = "acme.sync"
+    description: ClassVar[str] = "served by clients/node/worker-example.js"
+    extra_fields: ClassVar[bool] = True
+
+    async def run(self, ctx: ServerContext, payload: dict[str, Any]) -> JSONValue:
+        raise AssertionError("never run in-process")
+
+
+async def test_the_worker_example_serves_its_handler(deployment: Deployment) -> None:
+    """`clients/node/worker-example.js` as the README runs it: a result, a permanent failure."""
+    assert NODE is not None
+    registry = default_registry(HandlerSettings())
+    registry.register(AcmeSync())
+    control = Control(deployment.redis, deployment.pool, registry)
+    run_ids: dict[str, str] = {}
+    try:
+        for name, payload in (("ok", {"account": "a1"}), ("bad", {})):
+            job = await control.create_job(JobSpec(
+                name=f"acme-{name}-{time.monotonic_ns()}", handler="acme.sync", queue=QUEUE, payload=payload,
+                retry=RetryPolicy(max_retries=3),
+            ))  # fmt: skip
+            made = await FiringRepository(deployment.pool).trigger(job.id, Trigger.MANUAL, [datetime.now(UTC)])
+            await enqueue_runs(Queues(deployment.redis), made)
+            run_ids[name] = made[0].run_id
+    finally:
+        await registry.aclose()
+    env = {**os.environ, "SCHEDCTL_SERVER": deployment.target, "SCHEDULER_WORKER_KEY": deployment.worker_key}
+    process = await asyncio.create_subprocess_exec(
+        NODE, "worker-example.js", cwd=ROOT / "clients" / "node", env=env, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(10):
+            line = (await process.stdout.readline()).decode()
+        assert line.startswith("serving acme.sync as remote:"), line
+
+        async def finished() -> list[Any]:
+            rows = await deployment.pool.fetch(
+                "SELECT run_id::text, status, attempt, result, error FROM job_executions "
+                "WHERE run_id = ANY($1::uuid[]) AND status IN ('succeeded', 'dead')",
+                list(run_ids.values()),
+            )
+            return rows if len(rows) == 2 else []
+
+        rows = {row["run_id"]: row for row in await eventually(finished, within=20)}
+        ok, bad = rows[run_ids["ok"]], rows[run_ids["bad"]]
+        assert (ok["status"], ok["attempt"]) == ("succeeded", 1)
+        assert ok["result"] == {"synced": "a1", "attempt": 1}
+        # PermanentError: dead at once, its retries unspent.
+        assert (bad["status"], bad["attempt"], bad["error"]) == ("dead", 1, "payload.account is required")
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            assert (await process.stdout.readline()).decode() == "stopped\n"
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
