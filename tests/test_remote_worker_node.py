@@ -30,6 +30,7 @@ from scheduler_grpc.executions import Trigger
 from scheduler_grpc.handlers import ExecutionContext as ServerContext
 from scheduler_grpc.handlers import Handler, HandlerSettings, JSONValue, default_registry
 from scheduler_grpc.jobs import JobSpec, RetryPolicy
+from scheduler_grpc.queue import ItemState
 from tests import test_client_node, test_remote_workers
 from tests.conftest import ROOT
 from tests.engine_helpers import eventually
@@ -227,14 +228,15 @@ class AcmeSync(Handler):
 
 
 async def test_the_worker_example_serves_its_handler(deployment: Deployment) -> None:
-    """`clients/node/worker-example.js` as the README runs it: a result, a permanent failure."""
+    """`clients/node/worker-example.js` as the README runs it: a result, a permanent failure, a
+    `ctx.retryAfter(30)` (back to the queue for 30 s, no attempt spent)."""
     assert NODE is not None
     registry = default_registry(HandlerSettings())
     registry.register(AcmeSync())
     control = Control(deployment.redis, deployment.pool, registry)
     run_ids: dict[str, str] = {}
     try:
-        for name, payload in (("ok", {"account": "a1"}), ("bad", {})):
+        for name, payload in (("ok", {"account": "a1"}), ("bad", {}), ("busy", {"account": "a2", "busy": True})):
             job = await control.create_job(JobSpec(
                 name=f"acme-{name}-{time.monotonic_ns()}", handler="acme.sync", queue=QUEUE, payload=payload,
                 retry=RetryPolicy(max_retries=3),
@@ -258,7 +260,7 @@ async def test_the_worker_example_serves_its_handler(deployment: Deployment) -> 
             rows = await deployment.pool.fetch(
                 "SELECT run_id::text, status, attempt, result, error FROM job_executions "
                 "WHERE run_id = ANY($1::uuid[]) AND status IN ('succeeded', 'dead')",
-                list(run_ids.values()),
+                [run_ids["ok"], run_ids["bad"]],
             )
             return rows if len(rows) == 2 else []
 
@@ -268,6 +270,16 @@ async def test_the_worker_example_serves_its_handler(deployment: Deployment) -> 
         assert ok["result"] == {"synced": "a1", "attempt": 1}
         # PermanentError: dead at once, its retries unspent.
         assert (bad["status"], bad["attempt"], bad["error"]) == ("dead", 1, "payload.account is required")
+
+        async def waiting() -> bool:
+            (state,) = (await Queues(deployment.redis).get(QUEUE).states([run_ids["busy"]])).values()
+            return state is ItemState.DELAYED
+
+        await eventually(waiting, within=10)
+        busy = await deployment.pool.fetch(
+            "SELECT status, attempt FROM job_executions WHERE run_id = $1", run_ids["busy"]
+        )
+        assert [(row["status"], row["attempt"]) for row in busy] == [("queued", 1)]
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(10):
             assert (await process.stdout.readline()).decode() == "stopped\n"
