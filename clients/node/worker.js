@@ -134,6 +134,7 @@ class Worker extends EventEmitter {
     this._logger = logger;
     this._handlers = new Map();
     this._stopping = false;
+    this._running = false;
     this._wakeUp = null; // ends a reconnect wait early (stop)
     this._stream = null; // the live stream, if any
     this._busy = 0; // handlers whose promise has not settled, of any stream
@@ -169,6 +170,8 @@ class Worker extends EventEmitter {
    */
   async run() {
     if (this._handlers.size === 0) throw new Error('register at least one handler (worker.handler)');
+    if (this._running) throw new Error('this worker is running already');
+    this._running = true;
     const pkg = loadPackage();
     const stub = new pkg.WorkerService(this.target, this._credentials, this._channelOptions);
     let delay = 100;
@@ -201,6 +204,7 @@ class Worker extends EventEmitter {
       if (this._busy > 0) await new Promise((resolve) => this._idle.push(resolve));
     } finally {
       stub.close();
+      this._running = false;
     }
   }
 
