@@ -303,6 +303,9 @@ class Stream {
       case 'assignment':
         this.assigned(response.assignment);
         break;
+      case 'assignments': // several at once: the server sends what it has ready in one write
+        for (const assignment of response.assignments.assignments) this.assigned(assignment);
+        break;
       case 'ping':
         this.send({ pong: { nonce: response.ping.nonce } });
         break;
