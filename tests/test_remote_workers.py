@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -30,6 +31,7 @@ from scheduler_grpc.executions import Trigger
 from scheduler_grpc.handlers import ExecutionContext as ServerContext
 from scheduler_grpc.handlers import Handler, HandlerSettings, JSONValue, default_registry
 from scheduler_grpc.jobs import JobSpec, RetryPolicy
+from scheduler_grpc.remote import Session
 from scheduler_grpc.server import RunningServer, serve
 from tests.conftest import ROOT
 from tests.engine_helpers import eventually, make_settings
@@ -486,6 +488,35 @@ async def test_bad_messages_get_clear_errors_naming_the_field_and_other_streams_
         other.send(outcome=outcome(third.execution_id, third.claim_token, "also fine"))
         other.close()
         assert await other.rest() == []
+
+
+async def test_a_server_bug_on_a_message_is_logged_once_and_ends_that_stream_only(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: Session, nonce: int) -> None:
+        raise RuntimeError("a bug in on_pong")
+
+    monkeypatch.setattr(Session, "on_pong", broken)
+    async with raw(deployment) as open_stream:
+        stream, other = open_stream(), open_stream()
+        for each in (stream, other):
+            each.send(hello=hello(slots=1))
+            await each.receive_kind("welcome")
+        with caplog.at_level(logging.ERROR, logger="scheduler_grpc"):
+            stream.send(pong=workers_pb2.Pong(nonce=1))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stream.rest()
+        # Not a silent end (OK) and not the worker's fault (INVALID_ARGUMENT): the server's bug.
+        assert caught.value.code() == grpc.StatusCode.ABORTED
+        assert "failed to handle a message" in (caught.value.details() or "")
+        logged = [r for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], RuntimeError)]
+        assert len(logged) == 1
+        assert str(logged[0].exc_info[1]) == "a bug in on_pong"  # type: ignore[index]
+        # The other stream is still served.
+        runs = await deployment.runs(1)
+        other.send(credit=workers_pb2.Credit(grant=1))
+        assert (await other.receive_kind("assignment")).assignment.run_id == runs[0]
+        other.close()
 
 
 # -- a worker process killed -------------------------------------------------------------------------

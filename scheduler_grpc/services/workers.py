@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -13,7 +14,7 @@ from google.protobuf import duration_pb2
 from scheduler_client.v1 import workers_pb2
 
 from scheduler_grpc.application import Api
-from scheduler_grpc.errors import FailedPrecondition, InvalidArgument
+from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument
 from scheduler_grpc.remote.protocol import (
     Assignment,
     CancelOrder,
@@ -34,6 +35,8 @@ from scheduler_grpc.services import convert
 from scheduler_grpc.services.decode import Undecodable
 
 MAX_RATE_LIMIT_WAIT = timedelta(hours=1)
+
+log = logging.getLogger("scheduler_grpc.remote")
 
 
 class WorkerService:
@@ -69,7 +72,10 @@ class WorkerService:
 
 async def _read(requests: AsyncIterator[Any], session: Session) -> None:
     """The worker's messages, to the session until the worker closes its side (which ends the
-    session); a message that breaks the protocol ends the stream with its error."""
+    session); a message that breaks the protocol ends the stream with its error (the worker's
+    mistake: INVALID_ARGUMENT or FAILED_PRECONDITION naming the field). Anything else is the
+    server's bug: logged once with its traceback, and only this stream ends, ABORTED (the SDKs
+    reconnect)."""
     try:
         async for request in requests:
             _dispatch(request, session)
@@ -79,7 +85,9 @@ async def _read(requests: AsyncIterator[Any], session: Session) -> None:
     except asyncio.CancelledError:
         raise
     except Exception:
-        pass
+        log.exception("remote worker's message could not be handled", extra={"worker_id": session.id})
+        session.fail(Aborted("the server failed to handle a message of this stream (logged); reconnect"))
+        return
     session.end()
 
 
