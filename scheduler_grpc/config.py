@@ -338,6 +338,14 @@ SETTINGS: tuple[Setting, ...] = (
         "goes back to the queue, its attempt unspent.",
     ),
     Setting(
+        "remote_hello_timeout",
+        "SCHEDULER_REMOTE_HELLO_TIMEOUT",
+        parse_duration,
+        "10s",
+        "A remote worker's stream (WorkerService.Connect) must send its `hello` within this long after it "
+        "opens, else it is ended with INVALID_ARGUMENT on `hello`.",
+    ),
+    Setting(
         "remote_ping_interval",
         "SCHEDULER_REMOTE_PING_INTERVAL",
         parse_duration,
@@ -549,6 +557,7 @@ class Settings:
     worker_reserve_max: int
     worker_reserve_grace: timedelta
     remote_ack_timeout: timedelta
+    remote_hello_timeout: timedelta
     remote_ping_interval: timedelta
     breaker_window: int
     breaker_min_calls: int
@@ -646,6 +655,8 @@ def _check(settings: Settings) -> None:
         )
     if settings.remote_ack_timeout <= timedelta(0):
         raise ConfigError(f"{name('remote_ack_timeout')} must be positive")
+    if settings.remote_hello_timeout <= timedelta(0):
+        raise ConfigError(f"{name('remote_hello_timeout')} must be positive")
     if settings.remote_ping_interval < timedelta(milliseconds=100):
         raise ConfigError(f"{name('remote_ping_interval')} must be at least 100ms")
     if settings.connect_timeout <= timedelta(0):

@@ -490,6 +490,24 @@ async def test_bad_messages_get_clear_errors_naming_the_field_and_other_streams_
         assert await other.rest() == []
 
 
+@pytest.mark.parametrize("deployment", [{"SCHEDULER_REMOTE_HELLO_TIMEOUT": "300ms"}], indirect=True)
+async def test_a_stream_that_never_says_hello_is_ended_after_the_hello_timeout(deployment: Deployment) -> None:
+    async with raw(deployment) as open_stream:
+        silent = open_stream()  # opens the stream, sends nothing
+        began = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await silent.receive(within=10)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        expected = "hello: none within 300ms: the first message of a stream must be `hello`"
+        assert caught.value.details() == expected
+        assert time.monotonic() - began < 5
+        # A stream that says hello in time is served as usual.
+        stream = open_stream()
+        stream.send(hello=hello())
+        assert (await stream.receive_kind("welcome")).welcome.worker_id.startswith("remote:")
+        stream.close()
+
+
 async def test_a_server_bug_on_a_message_is_logged_once_and_ends_that_stream_only(
     deployment: Deployment, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

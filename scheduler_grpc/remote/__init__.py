@@ -46,6 +46,11 @@ class RemoteWorkers:
         self._settings = settings
         self.sessions: set[Session] = set()  # open, until their hand-back is done
 
+    @property
+    def hello_timeout(self) -> timedelta:
+        """How long a stream may take to say `hello` (SCHEDULER_REMOTE_HELLO_TIMEOUT)."""
+        return self._settings.remote_hello_timeout
+
     def open(self, hello: Hello, peer: str) -> Session:
         """A session for a worker that said `hello` from `peer` (a gRPC peer string).
 

@@ -14,6 +14,7 @@ from google.protobuf import duration_pb2
 from scheduler_client.v1 import workers_pb2
 
 from scheduler_grpc.application import Api
+from scheduler_grpc.config import format_duration
 from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument
 from scheduler_grpc.remote.protocol import (
     Assignment,
@@ -49,10 +50,16 @@ class WorkerService:
         remote = self._api.remote
         if remote is None:
             raise FailedPrecondition("this server does not serve remote workers")
+        wait = remote.hello_timeout
         try:
-            first = await anext(requests)
+            async with asyncio.timeout(wait.total_seconds()):
+                first = await anext(requests)
         except StopAsyncIteration:
             return
+        except TimeoutError:
+            raise InvalidArgument(
+                "hello", f"none within {format_duration(wait)}: the first message of a stream must be `hello`"
+            ) from None
         if isinstance(first, Undecodable):
             raise InvalidArgument(first.field, first.message)
         if first.WhichOneof("message") != "hello":
