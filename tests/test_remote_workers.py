@@ -407,6 +407,29 @@ async def test_the_jobs_timeout_cancels_the_sdk_handler_and_records_the_timeout(
     assert error.startswith("timed out after 0.5s")
 
 
+async def test_the_worker_is_told_the_real_reason_of_a_cancel(deployment: Deployment) -> None:
+    (timing_out,) = await deployment.runs(1, job_timeout=timedelta(milliseconds=500))
+    (cancelled,) = await deployment.runs(1)
+    async with raw(deployment) as open_stream:
+        stream = open_stream()
+        stream.send(hello=hello(slots=2))
+        await stream.receive_kind("welcome")
+        stream.send(credit=workers_pb2.Credit(grant=2))
+        assigned = {}
+        for _ in range(2):
+            a = (await stream.receive_kind("assignment")).assignment
+            stream.send(ack=workers_pb2.Ack(execution_id=a.execution_id, claim_token=a.claim_token))
+            assigned[a.run_id] = a.execution_id
+        # The job's timeout: "timed out", not "cancelled".
+        cancel = (await stream.receive_kind("cancel")).cancel
+        assert (cancel.execution_id, cancel.reason) == (assigned[timing_out], "timed out")
+        # A cancel request: "cancelled".
+        await deployment.server.api.control.cancel_execution(cancelled)
+        cancel = (await stream.receive_kind("cancel")).cancel
+        assert (cancel.execution_id, cancel.reason) == (assigned[cancelled], "cancelled")
+        stream.close()
+
+
 # -- bad input ---------------------------------------------------------------------------------------
 
 

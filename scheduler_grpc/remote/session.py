@@ -55,11 +55,16 @@ from scheduler_grpc.remote.protocol import (
     Throttled,
     Welcome,
 )
-from scheduler_grpc.worker import State, Worker
+from scheduler_grpc.worker import State, Stop, Worker
 
 log = logging.getLogger("scheduler_grpc.remote")
 
 _CLOSED: Final = object()
+_STOP_REASONS: Final = {
+    Stop.CANCEL: "cancelled",
+    Stop.LOST: "lease lost",
+    Stop.SHUTDOWN: "stopping",  # the stream's end (or the server's stop): its runs are handed back
+}
 # Messages waiting to go out beyond the assignments' own bound (rejections, pings, cancels): a
 # worker that sends bad messages without reading the answers loses its stream.
 OUTBOX_SLACK: Final = 256
@@ -340,11 +345,21 @@ class Session:
                     pass
                 else:
                     self._drop(ctx.execution_id, pending)
-                self._send(CancelOrder(ctx.execution_id, "cancelled"))
+                self._send(CancelOrder(ctx.execution_id, self._cancel_reason(ctx.run_id)))
             raise
         finally:
             self._sent_live -= 1
         return _result(report)
+
+    def _cancel_reason(self, run_id: str) -> str:
+        """Why the task of `run_id` was cancelled, as the worker is told (`Cancel.reason`)."""
+        run = self._tracker.get(run_id)
+        if run is not None:
+            if run.stop is not None:
+                return _STOP_REASONS[run.stop]
+            if run.deadline is not None and run.deadline.expired:
+                return "timed out"
+        return "cancelled"
 
     def _drop(self, execution_id: str, pending: _Pending) -> None:
         if self._pending.get(execution_id) is pending:
