@@ -288,6 +288,28 @@ async def test_assignments_never_exceed_credit_and_unacknowledged_ones_go_back_u
     assert await deployment.attempts(runs) == 1
 
 
+async def test_an_assignment_unacknowledged_when_its_stream_ends_comes_again_as_the_same_attempt(
+    deployment: Deployment,
+) -> None:
+    """What the SDKs' docs and docs/guarantees.md say: the same execution id may be delivered twice."""
+    (run_id,) = await deployment.runs(1)
+    async with raw(deployment) as open_stream:
+        first = open_stream()
+        first.send(hello=hello(slots=1))
+        await first.receive_kind("welcome")
+        first.send(credit=workers_pb2.Credit(grant=1))
+        sent = (await first.receive_kind("assignment")).assignment
+        first.close()  # its ack (had it sent one) never reached the server
+        await first.rest()
+        second = open_stream()
+        second.send(hello=hello(slots=1))
+        await second.receive_kind("welcome")
+        second.send(credit=workers_pb2.Credit(grant=1))
+        again = (await second.receive_kind("assignment", within=20)).assignment
+        assert (again.run_id, again.execution_id, again.attempt) == (run_id, sent.execution_id, 1)
+        second.close()
+
+
 async def test_a_credit_grant_over_the_slots_ends_that_stream_only(deployment: Deployment) -> None:
     async with raw(deployment) as open_stream:
         good, bad = open_stream(), open_stream()

@@ -66,7 +66,11 @@ class ExecutionContext {
   constructor(assignment, signal) {
     /** The run (its first attempt's execution id). */
     this.runId = assignment.run_id;
-    /** This attempt; a handler runs at most once per execution id. */
+    /**
+     * This attempt. Not a once-only key: an assignment whose ack had not reached the server when its
+     * stream ended goes back unspent and may be delivered again (same execution id, same attempt), so
+     * a handler must be idempotent per execution id.
+     */
     this.executionId = assignment.execution_id;
     this.jobId = assignment.job_id;
     this.jobName = assignment.job_name;

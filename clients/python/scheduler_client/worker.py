@@ -74,7 +74,9 @@ class ExecutionContext:
 
     Attributes:
         run_id: The run (its first attempt's execution id).
-        execution_id: This attempt; a handler runs at most once per execution id.
+        execution_id: This attempt. Not a once-only key: an assignment whose ack had not reached
+            the server when its stream ended goes back unspent and may be delivered again (same
+            execution id, same attempt), so a handler must be idempotent per execution id.
         job_id, job_name: The job.
         attempt: 1 for the first attempt, 2 for the first retry, ...
         handler: The handler name.
