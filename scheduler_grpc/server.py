@@ -345,6 +345,7 @@ async def serve(
                 misfire_grace=settings.misfire_grace,
                 read_timeout=timeout,
                 users=UserAdmin(users, authenticator),
+                in_process_queue=settings.queue,
             ),
             auth=authenticator,
             fanout=fanout,

@@ -584,6 +584,24 @@ class HandlerRegistry:
         """
         return self.get(handler_name).validate(payload, self.settings)
 
+    def validate_remote(self, handler_name: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate `payload` for a handler this registry does not know, a remote worker's: its name
+        by the naming rule, the payload only as a JSON object of at most 64 KiB.
+
+        Raises:
+            InvalidArgument: naming `handler` or `payload`.
+        """
+        try:
+            check_handler_name(handler_name)
+        except TypeError as exc:
+            raise InvalidArgument(
+                "handler",
+                f"unknown handler {handler_name!r:.80}; known: {', '.join(self.names())}; a remote "
+                f"worker's must follow the naming rule: {exc}",
+            ) from None
+        check_payload_size(payload)
+        return dict(payload)
+
     def describe(self) -> list[dict[str, JSONValue]]:
         """Every handler's schema plus whether it is enabled here, sorted by name."""
         described = []

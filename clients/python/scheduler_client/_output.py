@@ -151,6 +151,7 @@ def job_fields(job: jobs_pb2.Job, job_names: Mapping[str, str] | None = None) ->
         ("name", job.name),
         ("id", job.id),
         ("handler", job.handler),
+        ("handler served", "yes" if job.handler_served else "no: no connected worker serves it on the job's queue now"),
         ("state", job_state(job)),
         ("schedule", schedule_text(job.schedule)),
         ("next run", when(job.next_run_time)),
