@@ -9,14 +9,17 @@ server's `StoreHealth`. Neither door reaches PostgreSQL or Redis but through the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler_grpc.auth import Authenticator
-from scheduler_grpc.cluster import ClusterView
+from scheduler_grpc.cluster import ClusterView, serves
 from scheduler_grpc.control import Control
 from scheduler_grpc.events import EventFanout
 from scheduler_grpc.handlers import HandlerRegistry
+from scheduler_grpc.jobs import Job
 from scheduler_grpc.metrics import Metrics
+from scheduler_grpc.remote import RemoteWorkers
 
 
 @dataclass
@@ -40,6 +43,7 @@ class Api:
         handlers: The handler registry (validation, descriptions).
         metrics: Where calls are recorded.
         health: The stores' health as the server last checked it.
+        remote: The remote workers' sessions (`WorkerService.Connect`); None where not served.
     """
 
     control: Control
@@ -49,3 +53,12 @@ class Api:
     handlers: HandlerRegistry
     metrics: Metrics
     health: StoreHealth
+    remote: RemoteWorkers | None = None
+
+    async def handlers_served(self, jobs: Sequence[Job]) -> list[bool]:
+        """Whether something serves each job's handler now: it is the server's (`handlers`), or a
+        live remote worker serves it on the job's queue (the workers' heartbeats, read only when a
+        job names a handler the server does not know)."""
+        remote = any(job.handler not in self.handlers for job in jobs)
+        workers = await self.cluster.workers() if remote else []
+        return [job.handler in self.handlers or serves(workers, job.handler, job.queue) for job in jobs]

@@ -16,7 +16,10 @@
 * Tokens carry a kind prefix (`st_` session, `sk_` API key) so a call is checked against one store,
   and secret scanners can recognise leaked keys.
 * Roles are ordered: viewer < operator < admin. `METHOD_ROLES` maps every full method name to the
-  least role that may call it; a method missing from it is refused (deny by default).
+  least role that may call it; a method missing from it is refused (deny by default). The `worker`
+  role (API keys only) stands apart from that order: it may call the methods mapped to it
+  (`WorkerService.Connect`) and nothing else, and no other role may call those (an admin key on a
+  worker host would be an admin key on every worker host).
 * Login throttling (the README's "Login throttling" section is the policy): every attempt is
   reserved in Redis BEFORE its password is hashed, by one script that checks the limits and counts
   the attempt as a failure (`login_reserve.lua`); the right password releases it. Hard limits:
@@ -129,22 +132,30 @@ class ResourceExhausted(SchedulerError):
 
 
 class Role(enum.StrEnum):
-    """A caller's rights; each role includes the rights of the ones before it."""
+    """A caller's rights; each of viewer, operator, admin includes the rights of the ones before it.
+    `worker` (API keys only) serves runs (`WorkerService.Connect`) and may do nothing else."""
 
     VIEWER = "viewer"
     OPERATOR = "operator"
     ADMIN = "admin"
+    WORKER = "worker"
 
     @property
     def rank(self) -> int:
         return _RANKS[self]
 
     def allows(self, needed: Role) -> bool:
-        """Whether this role has the rights of `needed`."""
+        """Whether this role has the rights of `needed` (`worker` only those of `worker`, and only
+        `worker` has them)."""
+        if needed is Role.WORKER or self is Role.WORKER:
+            return self is needed
         return self.rank >= needed.rank
 
 
-_RANKS: Final = {Role.VIEWER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
+# The worker role is outside the order (see `Role.allows`): rank 0, never compared.
+_RANKS: Final = {Role.WORKER: 0, Role.VIEWER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
+USER_ROLES: Final = (Role.VIEWER, Role.OPERATOR, Role.ADMIN)
+"""The roles a user may have (`worker` is for API keys only)."""
 
 PUBLIC: Final = None
 """The 'least role' of methods any caller may use without credentials."""
@@ -152,6 +163,7 @@ PUBLIC: Final = None
 _V = Role.VIEWER
 _O = Role.OPERATOR
 _A = Role.ADMIN
+_W = Role.WORKER
 
 METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     # Login hands out credentials, Health is for load balancers, reflection describes the public
@@ -216,6 +228,8 @@ METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "/scheduler.v1.LimitService/GetLimitKey": _V,
     "/scheduler.v1.LimitService/PauseLimitKey": _O,
     "/scheduler.v1.LimitService/ResumeLimitKey": _O,
+    # Remote workers (issue 23): worker API keys only, and they may call nothing else.
+    "/scheduler.v1.WorkerService/Connect": _W,
 }
 
 

@@ -7,6 +7,7 @@ record to `db.leadership`; the ClusterService servicer asks this module and neve
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -16,6 +17,11 @@ from scheduler_grpc import leader, registry
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.keys import LeaderKeys
 from scheduler_grpc.registry import WorkerInfo
+
+
+def serves(workers: Iterable[WorkerInfo], handler: str, queue: str) -> bool:
+    """Whether one of `workers` (live ones, `ClusterView.workers`) runs `handler` on `queue`."""
+    return any(handler in worker.handlers and worker.queue == queue for worker in workers)
 
 
 @dataclass(frozen=True)

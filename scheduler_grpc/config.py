@@ -330,6 +330,30 @@ SETTINGS: tuple[Setting, ...] = (
         "the queue, its attempt unspent.",
     ),
     Setting(
+        "remote_ack_timeout",
+        "SCHEDULER_REMOTE_ACK_TIMEOUT",
+        parse_duration,
+        "10s",
+        "A remote worker (WorkerService.Connect) must acknowledge an assignment within this long, else the run "
+        "goes back to the queue, its attempt unspent.",
+    ),
+    Setting(
+        "remote_hello_timeout",
+        "SCHEDULER_REMOTE_HELLO_TIMEOUT",
+        parse_duration,
+        "10s",
+        "A remote worker's stream (WorkerService.Connect) must send its `hello` within this long after it "
+        "opens, else it is ended with INVALID_ARGUMENT on `hello`.",
+    ),
+    Setting(
+        "remote_ping_interval",
+        "SCHEDULER_REMOTE_PING_INTERVAL",
+        parse_duration,
+        "10s",
+        "The server pings each remote worker's stream this often; a stream without an answer to two pings "
+        "in a row is ended (its runs handed back).",
+    ),
+    Setting(
         "breaker_window",
         "SCHEDULER_BREAKER_WINDOW",
         _parse_positive_int,
@@ -532,6 +556,9 @@ class Settings:
     worker_reserve_ahead: timedelta
     worker_reserve_max: int
     worker_reserve_grace: timedelta
+    remote_ack_timeout: timedelta
+    remote_hello_timeout: timedelta
+    remote_ping_interval: timedelta
     breaker_window: int
     breaker_min_calls: int
     breaker_failure_ratio: float
@@ -626,6 +653,12 @@ def _check(settings: Settings) -> None:
             f"{name('worker_reserve_ahead')} must be shorter than {name('visibility_timeout')} "
             f"({format_duration(settings.visibility_timeout)})"
         )
+    if settings.remote_ack_timeout <= timedelta(0):
+        raise ConfigError(f"{name('remote_ack_timeout')} must be positive")
+    if settings.remote_hello_timeout <= timedelta(0):
+        raise ConfigError(f"{name('remote_hello_timeout')} must be positive")
+    if settings.remote_ping_interval < timedelta(milliseconds=100):
+        raise ConfigError(f"{name('remote_ping_interval')} must be at least 100ms")
     if settings.connect_timeout <= timedelta(0):
         raise ConfigError(f"{name('connect_timeout')} must be positive")
     if settings.fire_ahead > timedelta(minutes=1):

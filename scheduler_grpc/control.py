@@ -133,8 +133,11 @@ class Control:
         misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE,
         users: UserAdmin | None = None,
         read_timeout: timedelta = DEFAULT_READ_TIMEOUT,
+        in_process_queue: str | None = None,
     ) -> None:
         self._redis = redis
+        # A server's: jobs may then name a handler it does not know (a remote worker's) on another queue.
+        self._in_process_queue = in_process_queue
         self._users = users
         self._misfire_grace = misfire_grace
         self._pool = pool
@@ -197,7 +200,7 @@ class Control:
     async def create_job(self, spec: JobSpec, *, request_id: str | None = None) -> Job:
         """Validate and store a job; the same `request_id` returns the same job."""
         request_id = _check_request_id(request_id)
-        spec = validate_job(spec, self._handlers)
+        spec = validate_job(spec, self._handlers, in_process_queue=self._in_process_queue)
         now = datetime.now(UTC)
         self._check_run_at(spec, now)
         next_run = spec.first_run_time(now) if spec.status is JobStatus.ACTIVE else None
@@ -208,7 +211,7 @@ class Control:
     async def update_job(self, job_id: str, spec: JobSpec, expected_version: int | None = None) -> Job:
         """Replace a job's definition (optimistic concurrency on `expected_version` when given)."""
         current = await self._jobs.get(job_id)
-        spec = validate_job(spec, self._handlers)
+        spec = validate_job(spec, self._handlers, in_process_queue=self._in_process_queue)
         schedule_changed = (spec.schedule_kind, spec.cron, spec.time_zone, spec.run_at, spec.dst_gap_policy,
                             spec.dst_fold_policy, spec.status) != (
             current.schedule_kind, current.cron, current.time_zone, current.run_at, current.dst_gap_policy,

@@ -16,6 +16,7 @@ from scheduler_grpc.auth import (
     DEV_ADMIN_PASSWORD,
     MAX_PASSWORD_LENGTH,
     MIN_PRODUCTION_PASSWORD_LENGTH,
+    USER_ROLES,
     USERNAME,
     Authenticator,
     Principal,
@@ -87,6 +88,7 @@ class UserAdmin:
         """
         check_username(username)
         check_password(password)
+        _check_role(role)
         request_id = _check_request_id(request_id)
         password_hash = await self._auth.hash_password(password)
         return await self._users.create(username, password_hash, role.value, request_id)
@@ -97,6 +99,7 @@ class UserAdmin:
         Raises:
             NotFound, Aborted (stale etag), FailedPrecondition (the last enabled admin).
         """
+        _check_role(role)
         user = await self._users.change(user_id, role=role.value, expected_version=expected_version)
         await self._auth.rescope_sessions(user)
         return user
@@ -143,3 +146,9 @@ class UserAdmin:
         user = await self._users.delete(user_id, expected_version=expected_version)
         await self._auth.end_sessions(user.id, user.version + 1)
         return user
+
+
+def _check_role(role: Role) -> None:
+    """Users are viewers, operators or admins (`worker` is a role of API keys only)."""
+    if role not in USER_ROLES:
+        raise InvalidArgument("role", "a user is a viewer, operator or admin (worker is for API keys)")

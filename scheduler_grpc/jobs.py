@@ -143,6 +143,10 @@ class PayloadValidator(Protocol):
 
     def validate(self, handler: str, payload: Mapping[str, Any]) -> dict[str, Any]: ...
 
+    def validate_remote(self, handler: str, payload: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def __contains__(self, name: object) -> bool: ...
+
 
 def _enum(kind: type[enum.StrEnum], value: object, field_name: str) -> Any:
     try:
@@ -180,8 +184,27 @@ def check_json(value: Any, path: str = "payload", depth: int = 0) -> None:
                 check_json(item, f"{path}[{index}]", depth + 1)
 
 
-def validate_job(spec: JobSpec, handlers: PayloadValidator) -> JobSpec:
+def _remote_payload(spec: JobSpec, handlers: PayloadValidator, in_process_queue: str) -> dict[str, Any]:
+    """The payload of a job whose handler the server does not know: a remote worker's (issue 23).
+    Its name must follow the naming rule and its payload be a JSON object within the size limit
+    (`validate_remote`; the remote handler checks the rest), and its queue must not be the
+    in-process workers' (they dead-letter runs of handlers they do not know)."""
+    payload = handlers.validate_remote(spec.handler, spec.payload)
+    if spec.queue == in_process_queue:
+        raise InvalidArgument(
+            "queue",
+            f"{spec.handler!r} is not a handler of this server, so only remote workers can run it, but "
+            f"{in_process_queue!r} is the in-process workers' queue (they would dead-letter its runs): "
+            "name the queue its remote workers serve (their hello's `queue`)",
+        )
+    return payload
+
+
+def validate_job(spec: JobSpec, handlers: PayloadValidator, *, in_process_queue: str | None = None) -> JobSpec:
     """Check every field of `spec` and return it normalised.
+
+    With `in_process_queue` (a server's), a handler `handlers` does not know is taken as a remote
+    worker's (`_remote_payload`); without, it is refused.
 
     Raises:
         InvalidArgument: naming the first offending field; nothing has been stored.
@@ -199,7 +222,10 @@ def validate_job(spec: JobSpec, handlers: PayloadValidator) -> JobSpec:
         raise InvalidArgument("priority", f"must be between {PRIORITY_MIN} and {PRIORITY_MAX}")
     check_json(spec.payload)
     check_references(spec.payload)
-    payload = handlers.validate(spec.handler, spec.payload)
+    if in_process_queue is not None and spec.handler not in handlers:
+        payload = _remote_payload(spec, handlers, in_process_queue)
+    else:
+        payload = handlers.validate(spec.handler, spec.payload)
     if len(spec.depends_on) > MAX_UPSTREAMS:
         raise InvalidArgument("depends_on", f"at most {MAX_UPSTREAMS} upstream jobs")
     for index, upstream in enumerate(spec.depends_on):

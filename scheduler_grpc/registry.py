@@ -44,6 +44,8 @@ class WorkerInfo:
         started_at: When it started (None if unreadable).
         last_beat: When it beat last (None if unreadable).
         breakers: `{breaker key: state}` of its circuit breakers.
+        sdk: A remote worker's SDK and version (`scheduler-client-python/0.1.0`); "" in-process.
+        remote: Served over a `WorkerService.Connect` stream (its host is the peer's, its pid 0).
     """
 
     id: str
@@ -56,6 +58,8 @@ class WorkerInfo:
     started_at: datetime | None = None
     last_beat: datetime | None = None
     breakers: Mapping[str, str] = field(default_factory=dict)
+    sdk: str = ""
+    remote: bool = False
 
 
 def _ms(moment: datetime) -> int:
@@ -76,7 +80,7 @@ async def beat(redis: Redis, worker: WorkerInfo, *, call_timeout: timedelta = _D
         "id": worker.id, "host": worker.host, "pid": worker.pid, "slots": worker.slots, "active": worker.active,
         "queue": worker.queue, "handlers": ",".join(worker.handlers),
         "started_at": worker.started_at.isoformat() if worker.started_at else "", "last_beat_ms": now_ms,
-        "breakers": orjson.dumps(dict(worker.breakers)),
+        "breakers": orjson.dumps(dict(worker.breakers)), "sdk": worker.sdk, "remote": int(worker.remote),
     })  # fmt: skip
     pipe.pexpire(key, int(HEARTBEAT_TTL.total_seconds() * 1000))
     # Entries of workers killed without unregistering (their hashes have expired by now); before our
@@ -153,4 +157,6 @@ def _decode(fields: Mapping[Any, Any]) -> WorkerInfo:
         started_at=started,
         last_beat=datetime.fromtimestamp(beat_ms / 1000, UTC) if beat_ms else None,
         breakers=breakers,
+        sdk=facts.get("sdk", ""),
+        remote=facts.get("remote", "0") == "1",
     )

@@ -1,6 +1,6 @@
 """`scheduler-grpc server`: the gRPC control plane.
 
-One process serves the seven `scheduler.v1` services, `grpc.health.v1.Health` and server reflection,
+One process serves the eight `scheduler.v1` services, `grpc.health.v1.Health` and server reflection,
 on grpc.aio (on uvloop under the CLI). Everything is created inside the running loop. Around it:
 
 * health: a background task pings Redis and PostgreSQL about every second (each ping bounded);
@@ -46,13 +46,16 @@ from scheduler_grpc.connections import connect
 from scheduler_grpc.control import Control
 from scheduler_grpc.control_users import UserAdmin
 from scheduler_grpc.db.api_keys import ApiKeyRepository
+from scheduler_grpc.db.history import HistoryRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.pool import Pool, ping
+from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.events import EventFanout
 from scheduler_grpc.handlers import HandlerSettings, default_registry
 from scheduler_grpc.interceptors import ApiInterceptor
+from scheduler_grpc.remote import RemoteWorkers
 from scheduler_grpc.services import add_services
 from scheduler_grpc.services.decode import GenericOnly
 
@@ -333,6 +336,7 @@ async def serve(
         )
         await authenticator.ensure_admin(settings.admin_username, password)
         fanout = EventFanout(redis, buffer=settings.watch_buffer, timeout=timeout)
+        remote = RemoteWorkers(redis, RunRepository(pool), HistoryRepository(pool), settings, registry.names())
         api = Api(
             control=Control(
                 redis,
@@ -341,6 +345,7 @@ async def serve(
                 misfire_grace=settings.misfire_grace,
                 read_timeout=timeout,
                 users=UserAdmin(users, authenticator),
+                in_process_queue=settings.queue,
             ),
             auth=authenticator,
             fanout=fanout,
@@ -348,6 +353,7 @@ async def serve(
             handlers=registry,
             metrics=recorder,
             health=StoreHealth(),
+            remote=remote,
         )
         server = grpc.aio.server(
             interceptors=[
@@ -406,6 +412,8 @@ async def serve(
                     # otherwise hold the grace period open to its end.
                     fanout.close()
                     await health.enter_graceful_shutdown()
+                    # Remote workers are told to drain; their outcomes in flight are recorded.
+                    await remote.drain(settings.shutdown_grace)
                     await server.stop(settings.shutdown_grace.total_seconds())
                     for task in tasks:
                         task.cancel()

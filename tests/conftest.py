@@ -37,7 +37,12 @@ _TIMEOUT = timedelta(seconds=10)
 # Test tiers (registered in pyproject.toml; `pytest -m pure` runs one, plain `pytest` runs all).
 # A file's own tier wins; otherwise a test is `engine` when it needs the session's servers (any
 # fixture built on `servers`), or when its file starts servers or role processes of its own.
-_FILE_TIERS = {"test_console_browser.py": "browser", "test_chaos.py": "chaos", "test_client_node.py": "node"}
+_FILE_TIERS = {
+    "test_console_browser.py": "browser",
+    "test_chaos.py": "chaos",
+    "test_client_node.py": "node",
+    "test_remote_worker_node.py": "node",
+}
 _ENGINE_FILES = {"test_topology.py"}  # `scheduler-grpc up` with its own embedded servers
 TIERS = ("pure", "engine", "browser", "chaos", "node")
 BROWSER_TIMEOUT_S = 300

@@ -56,7 +56,8 @@ def invalid_jobs() -> list[tuple[str, jobs_pb2.Job]]:
         ("job.name", echo_job(name="")),
         ("job.name", echo_job(name="has spaces")),
         ("job.name", echo_job(name="x" * 201)),
-        ("job.handler", jobs_pb2.Job(name="n", handler="no.such.handler")),
+        ("job.handler", jobs_pb2.Job(name="n", handler="No Such Handler")),  # not even a remote one
+        ("job.queue", jobs_pb2.Job(name="n", handler="no.such.handler")),  # a remote one, on the in-process queue
         ("job.payload.unknown_field", bad_payload),
         ("job.payload.seconds", missing),
         ("job.payload.url", webhook),
@@ -169,7 +170,8 @@ async def test_update_merges_the_mask_and_checks_the_etag(api: Harness) -> None:
         (["schedule.cron"], {"schedule": jobs_pb2.Schedule(cron="nope")}, "job.schedule.cron"),
         (["schedule.time_zone"], {"schedule": jobs_pb2.Schedule(time_zone="Nowhere/City")}, "job.schedule.time_zone"),
         (["name"], {"name": "bad name"}, "job.name"),
-        (["handler"], {"handler": "nope"}, "job.handler"),
+        (["handler"], {"handler": "No Such Handler"}, "job.handler"),
+        (["handler"], {"handler": "no.such.handler"}, "job.queue"),
         (["timeout"], {"timeout": duration_pb2.Duration(seconds=-5)}, "job.timeout"),
         (["retry_policy.max_retries"], {"retry_policy": jobs_pb2.RetryPolicy(max_retries=500)},
          "job.retry_policy.max_retries"),

@@ -26,7 +26,7 @@ const protoLoader = require('@grpc/proto-loader');
 const DEFAULT_ADDRESS = '127.0.0.1:50051';
 const DEFAULT_TIMEOUT_MS = 10000;
 const PROTO_ROOT = process.env.SCHEDULER_PROTOS || path.resolve(__dirname, '..', '..', 'protos');
-const PROTO_FILES = ['auth', 'jobs', 'executions', 'queue', 'cluster', 'users', 'limits'].map((name) => `scheduler/v1/${name}.proto`);
+const PROTO_FILES = ['auth', 'jobs', 'executions', 'queue', 'cluster', 'users', 'limits', 'workers'].map((name) => `scheduler/v1/${name}.proto`);
 const SERVICES = ['AuthService', 'JobService', 'ExecutionService', 'QueueService', 'ClusterService', 'UserService', 'LimitService'];
 const RESUMABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.RESOURCE_EXHAUSTED]);
 

@@ -16,14 +16,14 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from scheduler_grpc.auth import Role
+from scheduler_grpc.auth import USER_ROLES, Role
 from scheduler_grpc.console.context import CONSOLE, render
 from scheduler_grpc.console.security import PRINCIPAL, rpc
 from scheduler_grpc.control_users import UserAdmin
 from scheduler_grpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 
 _V: Final = "/scheduler.v1.UserService/"
-ROLES: Final = [role.value for role in Role]
+ROLES: Final = [role.value for role in USER_ROLES]
 
 
 def _users(request: web.Request) -> UserAdmin:
@@ -44,9 +44,12 @@ async def _form(request: web.Request) -> dict[str, str]:
 
 def _role(value: str) -> Role:
     try:
-        return Role(value)
+        role = Role(value)
     except ValueError:
-        raise InvalidArgument("role", "must be viewer, operator or admin") from None
+        role = None
+    if role not in USER_ROLES:
+        raise InvalidArgument("role", "must be viewer, operator or admin")
+    return role
 
 
 def _done(message: str) -> web.HTTPSeeOther:

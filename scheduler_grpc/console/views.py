@@ -306,11 +306,13 @@ async def job_detail(request: web.Request) -> web.StreamResponse:
     rate = (100.0 * succeeded / len(finished)) if finished else None
     duration_bars, longest = charts.durations(slots)
     upstreams, downstreams = await console.api.control.flow_reads.job_relations(job.id)
+    (served,) = await console.api.handlers_served([job])
     return await render(
         request,
         "job_detail.html",
         {
             "job": job,
+            "handler_served": served,
             "upstreams": upstreams,
             "downstreams": downstreams,
             "payload": orjson.dumps(job.payload, option=orjson.OPT_INDENT_2).decode(),

@@ -23,6 +23,7 @@ from scheduler_grpc.handlers.base import (
     Maintenance,
     PermanentHandlerError,
     RateLimited,
+    check_handler_name,
     load_plugins,
 )
 from scheduler_grpc.handlers.shell import ShellHandler
@@ -119,6 +120,7 @@ __all__ = [
     "WebhookHandler",
     "breaker_key",
     "builtin_handlers",
+    "check_handler_name",
     "default_registry",
     "handler_of_breaker_key",
     "load_plugins",

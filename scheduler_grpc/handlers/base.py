@@ -113,6 +113,9 @@ class ExecutionContext:
         upstream_results: in a flow run (job dependencies), the result of each upstream job's run
             of the same flow run, by job name (None for one that did not succeed); empty
             otherwise. (A payload can also take them by `{"$from": "<job>.result.<path>"}`.)
+        run_id: id of the run (its first attempt's execution id; "" where not known).
+        claim_token: the attempt's fencing token: writes about this attempt apply only under it (a
+            remote worker's session hands it to its worker; "" where not known).
     """
 
     execution_id: str
@@ -125,6 +128,8 @@ class ExecutionContext:
     maintenance: Maintenance | None
     log: logging.Logger | logging.LoggerAdapter[Any]
     upstream_results: Mapping[str, Any] = field(default_factory=dict)
+    run_id: str = ""
+    claim_token: str = ""
 
 
 class HandlerError(SchedulerError):
@@ -446,6 +451,16 @@ class EntryPointLike(Protocol):
     def load(self) -> Any: ...
 
 
+def check_handler_name(name: object) -> None:
+    """Require a handler name by the naming rule (a built-in's, a plugin's, a remote worker's).
+
+    Raises:
+        TypeError: saying the rule.
+    """
+    if not isinstance(name, str) or len(name) > 64 or not _NAME.match(name):
+        raise TypeError(f"handler name {name!r:.80} must be 1-64 lowercase dotted words such as 'acme.sync'")
+
+
 def check_handler(handler: Handler) -> None:
     """Require a well-formed handler identity.
 
@@ -453,8 +468,7 @@ def check_handler(handler: Handler) -> None:
         TypeError: naming what is wrong.
     """
     name = getattr(handler, "name", None)
-    if not isinstance(name, str) or len(name) > 64 or not _NAME.match(name):
-        raise TypeError(f"handler name {name!r} must be 1-64 lowercase dotted words such as 'acme.sync'")
+    check_handler_name(name)
     if not isinstance(getattr(handler, "description", None), str):
         raise TypeError(f"handler {name!r} needs a `description` string")
     if not all(isinstance(f, Field) for f in handler.fields):
@@ -569,6 +583,24 @@ class HandlerRegistry:
             InvalidArgument: naming `handler`, `payload` or `payload.<field>`.
         """
         return self.get(handler_name).validate(payload, self.settings)
+
+    def validate_remote(self, handler_name: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate `payload` for a handler this registry does not know, a remote worker's: its name
+        by the naming rule, the payload only as a JSON object of at most 64 KiB.
+
+        Raises:
+            InvalidArgument: naming `handler` or `payload`.
+        """
+        try:
+            check_handler_name(handler_name)
+        except TypeError as exc:
+            raise InvalidArgument(
+                "handler",
+                f"unknown handler {handler_name!r:.80}; known: {', '.join(self.names())}; a remote "
+                f"worker's must follow the naming rule: {exc}",
+            ) from None
+        check_payload_size(payload)
+        return dict(payload)
 
     def describe(self) -> list[dict[str, JSONValue]]:
         """Every handler's schema plus whether it is enabled here, sorted by name."""

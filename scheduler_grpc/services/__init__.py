@@ -8,7 +8,16 @@ log and measure every call in one place.
 from __future__ import annotations
 
 import grpc
-from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, limits_pb2, queue_pb2, users_pb2
+from scheduler_client.v1 import (
+    auth_pb2,
+    cluster_pb2,
+    executions_pb2,
+    jobs_pb2,
+    limits_pb2,
+    queue_pb2,
+    users_pb2,
+    workers_pb2,
+)
 
 from scheduler_grpc.application import Api
 
@@ -23,6 +32,7 @@ def add_services(server: grpc.aio.Server, api: Api) -> list[str]:
     from scheduler_grpc.services.limits import LimitService
     from scheduler_grpc.services.queue import QueueService
     from scheduler_grpc.services.users import UserService
+    from scheduler_grpc.services.workers import WorkerService
 
     # Not the generated `add_*_to_server`: `register` adds the same handlers with deserializers that
     # answer a malformed request with INVALID_ARGUMENT instead of grpc.aio's UNKNOWN.
@@ -33,6 +43,7 @@ def add_services(server: grpc.aio.Server, api: Api) -> list[str]:
     register(server, cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"], ClusterService(api))
     register(server, users_pb2.DESCRIPTOR.services_by_name["UserService"], UserService(api))
     register(server, limits_pb2.DESCRIPTOR.services_by_name["LimitService"], LimitService(api))
+    register(server, workers_pb2.DESCRIPTOR.services_by_name["WorkerService"], WorkerService(api))
     return list(SERVICE_NAMES)
 
 
@@ -44,4 +55,5 @@ SERVICE_NAMES = (
     "scheduler.v1.ClusterService",
     "scheduler.v1.UserService",
     "scheduler.v1.LimitService",
+    "scheduler.v1.WorkerService",
 )

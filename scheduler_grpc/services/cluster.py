@@ -25,6 +25,8 @@ def _message(worker: WorkerInfo) -> cluster_pb2.Worker:
         handlers=list(worker.handlers),
         start_time=convert.timestamp(worker.started_at),
         heartbeat_time=convert.timestamp(worker.last_beat),
+        sdk=worker.sdk,
+        remote=worker.remote,
     )
 
 

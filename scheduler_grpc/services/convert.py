@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, limits_pb2, queue_pb2
 
 from scheduler_grpc import outputs
-from scheduler_grpc.auth import ApiKeyRecord, Role
+from scheduler_grpc.auth import USER_ROLES, ApiKeyRecord, Role
 from scheduler_grpc.control import DeadItem
 from scheduler_grpc.control_flows import FlowRunSummary
 from scheduler_grpc.control_limit_keys import LimitKeyState
@@ -249,6 +249,11 @@ def _from_value(value: struct_pb2.Value) -> Any:
     return None  # null_value, or no kind set
 
 
+def value_to_json(value: struct_pb2.Value) -> Any:
+    """A Value as JSON (integral numbers as ints; not validated)."""
+    return _from_value(value)
+
+
 def struct_to_dict(message: struct_pb2.Struct) -> dict[str, Any]:
     """A Struct as a dict (integral numbers as ints; not validated: see `jobs.check_json`)."""
     return {key: _from_value(item) for key, item in message.fields.items()}
@@ -335,7 +340,12 @@ _EVENT_TYPE = {
     EventType.UPSTREAM_FAILED: executions_pb2.EVENT_TYPE_UPSTREAM_FAILED,
 }
 _LIMIT_KIND = {LimitKind.CONCURRENCY: limits_pb2.LIMIT_KIND_CONCURRENCY, LimitKind.RATE: limits_pb2.LIMIT_KIND_RATE}
-_ROLE = {Role.VIEWER: auth_pb2.ROLE_VIEWER, Role.OPERATOR: auth_pb2.ROLE_OPERATOR, Role.ADMIN: auth_pb2.ROLE_ADMIN}
+_ROLE = {
+    Role.VIEWER: auth_pb2.ROLE_VIEWER,
+    Role.OPERATOR: auth_pb2.ROLE_OPERATOR,
+    Role.ADMIN: auth_pb2.ROLE_ADMIN,
+    Role.WORKER: auth_pb2.ROLE_WORKER,
+}
 _UNSET = 0  # every proto enum's UNSPECIFIED value
 
 
@@ -632,7 +642,15 @@ def role_to_proto(role: Role) -> auth_pb2.Role:
 def role_from_proto(value: int, field: str = "role") -> Role:
     role = _from_proto(_ROLE, value, field)
     if role is None:
-        raise InvalidArgument(field, "required: ROLE_VIEWER, ROLE_OPERATOR or ROLE_ADMIN")
+        raise InvalidArgument(field, "required: ROLE_VIEWER, ROLE_OPERATOR, ROLE_ADMIN or ROLE_WORKER")
+    return role
+
+
+def user_role_from_proto(value: int, field: str = "role") -> Role:
+    """A user's role: ROLE_WORKER is for API keys only."""
+    role = _from_proto(_ROLE, value, field)
+    if role is None or role not in USER_ROLES:
+        raise InvalidArgument(field, "required: ROLE_VIEWER, ROLE_OPERATOR or ROLE_ADMIN (ROLE_WORKER is for API keys)")
     return role
 
 

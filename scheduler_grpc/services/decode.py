@@ -260,10 +260,19 @@ def register(server: grpc.aio.Server, service: ServiceDescriptor, servicer: obje
     does), with deserializers that never raise."""
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in service.methods:
-        if method.client_streaming:
-            raise NotImplementedError(f"{method.full_name}: client streams are not supported here")
         request_class = GetMessageClass(method.input_type)
         response_class = GetMessageClass(method.output_type)
+        if method.client_streaming:
+            if not method.server_streaming:
+                raise NotImplementedError(f"{method.full_name}: client streams are supported only bidirectional")
+            # A bidirectional stream (WorkerService.Connect): each request may be an `Undecodable`,
+            # which the servicer answers itself (refusing one message must not end the stream).
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                getattr(servicer, method.name),
+                request_deserializer=_deserializer(request_class),
+                response_serializer=response_class.SerializeToString,
+            )
+            continue
         kind = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
         handlers[method.name] = kind(
             _guard(getattr(servicer, method.name)),

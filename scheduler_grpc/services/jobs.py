@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import grpc
@@ -33,7 +33,9 @@ _WRITABLE: Final = (
     "name", "handler", "payload", "schedule", "queue", "priority", "retry_policy", "timeout", "misfire_policy",
     "concurrency_policy", "depends_on", "trigger_rule", "limits",
 )  # fmt: skip
-_OUTPUT_ONLY: Final = frozenset({"id", "state", "next_run_time", "etag", "create_time", "update_time"})
+_OUTPUT_ONLY: Final = frozenset(
+    {"id", "state", "next_run_time", "etag", "create_time", "update_time", "handler_served"}
+)
 
 
 def _update_paths(mask: field_mask_pb2.FieldMask) -> list[str]:
@@ -67,6 +69,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     def __init__(self, api: Api) -> None:
         self._control = api.control
         self._handlers = api.handlers
+        self._api = api
+
+    async def _served(self, jobs: Sequence[Job], messages: Sequence[jobs_pb2.Job]) -> None:
+        """Set `handler_served` of each message (`Api.handlers_served`)."""
+        for message, served in zip(messages, await self._api.handlers_served(jobs), strict=True):
+            message.handler_served = served
+
+    async def _one(self, job: Job, message: jobs_pb2.Job) -> jobs_pb2.Job:
+        await self._served([job], [message])
+        return message
 
     def _require_handler_rights(self, principal: Principal, handlers: Iterable[str]) -> None:
         # Checked here as well as by the method table: defining what a shell command runs is
@@ -86,11 +98,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         with convert.job_fields():
             spec = convert.job_spec(request.job)
             job = await self._control.create_job(spec, request_id=request.request_id or None)
-        return jobs_pb2.CreateJobResponse(job=convert.job_to_proto(job))
+        return jobs_pb2.CreateJobResponse(job=await self._one(job, convert.job_to_proto(job)))
 
     async def GetJob(self, request: jobs_pb2.GetJobRequest, context: Context) -> jobs_pb2.GetJobResponse:
         job = await self._control.get_job(convert.resource_id(request.id))
-        return jobs_pb2.GetJobResponse(job=_shown(job))
+        return jobs_pb2.GetJobResponse(job=await self._one(job, _shown(job)))
 
     async def ListJobs(self, request: jobs_pb2.ListJobsRequest, context: Context) -> jobs_pb2.ListJobsResponse:
         basic = convert.basic_job_view(request.view)
@@ -102,6 +114,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             with_payload=not basic,
         )
         jobs, cut = convert.fill_page(page.jobs, _basic_job if basic else _shown)
+        await self._served(page.jobs[: len(jobs)], jobs)
         token = page.token_after(page.jobs[len(jobs) - 1]) if cut else page.next_page_token
         return jobs_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
@@ -123,7 +136,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
         with convert.job_fields():  # covers `merge` too: it runs inside merge_job
             job = await self._control.merge_job(job_id, merge, expected_version=expected)
-        return jobs_pb2.UpdateJobResponse(job=convert.job_to_proto(job))
+        return jobs_pb2.UpdateJobResponse(job=await self._one(job, convert.job_to_proto(job)))
 
     async def DeleteJob(self, request: jobs_pb2.DeleteJobRequest, context: Context) -> jobs_pb2.DeleteJobResponse:
         await self._control.delete_job(convert.resource_id(request.id), detach_dependents=request.detach_dependents)
@@ -131,11 +144,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def PauseJob(self, request: jobs_pb2.PauseJobRequest, context: Context) -> jobs_pb2.PauseJobResponse:
         job = await self._control.pause_job(convert.resource_id(request.id))
-        return jobs_pb2.PauseJobResponse(job=_shown(job))
+        return jobs_pb2.PauseJobResponse(job=await self._one(job, _shown(job)))
 
     async def ResumeJob(self, request: jobs_pb2.ResumeJobRequest, context: Context) -> jobs_pb2.ResumeJobResponse:
         job = await self._control.resume_job(convert.resource_id(request.id))
-        return jobs_pb2.ResumeJobResponse(job=_shown(job))
+        return jobs_pb2.ResumeJobResponse(job=await self._one(job, _shown(job)))
 
     async def TriggerJob(self, request: jobs_pb2.TriggerJobRequest, context: Context) -> jobs_pb2.TriggerJobResponse:
         job_id = convert.resource_id(request.id)

@@ -77,7 +77,7 @@ class UserService(users_pb2_grpc.UserServiceServicer):
     async def CreateUser(self, request: users_pb2.CreateUserRequest, context: Context) -> users_pb2.CreateUserResponse:
         if not request.HasField("user"):
             raise InvalidArgument("user", "required")
-        role = convert.role_from_proto(request.user.role, "user.role")
+        role = convert.user_role_from_proto(request.user.role, "user.role")
         with convert.renamed_fields({"username": "user.username"}):
             user = await self._control.users.create_user(
                 request.user.username, request.password, role, request_id=request.request_id or None
@@ -99,7 +99,7 @@ class UserService(users_pb2_grpc.UserServiceServicer):
             raise InvalidArgument("user", "required")
         user_id = convert.resource_id(request.user.id, "user.id")
         _update_paths(request.update_mask)  # `role`, the only writable field, whatever the mask names
-        role = convert.role_from_proto(request.user.role, "user.role")
+        role = convert.user_role_from_proto(request.user.role, "user.role")
         user = await self._control.users.set_role(user_id, role, expected_version=_expected_version(request.etag))
         return users_pb2.UpdateUserResponse(user=user_to_proto(user))
 

@@ -199,6 +199,8 @@ class Executor:
             scheduled_for=claim.scheduled_for,
             timeout=claim.timeout,
             upstream_results=claim.upstream_results,
+            run_id=claim.run_id,
+            claim_token=run.token,
             settings=self._handler_settings,
             maintenance=self._maintenance,
             log=logging.LoggerAdapter(

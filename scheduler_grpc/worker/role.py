@@ -11,7 +11,9 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -54,6 +56,8 @@ class Worker:
         settings: Process settings (visibility timeout, grace, breakers, ...).
         history: What `system.cleanup` prunes the execution history through.
         worker_id: Unique id of this worker process (default host:pid:random).
+        identity: What its heartbeats say instead of this process's facts (`WorkerInfo` fields:
+            a remote worker's session gives its peer's host, pid 0, its SDK, `remote`).
     """
 
     def __init__(
@@ -66,6 +70,7 @@ class Worker:
         history: HistoryPruning,
         worker_id: str | None = None,
         concurrency: int | None = None,
+        identity: Mapping[str, Any] | None = None,
     ) -> None:
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.concurrency = concurrency or settings.worker_concurrency
@@ -99,6 +104,7 @@ class Worker:
         self._fetcher = Fetcher(shared)
         self._completer = Completer(shared)
         self._started_at = datetime.now(UTC)
+        self._identity = dict(identity or {})
 
     @property
     def stats(self) -> WorkerStats:
@@ -175,10 +181,11 @@ class Worker:
             await asyncio.sleep(HEARTBEAT_INTERVAL.total_seconds())
 
     async def _beat(self) -> None:
+        facts: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), **self._identity}
         await workers.beat(self._shared.redis, workers.WorkerInfo(
-            id=self.id, host=socket.gethostname(), pid=os.getpid(), slots=self.concurrency, active=self.active,
+            id=self.id, slots=self.concurrency, active=self.active,
             queue=self.queue.name, handlers=self._registry.names(), started_at=self._started_at,
-            breakers={key: state.value for key, state in self.breakers.states().items()},
+            breakers={key: state.value for key, state in self.breakers.states().items()}, **facts,
         ), call_timeout=HEARTBEAT_INTERVAL)  # fmt: skip
 
     async def _unregister(self) -> None:

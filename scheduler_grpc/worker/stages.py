@@ -127,7 +127,7 @@ class Fetcher:
         reservations = 0
         if shared.settings.worker_reserve_ahead:
             reservations = min(RESERVE_BATCH, tracker.reservation_room())
-        free = tracker.free_slots()
+        free = self._free()
         tracker.book(free, reservations)
         runs: list[Attempt] = []
         extra: list[Lease] = []
@@ -152,6 +152,12 @@ class Fetcher:
         except Exception as exc:
             faulted(exc, "give back leases", self._shared.id)
 
+    def _free(self) -> int:
+        """The free slots, bounded by the worker's `capacity` (a remote worker's credit) if any."""
+        free = self._shared.tracker.free_slots()
+        capacity = self._shared.capacity
+        return free if capacity is None else min(free, capacity())
+
     async def _wait_for_room(self) -> bool:
         """Wait until slots are free (after a reply saying a solo item waits: until the worker holds
         nothing, so the next dequeue is an idle one); False: look again."""
@@ -160,18 +166,18 @@ class Fetcher:
             while not tracker.idle:
                 await self._slots_changed()
             self._solo_waiting = False
-            return True
-        if tracker.free_slots() <= 0:
+            return self._free() > 0  # (a remote worker's credit may be spent)
+        if self._free() <= 0:
             await self._slots_changed()
             return False
-        if tracker.free_slots() < self._min_batch and tracker.running:
+        if self._free() < self._min_batch and tracker.running:
             # A few slots free while others are about to be: wait a moment for them, so a busy
             # worker leases (and claims, records) in batches rather than one item at a time.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(BATCH_WAIT):
-                    while tracker.free_slots() < self._min_batch:
+                    while self._free() < self._min_batch:
                         await self._slots_changed()
-            if tracker.free_slots() <= 0:  # held runs came due meanwhile and took the slots
+            if self._free() <= 0:  # held runs came due meanwhile and took the slots
                 return False
         return True
 

@@ -55,15 +55,16 @@ class Shared:
 
     Its stores are what the stages need of them (`scheduler_grpc.ports`): `runs` (the attempts in
     PostgreSQL), `queue` (the leases in Redis), `events` (the stream the outbox is published to);
-    `redis` is left for the cancel channel.
+    `redis` is left for the cancel channel. `capacity`, when set, bounds the fetch further than
+    the free slots (a remote worker's credit).
 
     `spawn` starts a task in the role's task group (supervised: a bug in it ends the role), `fail`
     ends the role from a callback, where raising would only be logged by the event loop.
     """
 
     __slots__ = (
-        "breakers", "events", "group", "id", "outbox", "outcomes", "queue", "redis", "retry_until", "runs",
-        "settings", "slot_free", "stats", "tracker",
+        "breakers", "capacity", "events", "group", "id", "outbox", "outcomes", "queue", "redis", "retry_until",
+        "runs", "settings", "slot_free", "stats", "tracker",
     )  # fmt: skip
 
     def __init__(
@@ -94,6 +95,10 @@ class Shared:
         # Once stopping, failing writes are retried only this long (monotonic): a stop must not hang
         # for COMPLETION_RETRY_FOR; what is not recorded by then runs again elsewhere.
         self.retry_until = math.inf
+        # What else bounds the fetch besides the free slots (None: nothing): a remote worker's session
+        # (`scheduler_grpc.remote`) leases no more runs than the credit its worker granted. Whoever
+        # raises it sets `slot_free`.
+        self.capacity: Callable[[], int] | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str | None = None) -> asyncio.Task[None]:
         """Start `coro` in the role's task group."""

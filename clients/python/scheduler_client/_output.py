@@ -151,6 +151,7 @@ def job_fields(job: jobs_pb2.Job, job_names: Mapping[str, str] | None = None) ->
         ("name", job.name),
         ("id", job.id),
         ("handler", job.handler),
+        ("handler served", "yes" if job.handler_served else "no: no connected worker serves it on the job's queue now"),
         ("state", job_state(job)),
         ("schedule", schedule_text(job.schedule)),
         ("next run", when(job.next_run_time)),
@@ -310,16 +311,24 @@ def dead_letter_rows(letters: Iterable[queue_pb2.DeadLetter]) -> tuple[list[str]
     return headers, rows
 
 
+def _handlers(names: Iterable[str], most: int = 3) -> str:
+    listed = list(names)
+    shown = ",".join(listed[:most])
+    return shown + (f",+{len(listed) - most}" if len(listed) > most else "") if listed else "-"
+
+
 def worker_rows(workers: Iterable[cluster_pb2.Worker]) -> tuple[list[str], list[list[object]]]:
     now = datetime.now(UTC)
-    headers = ["ID", "HOST", "PID", "QUEUE", "BUSY", "STARTED", "HEARTBEAT"]
+    headers = ["ID", "HOST", "PID", "QUEUE", "BUSY", "HANDLERS", "SDK", "STARTED", "HEARTBEAT"]
     rows: list[list[object]] = [
         [
             worker.id,
             worker.host,
-            worker.pid,
+            worker.pid or "-",
             worker.queue,
             f"{worker.active}/{worker.slots}",
+            _handlers(worker.handlers),
+            worker.sdk or "-",
             when(worker.start_time),
             ago(worker.heartbeat_time, now),
         ]

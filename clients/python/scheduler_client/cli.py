@@ -71,6 +71,9 @@ NAME_CACHE_SIZE = 1000
 NAME_LOOKUPS = 8
 """GetJob calls in flight at once when a table names its jobs."""
 
+# A user's roles (`worker` is a role of API keys only: remote workers).
+USER_ROLES = [role for role in ROLE.choices() if role != "worker"]
+
 
 class UsageError(Exception):
     """A mistake in the command line: one line, exit 2."""
@@ -845,12 +848,12 @@ def _users_commands(command: Callable[..., argparse.ArgumentParser], commands: A
     get.add_argument("user", metavar="USER", help="user id or username")
     create = command(user_commands, "create", "create a user (asks for its password)", cmd_users_create)
     create.add_argument("username", metavar="USERNAME", help="1-64 characters among A-Z a-z 0-9 _ . @ -")
-    create.add_argument("--role", required=True, choices=ROLE.choices(), help="what the user may do")
+    create.add_argument("--role", required=True, choices=USER_ROLES, help="what the user may do")
     create.add_argument("--request-id", help="idempotency key: a retry with the same id creates nothing more")
     update = command(user_commands, "update", "change a user's role (its sessions have it at once)",
                      cmd_users_update)  # fmt: skip
     update.add_argument("user", metavar="USER", help="user id or username")
-    update.add_argument("--role", required=True, choices=ROLE.choices(), help="the new role")
+    update.add_argument("--role", required=True, choices=USER_ROLES, help="the new role")
     reset = command(user_commands, "reset-password", "set a user's password (its other sessions end)",
                     cmd_users_reset_password)  # fmt: skip
     reset.add_argument("user", metavar="USER", help="user id or username")

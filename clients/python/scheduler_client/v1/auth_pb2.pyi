@@ -16,10 +16,12 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_VIEWER: _ClassVar[Role]
     ROLE_OPERATOR: _ClassVar[Role]
     ROLE_ADMIN: _ClassVar[Role]
+    ROLE_WORKER: _ClassVar[Role]
 ROLE_UNSPECIFIED: Role
 ROLE_VIEWER: Role
 ROLE_OPERATOR: Role
 ROLE_ADMIN: Role
+ROLE_WORKER: Role
 
 class LoginRequest(_message.Message):
     __slots__ = ("username", "password")

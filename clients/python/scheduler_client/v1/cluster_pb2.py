@@ -26,33 +26,33 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ascheduler/v1/cluster.proto\x12\x0cscheduler.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x01\n\x06Worker\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\r\n\x05slots\x18\x04 \x01(\x05\x12\x0e\n\x06\x61\x63tive\x18\x05 \x01(\x05\x12\r\n\x05queue\x18\x06 \x01(\t\x12\x10\n\x08handlers\x18\x07 \x03(\t\x12.\n\nstart_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0eheartbeat_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x14\n\x12ListWorkersRequest\"<\n\x13ListWorkersResponse\x12%\n\x07workers\x18\x01 \x03(\x0b\x32\x14.scheduler.v1.Worker\"\x1b\n\x19GetSchedulerStatusRequest\"\x85\x01\n\x1aGetSchedulerStatusResponse\x12\x12\n\nhas_leader\x18\x01 \x01(\x08\x12\x0e\n\x06leader\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x35\n\x11leader_since_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"T\n\x07\x42reaker\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.scheduler.v1.BreakerState\x12\x11\n\tworker_id\x18\x03 \x01(\t\"\xae\x01\n\x07Handler\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nadmin_only\x18\x03 \x01(\x08\x12\x0f\n\x07\x65nabled\x18\x04 \x01(\x08\x12\x32\n\x0epayload_fields\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.ListValue\x12\'\n\x08\x62reakers\x18\x06 \x03(\x0b\x32\x15.scheduler.v1.Breaker\"\x15\n\x13ListHandlersRequest\"?\n\x14ListHandlersResponse\x12\'\n\x08handlers\x18\x01 \x03(\x0b\x32\x15.scheduler.v1.Handler*|\n\x0c\x42reakerState\x12\x1d\n\x19\x42REAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42REAKER_STATE_CLOSED\x10\x01\x12\x16\n\x12\x42REAKER_STATE_OPEN\x10\x02\x12\x1b\n\x17\x42REAKER_STATE_HALF_OPEN\x10\x03\x32\xa4\x02\n\x0e\x43lusterService\x12R\n\x0bListWorkers\x12 .scheduler.v1.ListWorkersRequest\x1a!.scheduler.v1.ListWorkersResponse\x12g\n\x12GetSchedulerStatus\x12\'.scheduler.v1.GetSchedulerStatusRequest\x1a(.scheduler.v1.GetSchedulerStatusResponse\x12U\n\x0cListHandlers\x12!.scheduler.v1.ListHandlersRequest\x1a\".scheduler.v1.ListHandlersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ascheduler/v1/cluster.proto\x12\x0cscheduler.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf0\x01\n\x06Worker\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\r\n\x05slots\x18\x04 \x01(\x05\x12\x0e\n\x06\x61\x63tive\x18\x05 \x01(\x05\x12\r\n\x05queue\x18\x06 \x01(\t\x12\x10\n\x08handlers\x18\x07 \x03(\t\x12.\n\nstart_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0eheartbeat_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03sdk\x18\n \x01(\t\x12\x0e\n\x06remote\x18\x0b \x01(\x08\"\x14\n\x12ListWorkersRequest\"<\n\x13ListWorkersResponse\x12%\n\x07workers\x18\x01 \x03(\x0b\x32\x14.scheduler.v1.Worker\"\x1b\n\x19GetSchedulerStatusRequest\"\x85\x01\n\x1aGetSchedulerStatusResponse\x12\x12\n\nhas_leader\x18\x01 \x01(\x08\x12\x0e\n\x06leader\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x35\n\x11leader_since_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"T\n\x07\x42reaker\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.scheduler.v1.BreakerState\x12\x11\n\tworker_id\x18\x03 \x01(\t\"\xae\x01\n\x07Handler\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nadmin_only\x18\x03 \x01(\x08\x12\x0f\n\x07\x65nabled\x18\x04 \x01(\x08\x12\x32\n\x0epayload_fields\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.ListValue\x12\'\n\x08\x62reakers\x18\x06 \x03(\x0b\x32\x15.scheduler.v1.Breaker\"\x15\n\x13ListHandlersRequest\"?\n\x14ListHandlersResponse\x12\'\n\x08handlers\x18\x01 \x03(\x0b\x32\x15.scheduler.v1.Handler*|\n\x0c\x42reakerState\x12\x1d\n\x19\x42REAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42REAKER_STATE_CLOSED\x10\x01\x12\x16\n\x12\x42REAKER_STATE_OPEN\x10\x02\x12\x1b\n\x17\x42REAKER_STATE_HALF_OPEN\x10\x03\x32\xa4\x02\n\x0e\x43lusterService\x12R\n\x0bListWorkers\x12 .scheduler.v1.ListWorkersRequest\x1a!.scheduler.v1.ListWorkersResponse\x12g\n\x12GetSchedulerStatus\x12\'.scheduler.v1.GetSchedulerStatusRequest\x1a(.scheduler.v1.GetSchedulerStatusResponse\x12U\n\x0cListHandlers\x12!.scheduler.v1.ListHandlersRequest\x1a\".scheduler.v1.ListHandlersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'scheduler.v1.cluster_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BREAKERSTATE']._serialized_start=921
-  _globals['_BREAKERSTATE']._serialized_end=1045
+  _globals['_BREAKERSTATE']._serialized_start=950
+  _globals['_BREAKERSTATE']._serialized_end=1074
   _globals['_WORKER']._serialized_start=108
-  _globals['_WORKER']._serialized_end=319
-  _globals['_LISTWORKERSREQUEST']._serialized_start=321
-  _globals['_LISTWORKERSREQUEST']._serialized_end=341
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=343
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=403
-  _globals['_GETSCHEDULERSTATUSREQUEST']._serialized_start=405
-  _globals['_GETSCHEDULERSTATUSREQUEST']._serialized_end=432
-  _globals['_GETSCHEDULERSTATUSRESPONSE']._serialized_start=435
-  _globals['_GETSCHEDULERSTATUSRESPONSE']._serialized_end=568
-  _globals['_BREAKER']._serialized_start=570
-  _globals['_BREAKER']._serialized_end=654
-  _globals['_HANDLER']._serialized_start=657
-  _globals['_HANDLER']._serialized_end=831
-  _globals['_LISTHANDLERSREQUEST']._serialized_start=833
-  _globals['_LISTHANDLERSREQUEST']._serialized_end=854
-  _globals['_LISTHANDLERSRESPONSE']._serialized_start=856
-  _globals['_LISTHANDLERSRESPONSE']._serialized_end=919
-  _globals['_CLUSTERSERVICE']._serialized_start=1048
-  _globals['_CLUSTERSERVICE']._serialized_end=1340
+  _globals['_WORKER']._serialized_end=348
+  _globals['_LISTWORKERSREQUEST']._serialized_start=350
+  _globals['_LISTWORKERSREQUEST']._serialized_end=370
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=372
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=432
+  _globals['_GETSCHEDULERSTATUSREQUEST']._serialized_start=434
+  _globals['_GETSCHEDULERSTATUSREQUEST']._serialized_end=461
+  _globals['_GETSCHEDULERSTATUSRESPONSE']._serialized_start=464
+  _globals['_GETSCHEDULERSTATUSRESPONSE']._serialized_end=597
+  _globals['_BREAKER']._serialized_start=599
+  _globals['_BREAKER']._serialized_end=683
+  _globals['_HANDLER']._serialized_start=686
+  _globals['_HANDLER']._serialized_end=860
+  _globals['_LISTHANDLERSREQUEST']._serialized_start=862
+  _globals['_LISTHANDLERSREQUEST']._serialized_end=883
+  _globals['_LISTHANDLERSRESPONSE']._serialized_start=885
+  _globals['_LISTHANDLERSRESPONSE']._serialized_end=948
+  _globals['_CLUSTERSERVICE']._serialized_start=1077
+  _globals['_CLUSTERSERVICE']._serialized_end=1369
 # @@protoc_insertion_point(module_scope)

@@ -23,7 +23,7 @@ BREAKER_STATE_OPEN: BreakerState
 BREAKER_STATE_HALF_OPEN: BreakerState
 
 class Worker(_message.Message):
-    __slots__ = ("id", "host", "pid", "slots", "active", "queue", "handlers", "start_time", "heartbeat_time")
+    __slots__ = ("id", "host", "pid", "slots", "active", "queue", "handlers", "start_time", "heartbeat_time", "sdk", "remote")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,8 @@ class Worker(_message.Message):
     HANDLERS_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIME_FIELD_NUMBER: _ClassVar[int]
+    SDK_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_FIELD_NUMBER: _ClassVar[int]
     id: str
     host: str
     pid: int
@@ -42,7 +44,9 @@ class Worker(_message.Message):
     handlers: _containers.RepeatedScalarFieldContainer[str]
     start_time: _timestamp_pb2.Timestamp
     heartbeat_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., slots: _Optional[int] = ..., active: _Optional[int] = ..., queue: _Optional[str] = ..., handlers: _Optional[_Iterable[str]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    sdk: str
+    remote: bool
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., slots: _Optional[int] = ..., active: _Optional[int] = ..., queue: _Optional[str] = ..., handlers: _Optional[_Iterable[str]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., sdk: _Optional[str] = ..., remote: _Optional[bool] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ()

@@ -111,7 +111,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max_retries: _Optional[int] = ..., initial_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., jitter: _Optional[bool] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "handler", "payload", "schedule", "queue", "priority", "retry_policy", "timeout", "misfire_policy", "concurrency_policy", "state", "next_run_time", "etag", "create_time", "update_time", "depends_on", "trigger_rule", "limits")
+    __slots__ = ("id", "name", "handler", "payload", "schedule", "queue", "priority", "retry_policy", "timeout", "misfire_policy", "concurrency_policy", "state", "next_run_time", "etag", "create_time", "update_time", "depends_on", "trigger_rule", "limits", "handler_served")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,7 @@ class Job(_message.Message):
     DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_RULE_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_SERVED_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     handler: str
@@ -150,7 +151,8 @@ class Job(_message.Message):
     depends_on: _containers.RepeatedScalarFieldContainer[str]
     trigger_rule: _executions_pb2.TriggerRule
     limits: _containers.RepeatedCompositeFieldContainer[_limits_pb2.LimitRef]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., misfire_policy: _Optional[_Union[MisfirePolicy, str]] = ..., concurrency_policy: _Optional[_Union[ConcurrencyPolicy, str]] = ..., state: _Optional[_Union[JobState, str]] = ..., next_run_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., etag: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[_executions_pb2.TriggerRule, str]] = ..., limits: _Optional[_Iterable[_Union[_limits_pb2.LimitRef, _Mapping]]] = ...) -> None: ...
+    handler_served: bool
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., misfire_policy: _Optional[_Union[MisfirePolicy, str]] = ..., concurrency_policy: _Optional[_Union[ConcurrencyPolicy, str]] = ..., state: _Optional[_Union[JobState, str]] = ..., next_run_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., etag: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[_executions_pb2.TriggerRule, str]] = ..., limits: _Optional[_Iterable[_Union[_limits_pb2.LimitRef, _Mapping]]] = ..., handler_served: _Optional[bool] = ...) -> None: ...
 
 class CreateJobRequest(_message.Message):
     __slots__ = ("job", "request_id")

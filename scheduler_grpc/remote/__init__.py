@@ -1,0 +1,94 @@
+"""Remote workers (issue 23): workers in any language serve runs over one `WorkerService.Connect`
+stream each, on the same run lifecycle as the in-process worker.
+
+- `protocol`: what the two sides say, as domain values, and the checks of a worker's hello;
+- `handler`: the handlers of a session (`RemoteHandler` per advertised handler, `NotServedHere`
+  for the rest, `NotAcknowledged`, the unspent hand-back of an assignment not acknowledged);
+- `session`: one stream's `Session`, a `scheduler_grpc.worker.Worker` whose handlers are remote,
+  with credit, acks, outcomes, cancels and pings.
+
+`RemoteWorkers` opens the sessions of one server process and knows the live ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+from datetime import UTC, datetime, timedelta
+
+from redis.asyncio import Redis
+
+from scheduler_grpc.config import Settings
+from scheduler_grpc.errors import Unavailable
+from scheduler_grpc.ports import HistoryPruning, RunStore
+from scheduler_grpc.remote.protocol import Hello, check_hello
+from scheduler_grpc.remote.session import Session
+
+
+class RemoteWorkers:
+    """The remote workers' sessions of one server process.
+
+    Args:
+        redis: The server's Redis client.
+        runs: The attempts in PostgreSQL (the worker's hot path).
+        history: What `system.cleanup` prunes through.
+        settings: The server's settings.
+        reserved: Handler names remote workers may not serve (the server's built-in handlers).
+    """
+
+    def __init__(
+        self, redis: Redis, runs: RunStore, history: HistoryPruning, settings: Settings, reserved: Collection[str] = ()
+    ) -> None:
+        self._reserved = frozenset(reserved)
+        self._redis = redis
+        self._runs = runs
+        self._history = history
+        self._settings = settings
+        self.sessions: set[Session] = set()  # open, until their hand-back is done
+
+    @property
+    def hello_timeout(self) -> timedelta:
+        """How long a stream may take to say `hello` (SCHEDULER_REMOTE_HELLO_TIMEOUT)."""
+        return self._settings.remote_hello_timeout
+
+    def open(self, hello: Hello, peer: str) -> Session:
+        """A session for a worker that said `hello` from `peer` (a gRPC peer string).
+
+        Raises:
+            InvalidArgument: naming the hello's field at fault.
+        """
+        check_hello(hello, self._reserved)
+        session = Session(
+            hello, redis=self._redis, runs=self._runs, history=self._history, settings=self._settings,
+            peer_host=peer_host(peer),
+        )  # fmt: skip
+        self.sessions.add(session)
+        session.ended.add_done_callback(lambda _: self.sessions.discard(session))
+        return session
+
+    async def drain(self, grace: timedelta) -> None:
+        """The server is stopping: tell every stream to drain, let them end within `grace` (their
+        outcomes in flight recorded), then end the rest, and wait for every session's hand-back."""
+        deadline = datetime.now(UTC) + grace
+        for session in list(self.sessions):
+            session.drain(deadline)
+        waiting = [s.ended for s in self.sessions]
+        if waiting:
+            await asyncio.wait(waiting, timeout=grace.total_seconds())
+        for session in list(self.sessions):
+            session.fail(Unavailable("the server is stopping; reconnect to another server"))
+        waiting = [s.ended for s in self.sessions]
+        if waiting:
+            await asyncio.wait(waiting)
+
+
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer string (`ipv4:1.2.3.4:5678`, `ipv6:[::1]:5678`, `unix:...`)."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        host = rest.rsplit(":", 1)[0]
+        return host.strip("[]") or "unknown"
+    return kind or "unknown"
+
+
+__all__ = ["Hello", "RemoteWorkers", "Session", "check_hello", "peer_host"]
