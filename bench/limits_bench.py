@@ -25,11 +25,11 @@ follows records it, so the claims' latency does not shift the starts).
 * overhead: `--runs` `test.echo` runs drained by one worker (200 slots), without limits and with
   one limit ref (a concurrency limit of 1,000,000 on one key, so it never blocks), alternated
   `--rounds` times each. Per kind, the median executions/s and the median CPU per execution of
-  the worker, Valkey and PostgreSQL together (from the worker's first claim). Issue: at most 15 %
-  lower per execution with the limit, read two ways: throughput (capped/free executions/s) and
-  executions per CPU-second (free/capped CPU per execution), each >= 0.85. Medians, because one
-  drain's throughput on a shared 2-core machine swings by a third between rounds (session 9:
-  9,000-13,300/s for the same drain), so a best-of-N ratio mostly measures the best round's luck.
+  the worker, Valkey and PostgreSQL together (from the worker's first claim). Issue: drain
+  throughput at most 15 % lower with the limit (capped/free executions/s >= 0.85); the CPU figures
+  say where the limit's cost lands (Valkey, mostly). Medians, because one drain's throughput on a
+  shared 2-core machine swings by a third between rounds (session 9: 9,000-13,300/s for the same
+  drain), so a best-of-N ratio mostly measures the best round's luck.
 
 The last line of output is one JSON object with every figure.
 """

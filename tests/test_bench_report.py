@@ -130,7 +130,7 @@ def test_limit_rows_judge_the_rate_window_drain_rate_and_the_overhead_ratio(harn
     assert overhead["target"] == "≥ 0.85× floor"  # noqa: RUF001
     cost = rows["drain with one limit: CPU per execution (median)"]
     assert cost["ratio"] == pytest.approx(1.1)
-    assert cost["result"] == "pass"  # 10 % more CPU each: about 9 % fewer executions per CPU-second
+    assert cost["target"] == ""  # informative: the throughput row above is the issue's
     assert rows["quiet cron p99 rise from the noisy key"]["result"] == "pass"
 
 
