@@ -782,3 +782,49 @@ async def test_a_server_stopping_drains_its_streams_and_records_their_outcomes(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+@pytest.mark.parametrize("deployment", [{"SCHEDULER_REMOTE_PING_INTERVAL": "200ms"}], indirect=True)
+async def test_revoking_a_worker_key_ends_its_stream_and_stops_the_sdk(deployment: Deployment) -> None:
+    creator = Principal("test", Role.ADMIN, "api_key", "test", b"")
+    revoked = await deployment.server.api.auth.create_api_key(creator, "to-revoke", Role.WORKER, None)
+    sdk_revoked = await deployment.server.api.auth.create_api_key(creator, "sdk-to-revoke", Role.WORKER, None)
+    async with raw(deployment, revoked.secret) as open_stream, raw(deployment) as open_other:
+        stream, other = open_stream(), open_other()
+        for each in (stream, other):
+            each.send(hello=hello())
+            await each.receive_kind("welcome")
+
+        async def answer_pings() -> None:
+            while True:
+                response = await other.receive(within=30)
+                if response.WhichOneof("message") == "ping":
+                    other.send(pong=workers_pb2.Pong(nonce=response.ping.nonce))
+
+        answering = asyncio.create_task(answer_pings())
+        await deployment.server.api.auth.revoke_api_key(revoked.record.id)
+        began = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stream.rest()
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "revoked" in (caught.value.details() or "")
+        assert time.monotonic() - began < 2.0  # within a ping interval or so, not at reconnect
+        # Another worker's stream goes on.
+        assert not answering.done()
+        assert not other.call.done()
+        answering.cancel()
+        other.close()
+    worker = Worker(deployment.target, sdk_revoked.secret, queue=QUEUE, reconnect_max=1.0)
+    worker.handler("remote.noop")(_noop)
+    task = asyncio.create_task(worker.run())
+    async with asyncio.timeout(10):
+        await worker.connected.wait()
+    await deployment.server.api.auth.revoke_api_key(sdk_revoked.record.id)
+    with pytest.raises(grpc.aio.AioRpcError) as sdk_caught:
+        async with asyncio.timeout(10):
+            await task  # a revoked key is fatal to the SDK: no reconnect loop against a dead key
+    assert sdk_caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def _noop(ctx: ExecutionContext, payload: dict[str, Any]) -> None:
+    return None

@@ -13,16 +13,20 @@ stream each, on the same run lifecycle as the in-process worker.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+import logging
+from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
 
+from scheduler_grpc.auth import PermissionDenied, Unauthenticated
 from scheduler_grpc.config import Settings
 from scheduler_grpc.errors import Unavailable
 from scheduler_grpc.ports import HistoryPruning, RunStore
 from scheduler_grpc.remote.protocol import Hello, check_hello
 from scheduler_grpc.remote.session import Session
+
+log = logging.getLogger("scheduler_grpc.remote")
 
 
 class RemoteWorkers:
@@ -65,6 +69,32 @@ class RemoteWorkers:
         self.sessions.add(session)
         session.ended.add_done_callback(lambda _: self.sessions.discard(session))
         return session
+
+    async def keep_authorized(self, session: Session, check: Callable[[], Awaitable[object]]) -> None:
+        """Run for the stream's life: every ping interval, `check` the credential the stream opened
+        with (the authenticator, through its short cache); a key revoked or expired since ends the
+        stream with UNAUTHENTICATED, so an operator's revoke stops the worker (its runs handed back
+        as at any stream's end). A store that cannot answer does not end it: logged once, checked
+        again next time."""
+        interval = self._settings.remote_ping_interval.total_seconds()
+        unanswered = False
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                async with asyncio.timeout(interval):
+                    await check()
+            except (Unauthenticated, PermissionDenied):
+                log.warning("remote worker's API key was revoked or expired; ending its stream",
+                            extra={"worker_id": session.id})  # fmt: skip
+                session.fail(Unauthenticated("the worker's API key was revoked or has expired"))
+                return
+            except Exception as exc:  # the key store is down: the stream goes on meanwhile
+                if not unanswered:
+                    log.warning("could not recheck a remote worker's API key: %s", exc,
+                                extra={"worker_id": session.id})  # fmt: skip
+                unanswered = True
+            else:
+                unanswered = False
 
     async def drain(self, grace: timedelta) -> None:
         """The server is stopping: tell every stream to drain, let them end within `grace` (their

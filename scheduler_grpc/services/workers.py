@@ -14,6 +14,7 @@ from google.protobuf import duration_pb2
 from scheduler_client.v1 import workers_pb2
 
 from scheduler_grpc.application import Api
+from scheduler_grpc.auth import parse_bearer
 from scheduler_grpc.config import format_duration
 from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument
 from scheduler_grpc.remote.protocol import (
@@ -64,17 +65,23 @@ class WorkerService:
             raise InvalidArgument(first.field, first.message)
         if first.WhichOneof("message") != "hello":
             raise InvalidArgument("hello", "the first message of a stream must be `hello`")
+        token = parse_bearer(context.invocation_metadata())  # the interceptor admitted it
         session = remote.open(hello_of(first.hello), context.peer())
         async with session.running():
             reader = asyncio.create_task(_read(requests, session), name=f"remote-reader {session.id}")
+            guard = asyncio.create_task(
+                remote.keep_authorized(session, lambda: self._api.auth.authenticate(token)),
+                name=f"remote-auth {session.id}",
+            )
             try:
                 yield response(session.welcome())
                 async for message in session.outbound():
                     yield response(message)
             finally:
-                reader.cancel()
-                with contextlib.suppress(BaseException):
-                    await reader
+                for task in (reader, guard):
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
 
 
 async def _read(requests: AsyncIterator[Any], session: Session) -> None:
