@@ -5,7 +5,9 @@ stream each, on the same run lifecycle as the in-process worker.
 - `handler`: the handlers of a session (`RemoteHandler` per advertised handler, `NotServedHere`
   for the rest, `NotAcknowledged`, the unspent hand-back of an assignment not acknowledged);
 - `session`: one stream's `Session`, a `scheduler_grpc.worker.Worker` whose handlers are remote,
-  with credit, acks, outcomes, cancels and pings.
+  with credit, acks, outcomes, cancels and pings;
+- `unary`: the unary fallback (`OpenWorkerSession` / `PollWorkerSession` / `CloseWorkerSession`),
+  the same `Session` served by polls.
 
 `RemoteWorkers` opens the sessions of one server process and knows the live ones.
 """
@@ -23,6 +25,7 @@ from scheduler_grpc.errors import Unavailable
 from scheduler_grpc.ports import HistoryPruning, RunStore
 from scheduler_grpc.remote.protocol import Hello, check_hello
 from scheduler_grpc.remote.session import Session
+from scheduler_grpc.remote.unary import UnarySessions
 
 
 class RemoteWorkers:
@@ -45,6 +48,7 @@ class RemoteWorkers:
         self._history = history
         self._settings = settings
         self.sessions: set[Session] = set()  # open, until their hand-back is done
+        self.unary = UnarySessions(self.open, settings)  # the sessions served by polls, among those
 
     @property
     def hello_timeout(self) -> timedelta:
@@ -80,6 +84,7 @@ class RemoteWorkers:
         waiting = [s.ended for s in self.sessions]
         if waiting:
             await asyncio.wait(waiting)
+        await self.unary.wait_closed()
 
 
 def peer_host(peer: str) -> str:
