@@ -5,21 +5,32 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import asyncpg
 import grpc
 import pytest
+import redis.asyncio as aioredis
 from google.protobuf import duration_pb2
 from scheduler_client.v1 import workers_pb2, workers_pb2_grpc
 from scheduler_client.worker import ExecutionContext, Worker
 
 from scheduler_grpc.auth import Role
+from scheduler_grpc.connections import redis_client
+from scheduler_grpc.control import Control
+from scheduler_grpc.handlers import HandlerSettings, default_registry
 from scheduler_grpc.remote.unary import UnarySessions
-from tests.engine_helpers import eventually
-from tests.test_remote_workers import Deployment, hello, sdk_worker, serving
+from scheduler_grpc.server import serve
+from tests.engine_helpers import eventually, make_settings
+from tests.test_api_support import FAST_HASHER
+from tests.test_remote_workers import Declared, Deployment, hello, sdk_worker, serving
 from tests.test_remote_workers import deployment as deployment  # noqa: PLC0414 (the fixture, shared)
+
+# The drain's size: 500 keeps the tier fast; `SCHEDULER_TEST_DRAIN_RUNS=10000` for the figure.
+DRAIN_RUNS = int(os.environ.get("SCHEDULER_TEST_DRAIN_RUNS") or 500)
 
 
 def unary_worker(deployment: Deployment, **kwargs: Any) -> Worker:
@@ -114,7 +125,7 @@ def outcome(assignment: workers_pb2.Assignment, value: str = "done", token: str 
 
 async def test_a_unary_sdk_worker_drains_runs_each_succeeding_exactly_once(deployment: Deployment) -> None:
     sent = {"n": 5, "nested": [1, {"b": True}]}
-    runs = await deployment.runs(500, payload=sent)
+    runs = await deployment.runs(DRAIN_RUNS, payload=sent)
     worker = unary_worker(deployment, slots=32)
     seen: list[str] = []
 
@@ -370,3 +381,53 @@ async def test_only_worker_keys_may_use_unary_sessions(deployment: Deployment, c
                 workers_pb2.CloseWorkerSessionRequest(session_id="x"), metadata=session.metadata
             )
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED, role
+
+
+async def test_a_server_stopping_drains_its_unary_sessions_and_records_their_outcomes(
+    redis_url: str, database_url: str, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    settings = make_settings(
+        redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_HTTP_ENABLED="false",
+        SCHEDULER_SHUTDOWN_GRACE="10s",
+    )  # fmt: skip
+    client = redis_client(redis_url)
+    registry = default_registry(HandlerSettings())
+    registry.register(Declared())
+    release = asyncio.Event()
+    try:
+        server = serve(settings, client, pool, hasher=FAST_HASHER)
+        running = await server.__aenter__()
+        stopped = False
+        try:
+            deployment = Deployment(running, Control(redis, pool, registry), pool, redis, "")
+            deployment.worker_key = await deployment.key(Role.WORKER)
+            runs = await deployment.runs(3)
+            worker = unary_worker(deployment, slots=3, reconnect_max=30.0)
+            started: list[str] = []
+
+            @worker.handler("remote.noop")
+            async def slow(ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
+                started.append(ctx.execution_id)
+                await release.wait()
+                return "done"
+
+            task = asyncio.create_task(worker.run())
+            await eventually(lambda: _true(len(started) == 3), within=10)
+            stopping = asyncio.create_task(server.__aexit__(None, None, None))
+            stopped = True
+            async with asyncio.timeout(10):
+                await worker.draining.wait()  # told in a poll's answer before the server stops
+            release.set()  # the handlers finish within the grace: their outcomes are recorded
+            async with asyncio.timeout(20):
+                await stopping
+            worker.stop()
+            async with asyncio.timeout(10):
+                await task
+            assert await deployment.counts(runs) == {"succeeded": 3}
+            assert len(sessions(deployment)) == 0
+        finally:
+            if not stopped:
+                await server.__aexit__(None, None, None)
+    finally:
+        await registry.aclose()
+        await client.aclose()

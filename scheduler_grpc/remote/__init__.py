@@ -49,6 +49,7 @@ class RemoteWorkers:
         self._settings = settings
         self.sessions: set[Session] = set()  # open, until their hand-back is done
         self.unary = UnarySessions(self.open, settings)  # the sessions served by polls, among those
+        self._draining = False
 
     @property
     def hello_timeout(self) -> timedelta:
@@ -60,7 +61,10 @@ class RemoteWorkers:
 
         Raises:
             InvalidArgument: naming the hello's field at fault.
+            Unavailable: the server is stopping (a session opened now would not be told to drain).
         """
+        if self._draining:
+            raise Unavailable("the server is stopping; reconnect to another server")
         check_hello(hello, self._reserved)
         session = Session(
             hello, redis=self._redis, runs=self._runs, history=self._history, settings=self._settings,
@@ -73,6 +77,7 @@ class RemoteWorkers:
     async def drain(self, grace: timedelta) -> None:
         """The server is stopping: tell every stream to drain, let them end within `grace` (their
         outcomes in flight recorded), then end the rest, and wait for every session's hand-back."""
+        self._draining = True
         deadline = datetime.now(UTC) + grace
         for session in list(self.sessions):
             session.drain(deadline)
