@@ -97,14 +97,15 @@ class WorkerServiceServicer:
     def PollWorkerSession(self, request, context):
         """One turn of a unary session: the worker's acks, outcomes and credit in (`batch`, taken as a
         stream's `RequestBatch`: acks, then outcomes, then credit), the server's messages since the
-        last poll out (assignments, cancels, drain, rejected), waiting up to `wait` for one when none is
-        ready. A poll is the session's liveness (no pings), and so what keeps its runs' leases extended:
-        a session with no poll in flight for the open response's `poll_timeout` is ended, its runs
-        handed back as at a stream's end. A session this process does not hold (another process opened
-        it, it ended and was forgotten, or another key opened it) is NOT_FOUND on `session_id`: open a
-        new one. A session that ended answers its end's status (ABORTED, UNAVAILABLE when the server is
-        stopping) for a while, then NOT_FOUND. Polls may overlap (a long poll waiting, a short one
-        reporting outcomes): each message goes out in exactly one answer.
+        last poll out (assignments, cancels, drain, rejected), waiting up to `wait` for one when none
+        is ready; keep a poll waiting (the ack timeout runs from when an assignment is ready, not from
+        when a poll takes it). A poll is the session's liveness (no pings), and so what keeps its runs'
+        leases extended: a session with no poll in flight for the open response's `poll_timeout` is
+        ended, its runs handed back as at a stream's end. A session this process does not hold (another
+        process opened it, it ended and was forgotten, or another key opened it) is NOT_FOUND on
+        `session_id`: open a new one. A session that ended answers its end's status (e.g. ABORTED,
+        UNAVAILABLE when the server is stopping) for a while, then NOT_FOUND. Polls may overlap (a long
+        poll waiting, a short one reporting outcomes): each message goes out in exactly one answer.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
