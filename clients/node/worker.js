@@ -46,6 +46,7 @@ const FATAL = new Set([
 ]);
 const TRANSPORTS = new Set(['stream', 'unary']);
 const CALL_MARGIN_MS = 10000; // how long a unary call may take beyond its wait
+const MIN_POLL_WAIT_MS = 100; // a long poll is never a busy loop
 const MAX_RETRY_AFTER_S = 3600;
 const MAX_ERROR_CHARS = 65536; // the server keeps 8,192 (its middle cut out); this bounds the message
 
@@ -119,7 +120,7 @@ class Worker extends EventEmitter {
    * @param {string} [options.transport] 'stream' (one Connect stream, the default) or 'unary' (polls,
    *   for networks where a bidirectional stream does not survive)
    * @param {number} [options.pollWaitMs] with transport 'unary': how long a poll waits for work
-   *   (default and at most the server's `max_wait`)
+   *   (default and at most the server's `max_wait`; at least 100 ms)
    */
   constructor({
     target, apiKey, slots = 10, queue = '', labels = {}, tls = false, channelOptions = {},
@@ -447,7 +448,7 @@ class UnarySession extends Stream {
         (opened) => {
           this.sessionId = opened.session_id;
           const most = Number(opened.max_wait.seconds) * 1000 + Math.floor(opened.max_wait.nanos / 1e6);
-          const waitMs = worker.pollWaitMs === null ? most : Math.max(0, Math.min(worker.pollWaitMs, most));
+          const waitMs = worker.pollWaitMs === null ? most : Math.max(MIN_POLL_WAIT_MS, Math.min(worker.pollWaitMs, most));
           this.on({ message: 'welcome', welcome: opened.welcome });
           this.longPolls(waitMs);
         },

@@ -53,6 +53,7 @@ _POLL: Final = "/scheduler.v1.WorkerService/PollWorkerSession"
 _CLOSE: Final = "/scheduler.v1.WorkerService/CloseWorkerSession"
 _TRANSPORTS: Final = ("stream", "unary")
 _CALL_MARGIN: Final = 10.0  # seconds a unary call may take beyond its wait
+_MIN_POLL_WAIT: Final = 0.1  # seconds: a long poll is never a busy loop
 # Codes that reconnecting cannot fix: the key, its role or what this worker says is wrong.
 _FATAL: Final = frozenset(
     {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT,
@@ -145,7 +146,7 @@ class Worker:
         transport: `"stream"` (one `Connect` stream) or `"unary"` (polls, for networks where a
             bidirectional stream does not survive).
         poll_wait: With `transport="unary"`: how long a poll waits for work, in seconds (default
-            and at most the server's `max_wait`).
+            and at most the server's `max_wait`; at least 0.1).
     """
 
     def __init__(
@@ -452,7 +453,7 @@ class _Unary(_Stream):
         )
         self._session_id = opened.session_id
         most = opened.max_wait.ToTimedelta().total_seconds()
-        wait = most if worker.poll_wait is None else max(0.0, min(worker.poll_wait, most))
+        wait = most if worker.poll_wait is None else max(_MIN_POLL_WAIT, min(worker.poll_wait, most))
         stopper = asyncio.create_task(self._stop_when_asked())
         poller = asyncio.create_task(self._long_polls(wait))
         reporter = asyncio.create_task(self._reports())
