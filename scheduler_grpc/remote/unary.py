@@ -149,7 +149,7 @@ class UnarySession:
                 self.session.fail(error)
                 raise error from None
             await self._wait(wait.total_seconds())
-            if self.ending and not self._buffer:
+            if self.ending:  # what it had not sent is moot: its runs are handed back
                 raise self.status()
             buffer = self._buffer
             while buffer and take(buffer[0]):
