@@ -7,6 +7,7 @@
  *   then prints `aborted <execution id> <reason>` and throws;
  * - any other payload: returns `{attempt, ok}` (`ok`: the payload equals $EXPECT_PAYLOAD, JSON).
  *
+ * With WORKER_TRANSPORT=unary it serves over the unary transport (polls) instead of a stream.
  * It prints `connected <worker id>` on each welcome, and on SIGTERM stops (the SDK's `stop()`), then
  * prints `stats <json>` (the SDK's counts and how many distinct executions the handler saw).
  *
@@ -22,7 +23,8 @@ const expected = process.env.EXPECT_PAYLOAD ? JSON.parse(process.env.EXPECT_PAYL
 const seen = new Set();
 let calls = 0;
 
-const worker = new Worker({ target, apiKey, queue, slots: Number(slots), reconnectMaxMs: 1000 });
+const transport = process.env.WORKER_TRANSPORT || 'stream';
+const worker = new Worker({ target, apiKey, queue, slots: Number(slots), reconnectMaxMs: 1000, transport });
 worker.on('connected', (id) => console.log(`connected ${id}`));
 
 worker.handler('remote.noop', { description: 'a no-op, or a hold until cancelled' }, async (ctx, payload) => {

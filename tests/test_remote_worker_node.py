@@ -78,10 +78,14 @@ class NodeWorker:
 
 @contextlib.asynccontextmanager
 async def node_worker(
-    deployment: Deployment, slots: int, expect: dict[str, Any] | None = None
+    deployment: Deployment, slots: int, expect: dict[str, Any] | None = None, transport: str = "stream"
 ) -> AsyncIterator[NodeWorker]:
     assert NODE is not None
-    env = {**os.environ, "EXPECT_PAYLOAD": json.dumps(expect) if expect is not None else ""}
+    env = {
+        **os.environ,
+        "EXPECT_PAYLOAD": json.dumps(expect) if expect is not None else "",
+        "WORKER_TRANSPORT": transport,
+    }
     process = await asyncio.create_subprocess_exec(
         NODE, str(SCRIPT), deployment.target, deployment.worker_key, QUEUE, str(slots),
         stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
@@ -210,6 +214,68 @@ async def test_a_lost_stream_aborts_its_runs_and_the_node_worker_reconnects(depl
         await eventually(drained, within=30)
         stats = await worker.stop()
     assert await deployment.counts(runs) == {"succeeded": 20}
+    assert stats["connects"] == 2, stats
+
+
+# -- the unary transport ----------------------------------------------------------------------------
+
+
+async def test_the_node_sdk_drains_runs_over_the_unary_transport_each_once(deployment: Deployment) -> None:
+    sent = {"n": 5, "nested": [1, {"b": True, "none": None}]}
+    runs = await deployment.runs(500, payload=sent)
+    remote = deployment.server.api.remote
+    assert remote is not None
+    async with node_worker(deployment, slots=32, expect=sent, transport="unary") as worker:
+        await worker.line("connected")
+        assert len(remote.unary) == 1  # served by polls, not a stream
+
+        async def drained() -> bool:
+            return (await deployment.counts(runs)).get("succeeded", 0) == len(runs)
+
+        await eventually(drained, within=60, interval=0.2)
+        stats = await worker.stop()
+    assert await deployment.counts(runs) == {"succeeded": len(runs)}
+    assert stats["calls"] == stats["distinct"] == stats["assigned"] == stats["succeeded"] == len(runs), stats
+    assert (stats["failed"], stats["rejected"], stats["connects"]) == (0, 0, 1), stats
+    assert len(remote.unary) == 0  # `stop()` closed the session
+
+
+async def test_a_cancel_aborts_the_unary_node_handlers_signal_within_a_second(deployment: Deployment) -> None:
+    (run_id,) = await deployment.runs(1, payload={"hold": True})
+    async with node_worker(deployment, slots=2, transport="unary") as worker:
+        execution_id = await worker.line("held")
+        asked = time.monotonic()
+        await deployment.server.api.control.cancel_execution(run_id)  # a long poll is waiting: it answers
+        aborted = await worker.line("aborted", within=5)
+        assert time.monotonic() - asked < 1.0
+        assert aborted.split(" ", 1) == [execution_id, "cancelled"]
+
+        async def recorded() -> bool:
+            return await deployment.counts([run_id]) == {"cancelled": 1}
+
+        await eventually(recorded, within=10)
+        stats = await worker.stop()
+    assert (stats["cancelled"], stats["rejected"]) == (1, 0), stats
+
+
+async def test_a_node_worker_whose_unary_session_is_not_held_opens_a_new_one(deployment: Deployment) -> None:
+    """What a load balancer sending a poll to another server process looks like to the SDK."""
+    remote = deployment.server.api.remote
+    assert remote is not None
+    async with node_worker(deployment, slots=2, transport="unary") as worker:
+        first = await worker.line("connected")
+        (held,) = list(remote.unary._held.values())
+        del remote.unary._held[held.id]  # the next poll reaches a process that does not hold it
+        held.session.fail(Aborted("ended by the test"))  # (and the session ends, as it would)
+        second = await worker.line("connected", within=30)
+        assert second != first
+        runs = await deployment.runs(5)
+
+        async def drained() -> bool:
+            return await deployment.counts(runs) == {"succeeded": 5}
+
+        await eventually(drained, within=30)
+        stats = await worker.stop()
     assert stats["connects"] == 2, stats
 
 

@@ -337,7 +337,9 @@ def test_the_worker_role_serves_runs_only_and_only_it_does() -> None:
         assert not Role.WORKER.allows(other)
         assert not other.allows(Role.WORKER)
     assert required_role(CONNECT) is Role.WORKER
-    assert [method for method, role in METHOD_ROLES.items() if role is Role.WORKER] == [CONNECT]
+    assert [method for method, role in METHOD_ROLES.items() if role is Role.WORKER] == [
+        CONNECT, *(f"/scheduler.v1.WorkerService/{verb}WorkerSession" for verb in ("Open", "Poll", "Close"))
+    ]  # fmt: skip
 
 
 async def test_a_worker_key_connects_and_may_call_nothing_else(deployment: Deployment) -> None:

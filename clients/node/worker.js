@@ -21,6 +21,12 @@
  * handed them back). `stop()` (or the server's drain) takes no new work and lets the running
  * handlers finish.
  *
+ * Where a bidirectional stream does not survive (a proxy that buffers or cuts long streams),
+ * `new Worker({ ..., transport: 'unary' })` serves the same runs over unary calls instead
+ * (`OpenWorkerSession`, `PollWorkerSession` with a bounded wait, `CloseWorkerSession`), with the same
+ * handler API and semantics; a poll that reaches a server process not holding its session (NOT_FOUND)
+ * opens a new session.
+ *
  * JavaScript cannot stop a promise: a handler stops on cancel by watching `ctx.signal` (pass it to
  * fetch, or check `ctx.signal.aborted`). The cancel is reported at once; the handler's slot stays
  * busy (no credit granted for it) until its promise settles, so at most `slots` handlers ever run.
@@ -38,6 +44,9 @@ const FATAL = new Set([
   grpc.status.INVALID_ARGUMENT,
   grpc.status.UNIMPLEMENTED,
 ]);
+const TRANSPORTS = new Set(['stream', 'unary']);
+const CALL_MARGIN_MS = 10000; // how long a unary call may take beyond its wait
+const MIN_POLL_WAIT_MS = 100; // a long poll is never a busy loop
 const MAX_RETRY_AFTER_S = 3600;
 const MAX_ERROR_CHARS = 65536; // the server keeps 8,192 (its middle cut out); this bounds the message
 
@@ -108,14 +117,21 @@ class Worker extends EventEmitter {
    * @param {object} [options.channelOptions] extra gRPC channel options
    * @param {number} [options.reconnectMaxMs] the longest wait between two connection attempts
    * @param {object} [options.logger] where warnings go (`warn`), default console
+   * @param {string} [options.transport] 'stream' (one Connect stream, the default) or 'unary' (polls,
+   *   for networks where a bidirectional stream does not survive)
+   * @param {number} [options.pollWaitMs] with transport 'unary': how long a poll waits for work
+   *   (default and at most the server's `max_wait`; at least 100 ms)
    */
   constructor({
     target, apiKey, slots = 10, queue = '', labels = {}, tls = false, channelOptions = {},
-    reconnectMaxMs = 30000, logger = console,
+    reconnectMaxMs = 30000, logger = console, transport = 'stream', pollWaitMs = null,
   } = {}) {
     super();
     if (!target) throw new TypeError('target (host:port) is required');
     if (!Number.isInteger(slots) || slots < 1) throw new RangeError('slots must be an integer of at least 1');
+    if (!TRANSPORTS.has(transport)) throw new RangeError(`transport must be 'stream' or 'unary', got '${transport}'`);
+    this.transport = transport;
+    this.pollWaitMs = pollWaitMs;
     this.target = target;
     this.slots = slots;
     this.queue = queue;
@@ -181,7 +197,7 @@ class Worker extends EventEmitter {
     let delay = 100;
     try {
       while (!this._stopping) {
-        const stream = new Stream(this, stub);
+        const stream = this.transport === 'unary' ? new UnarySession(this, stub) : new Stream(this, stub);
         this._stream = stream;
         const error = await stream.serve();
         this._stream = null;
@@ -397,6 +413,122 @@ class Stream {
     this.send({ outcome: { execution_id: ctx.executionId, claim_token: ctx.claimToken, ...result } });
     this.closeWhenIdle();
     return true;
+  }
+}
+
+/**
+ * One unary session: the stream's requests and answers, carried by calls. A long poll waits for
+ * work; the acks, outcomes and credit ready are reported by a second call at once (one at a time,
+ * what comes meanwhile in the next). Everything else (assignments, cancels, drain) is the stream's.
+ */
+class UnarySession extends Stream {
+  constructor(worker, stub) {
+    super(worker, stub);
+    this.sessionId = '';
+    this.batch = { acks: [], outcomes: [], credit: 0 };
+    this.reporting = false;
+    this.closing = false; // the session is being closed: a poll's NOT_FOUND is expected
+    this.finish = null;
+  }
+
+  serve() {
+    const worker = this.worker;
+    this.metadata = new grpc.Metadata();
+    if (worker._apiKey) this.metadata.set('authorization', `Bearer ${worker._apiKey}`);
+    return new Promise((resolve) => {
+      this.finish = (error) => {
+        if (this.ended) return;
+        this.ended = true;
+        // Runs still going cannot report to another session: the server hands them back.
+        for (const entry of this.open.values()) entry.abort.abort(new Error('the session with the server was lost'));
+        this.open.clear();
+        resolve(error);
+      };
+      this.unary('OpenWorkerSession', { hello: worker._hello() }, CALL_MARGIN_MS).then(
+        (opened) => {
+          this.sessionId = opened.session_id;
+          const most = Number(opened.max_wait.seconds) * 1000 + Math.floor(opened.max_wait.nanos / 1e6);
+          const waitMs = worker.pollWaitMs === null ? most : Math.max(MIN_POLL_WAIT_MS, Math.min(worker.pollWaitMs, most));
+          this.on({ message: 'welcome', welcome: opened.welcome });
+          this.longPolls(waitMs);
+        },
+        (error) => this.finish(error),
+      );
+    });
+  }
+
+  /** A unary call of WorkerService, as a promise (a SchedulerClientError when it fails). */
+  unary(method, request, timeoutMs) {
+    return new Promise((resolve, reject) => {
+      this.stub[method](request, this.metadata, { deadline: Date.now() + timeoutMs }, (error, response) => {
+        if (error) reject(new SchedulerClientError(error.code, error.details));
+        else resolve(response);
+      });
+    });
+  }
+
+  async poll(batch, waitMs) {
+    const request = { session_id: this.sessionId, batch };
+    if (waitMs > 0) request.wait = duration(waitMs / 1000);
+    const answer = await this.unary('PollWorkerSession', request, waitMs + CALL_MARGIN_MS);
+    if (!this.ended) for (const response of answer.messages) this.on(response);
+  }
+
+  async longPolls(waitMs) {
+    while (!this.ended) {
+      try {
+        await this.poll(null, waitMs);
+      } catch (error) {
+        if (!this.closing) this.finish(error);
+        return;
+      }
+    }
+  }
+
+  send(request) {
+    if (this.ended || this.closing) return;
+    if (request.ack) this.batch.acks.push(request.ack);
+    else if (request.outcome) this.batch.outcomes.push(request.outcome);
+    else if (request.credit) this.batch.credit += request.credit.grant;
+    else return; // a stream's pong: a unary session has no pings
+    this.flush();
+  }
+
+  /** Report what is ready in one call, unless one is in flight (then in the next). */
+  flush() {
+    if (this.reporting || this.ended) return;
+    const batch = this.batch;
+    if (batch.acks.length === 0 && batch.outcomes.length === 0 && batch.credit === 0) {
+      if (this.halfClosed && !this.closing) this.close();
+      return;
+    }
+    this.batch = { acks: [], outcomes: [], credit: 0 };
+    this.reporting = true;
+    this.poll(batch, 0).then(
+      () => {
+        this.reporting = false;
+        this.flush();
+      },
+      (error) => {
+        this.reporting = false;
+        this.finish(error);
+      },
+    );
+  }
+
+  closeWhenIdle() {
+    if (this.draining && this.open.size === 0 && !this.ended && !this.halfClosed && this.sessionId) {
+      this.halfClosed = true; // the last outcomes are reported, then the session is closed
+      this.flush();
+    }
+  }
+
+  close() {
+    this.closing = true;
+    this.unary('CloseWorkerSession', { session_id: this.sessionId }, CALL_MARGIN_MS).then(
+      () => this.finish(null),
+      (error) => this.finish(error),
+    );
   }
 }
 

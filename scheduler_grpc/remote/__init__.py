@@ -5,7 +5,9 @@ stream each, on the same run lifecycle as the in-process worker.
 - `handler`: the handlers of a session (`RemoteHandler` per advertised handler, `NotServedHere`
   for the rest, `NotAcknowledged`, the unspent hand-back of an assignment not acknowledged);
 - `session`: one stream's `Session`, a `scheduler_grpc.worker.Worker` whose handlers are remote,
-  with credit, acks, outcomes, cancels and pings.
+  with credit, acks, outcomes, cancels and pings;
+- `unary`: the unary fallback (`OpenWorkerSession` / `PollWorkerSession` / `CloseWorkerSession`),
+  the same `Session` served by polls.
 
 `RemoteWorkers` opens the sessions of one server process and knows the live ones.
 """
@@ -25,6 +27,7 @@ from scheduler_grpc.errors import Unavailable
 from scheduler_grpc.ports import HistoryPruning, RunStore
 from scheduler_grpc.remote.protocol import Hello, check_hello
 from scheduler_grpc.remote.session import Session
+from scheduler_grpc.remote.unary import UnarySessions
 
 log = logging.getLogger("scheduler_grpc.remote")
 
@@ -49,6 +52,8 @@ class RemoteWorkers:
         self._history = history
         self._settings = settings
         self.sessions: set[Session] = set()  # open, until their hand-back is done
+        self.unary = UnarySessions(self.open, settings)  # the sessions served by polls, among those
+        self._draining = False
 
     @property
     def hello_timeout(self) -> timedelta:
@@ -60,7 +65,10 @@ class RemoteWorkers:
 
         Raises:
             InvalidArgument: naming the hello's field at fault.
+            Unavailable: the server is stopping (a session opened now would not be told to drain).
         """
+        if self._draining:
+            raise Unavailable("the server is stopping; reconnect to another server")
         check_hello(hello, self._reserved)
         session = Session(
             hello, redis=self._redis, runs=self._runs, history=self._history, settings=self._settings,
@@ -99,6 +107,7 @@ class RemoteWorkers:
     async def drain(self, grace: timedelta) -> None:
         """The server is stopping: tell every stream to drain, let them end within `grace` (their
         outcomes in flight recorded), then end the rest, and wait for every session's hand-back."""
+        self._draining = True
         deadline = datetime.now(UTC) + grace
         for session in list(self.sessions):
             session.drain(deadline)
@@ -110,6 +119,7 @@ class RemoteWorkers:
         waiting = [s.ended for s in self.sessions]
         if waiting:
             await asyncio.wait(waiting)
+        await self.unary.wait_closed()
 
 
 def peer_host(peer: str) -> str:

@@ -19,6 +19,11 @@ server's cancel (the job's timeout, a CancelExecution) and answers pings. A lost
 reconnected with jittered exponential backoff (runs in flight then are cancelled: the server has
 handed them back). `stop()` (or the server's drain) takes no new work and lets the running
 handlers finish.
+
+Where a bidirectional stream does not survive (a proxy that buffers or cuts long streams),
+`Worker(..., transport="unary")` serves the same runs over unary calls instead (`OpenWorkerSession`,
+then `PollWorkerSession` with a bounded wait, `CloseWorkerSession`), with the same handler API and
+semantics; a poll that reaches a server process not holding its session opens a new session.
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ log = logging.getLogger("scheduler_client.worker")
 
 SDK: Final = "scheduler-client-python"
 _CONNECT: Final = "/scheduler.v1.WorkerService/Connect"
+_OPEN: Final = "/scheduler.v1.WorkerService/OpenWorkerSession"
+_POLL: Final = "/scheduler.v1.WorkerService/PollWorkerSession"
+_CLOSE: Final = "/scheduler.v1.WorkerService/CloseWorkerSession"
+_TRANSPORTS: Final = ("stream", "unary")
+_CALL_MARGIN: Final = 10.0  # seconds a unary call may take beyond its wait
+_MIN_POLL_WAIT: Final = 0.1  # seconds: a long poll is never a busy loop
 # Codes that reconnecting cannot fix: the key, its role or what this worker says is wrong.
 _FATAL: Final = frozenset(
     {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT,
@@ -132,6 +143,10 @@ class Worker:
         tls: False for plaintext, True for TLS with the system's roots, or channel credentials.
         options: Extra gRPC channel options.
         reconnect_max: The longest wait between two connection attempts, in seconds.
+        transport: `"stream"` (one `Connect` stream) or `"unary"` (polls, for networks where a
+            bidirectional stream does not survive).
+        poll_wait: With `transport="unary"`: how long a poll waits for work, in seconds (default
+            and at most the server's `max_wait`; at least 0.1).
     """
 
     def __init__(
@@ -145,9 +160,15 @@ class Worker:
         tls: bool | grpc.ChannelCredentials = False,
         options: Sequence[tuple[str, Any]] = (),
         reconnect_max: float = 30.0,
+        transport: str = "stream",
+        poll_wait: float | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
+        self.transport = transport
+        self.poll_wait = poll_wait
         self.target = target
         self.slots = slots
         self.queue = queue
@@ -201,7 +222,7 @@ class Worker:
         delay = 0.1
         async with self._channel() as channel:
             while not self._stopping.is_set():
-                stream = _Stream(self, channel)
+                stream = _Stream(self, channel) if self.transport == "stream" else _Unary(self, channel)
                 try:
                     await stream.serve()
                 except grpc.aio.AioRpcError as exc:
@@ -403,6 +424,100 @@ class _Stream:
     def _forget(self, ctx: ExecutionContext) -> None:
         self._tasks.pop(ctx.execution_id, None)
         self._close_when_idle()
+
+
+class _Unary(_Stream):
+    """One unary session: the stream's requests and answers, carried by polls. A long poll waits
+    for work; a second call reports what is ready (acks, outcomes, credit) at once, with no wait."""
+
+    def __init__(self, worker: Worker, channel: grpc.aio.Channel) -> None:
+        super().__init__(worker, channel)
+        self._metadata = (("authorization", f"Bearer {worker._api_key}"),)
+        self._session_id = ""
+        self._closing = False  # the session is being closed: a poll's NOT_FOUND is expected
+        self._poll = channel.unary_unary(
+            _POLL,
+            request_serializer=workers_pb2.PollWorkerSessionRequest.SerializeToString,
+            response_deserializer=workers_pb2.PollWorkerSessionResponse.FromString,
+        )
+
+    async def serve(self) -> None:
+        worker = self._worker
+        open_session = self._channel.unary_unary(
+            _OPEN,
+            request_serializer=workers_pb2.OpenWorkerSessionRequest.SerializeToString,
+            response_deserializer=workers_pb2.OpenWorkerSessionResponse.FromString,
+        )
+        opened = await open_session(
+            workers_pb2.OpenWorkerSessionRequest(hello=worker.hello()), metadata=self._metadata, timeout=_CALL_MARGIN
+        )
+        self._session_id = opened.session_id
+        most = opened.max_wait.ToTimedelta().total_seconds()
+        wait = most if worker.poll_wait is None else max(_MIN_POLL_WAIT, min(worker.poll_wait, most))
+        stopper = asyncio.create_task(self._stop_when_asked())
+        poller = asyncio.create_task(self._long_polls(wait))
+        reporter = asyncio.create_task(self._reports())
+        try:
+            self._on(workers_pb2.ConnectResponse(welcome=opened.welcome))
+            done, _ = await asyncio.wait((poller, reporter), return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # the error of a failed poll, if any: reconnect (or fatal)
+        finally:
+            for task in (stopper, poller, reporter):
+                task.cancel()
+            worker.connected.clear()
+            for task, _ in list(self._tasks.values()):
+                task.cancel()
+            if self._tasks:
+                await asyncio.wait([task for task, _ in self._tasks.values()])
+
+    async def _call(self, batch: workers_pb2.RequestBatch | None, wait: float) -> None:
+        request = workers_pb2.PollWorkerSessionRequest(session_id=self._session_id, batch=batch)
+        if wait > 0:
+            request.wait.CopyFrom(_duration(wait))
+        answer = await self._poll(request, metadata=self._metadata, timeout=wait + _CALL_MARGIN)
+        for response in answer.messages:
+            self._on(response)
+
+    async def _long_polls(self, wait: float) -> None:
+        while True:
+            try:
+                await self._call(None, wait)
+            except grpc.aio.AioRpcError:
+                if not self._closing:
+                    raise
+                await asyncio.Event().wait()  # the close ends the session; `_reports` returns
+
+    async def _reports(self) -> None:
+        """What is ready in one poll each turn; at the end (drained, or stopping, and idle) the
+        session is closed, its last outcomes reported first."""
+        queue = self._requests
+        while True:
+            request = await queue.get()
+            batch, end = workers_pb2.RequestBatch(), request is None
+            if request is not None:
+                _merge(batch, request)
+            while not end and not queue.empty():
+                more = queue.get_nowait()
+                if more is None:
+                    end = True
+                else:
+                    _merge(batch, more)
+            if batch.acks or batch.outcomes or batch.credit:
+                await self._call(batch, 0)
+            if end:
+                self._closing = True
+                close = self._channel.unary_unary(
+                    _CLOSE,
+                    request_serializer=workers_pb2.CloseWorkerSessionRequest.SerializeToString,
+                    response_deserializer=workers_pb2.CloseWorkerSessionResponse.FromString,
+                )
+                await close(
+                    workers_pb2.CloseWorkerSessionRequest(session_id=self._session_id),
+                    metadata=self._metadata,
+                    timeout=_CALL_MARGIN,
+                )
+                return
 
 
 def _merge(batch: workers_pb2.RequestBatch, request: workers_pb2.ConnectRequest) -> None:

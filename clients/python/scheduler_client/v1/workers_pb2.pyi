@@ -217,3 +217,47 @@ class ConnectResponse(_message.Message):
     rejected: Rejected
     assignments: Assignments
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ...) -> None: ...
+
+class OpenWorkerSessionRequest(_message.Message):
+    __slots__ = ("hello",)
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ...) -> None: ...
+
+class OpenWorkerSessionResponse(_message.Message):
+    __slots__ = ("session_id", "welcome", "poll_timeout", "max_wait")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    POLL_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    welcome: Welcome
+    poll_timeout: _duration_pb2.Duration
+    max_wait: _duration_pb2.Duration
+    def __init__(self, session_id: _Optional[str] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., poll_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class PollWorkerSessionRequest(_message.Message):
+    __slots__ = ("session_id", "batch", "wait")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    batch: RequestBatch
+    wait: _duration_pb2.Duration
+    def __init__(self, session_id: _Optional[str] = ..., batch: _Optional[_Union[RequestBatch, _Mapping]] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class PollWorkerSessionResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ConnectResponse]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ConnectResponse, _Mapping]]] = ...) -> None: ...
+
+class CloseWorkerSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseWorkerSessionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

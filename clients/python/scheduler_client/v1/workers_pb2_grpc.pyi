@@ -49,6 +49,31 @@ class WorkerServiceStub:
     the naming rule, a credit grant over the worker's slots) ends it with INVALID_ARGUMENT naming
     the field.
     """
+    OpenWorkerSession: _grpc.UnaryUnaryMultiCallable[_workers_pb2.OpenWorkerSessionRequest, _workers_pb2.OpenWorkerSessionResponse]
+    """The unary fallback, where a bidirectional stream does not survive (a proxy that buffers or cuts
+    long streams): the same session as a stream's, opened by one call and served by polls. The
+    worker's `hello` in; the session's id and `welcome` out. Checked as a stream's hello
+    (INVALID_ARGUMENT naming `hello.<field>`). The session lives in the server process that opened
+    it: route one worker's calls to one process (a load balancer's affinity, or one connection).
+    """
+    PollWorkerSession: _grpc.UnaryUnaryMultiCallable[_workers_pb2.PollWorkerSessionRequest, _workers_pb2.PollWorkerSessionResponse]
+    """One turn of a unary session: the worker's acks, outcomes and credit in (`batch`, taken as a
+    stream's `RequestBatch`: acks, then outcomes, then credit), the server's messages since the
+    last poll out (assignments, cancels, drain, rejected), waiting up to `wait` for one when none
+    is ready; keep a poll waiting (the ack timeout runs from when an assignment is ready, not from
+    when a poll takes it). A poll is the session's liveness (no pings), and so what keeps its runs'
+    leases extended: a session with no poll in flight for the open response's `poll_timeout` is
+    ended, its runs handed back as at a stream's end. A session this process does not hold (another
+    process opened it, it ended and was forgotten, or another key opened it) is NOT_FOUND on
+    `session_id`: open a new one. A session that ended answers its end's status (e.g. ABORTED,
+    UNAVAILABLE when the server is stopping) for a while, then NOT_FOUND. Polls may overlap (a long
+    poll waiting, a short one reporting outcomes): each message goes out in exactly one answer.
+    """
+    CloseWorkerSession: _grpc.UnaryUnaryMultiCallable[_workers_pb2.CloseWorkerSessionRequest, _workers_pb2.CloseWorkerSessionResponse]
+    """Ends a unary session, as a worker closing its stream: unacknowledged assignments go back
+    unspent, acknowledged ones without an outcome as interrupted attempts. Report the outcomes
+    first (a poll with `wait` 0). Returns once the runs are handed back.
+    """
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -70,6 +95,31 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     `rejected` and the stream goes on; a broken protocol (no hello first, a handler name breaking
     the naming rule, a credit grant over the worker's slots) ends it with INVALID_ARGUMENT naming
     the field.
+    """
+    OpenWorkerSession: _aio.UnaryUnaryMultiCallable[_workers_pb2.OpenWorkerSessionRequest, _workers_pb2.OpenWorkerSessionResponse]  # type: ignore[assignment]
+    """The unary fallback, where a bidirectional stream does not survive (a proxy that buffers or cuts
+    long streams): the same session as a stream's, opened by one call and served by polls. The
+    worker's `hello` in; the session's id and `welcome` out. Checked as a stream's hello
+    (INVALID_ARGUMENT naming `hello.<field>`). The session lives in the server process that opened
+    it: route one worker's calls to one process (a load balancer's affinity, or one connection).
+    """
+    PollWorkerSession: _aio.UnaryUnaryMultiCallable[_workers_pb2.PollWorkerSessionRequest, _workers_pb2.PollWorkerSessionResponse]  # type: ignore[assignment]
+    """One turn of a unary session: the worker's acks, outcomes and credit in (`batch`, taken as a
+    stream's `RequestBatch`: acks, then outcomes, then credit), the server's messages since the
+    last poll out (assignments, cancels, drain, rejected), waiting up to `wait` for one when none
+    is ready; keep a poll waiting (the ack timeout runs from when an assignment is ready, not from
+    when a poll takes it). A poll is the session's liveness (no pings), and so what keeps its runs'
+    leases extended: a session with no poll in flight for the open response's `poll_timeout` is
+    ended, its runs handed back as at a stream's end. A session this process does not hold (another
+    process opened it, it ended and was forgotten, or another key opened it) is NOT_FOUND on
+    `session_id`: open a new one. A session that ended answers its end's status (e.g. ABORTED,
+    UNAVAILABLE when the server is stopping) for a while, then NOT_FOUND. Polls may overlap (a long
+    poll waiting, a short one reporting outcomes): each message goes out in exactly one answer.
+    """
+    CloseWorkerSession: _aio.UnaryUnaryMultiCallable[_workers_pb2.CloseWorkerSessionRequest, _workers_pb2.CloseWorkerSessionResponse]  # type: ignore[assignment]
+    """Ends a unary session, as a worker closing its stream: unacknowledged assignments go back
+    unspent, acknowledged ones without an outcome as interrupted attempts. Report the outcomes
+    first (a poll with `wait` 0). Returns once the runs are handed back.
     """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -95,6 +145,49 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         `rejected` and the stream goes on; a broken protocol (no hello first, a handler name breaking
         the naming rule, a credit grant over the worker's slots) ends it with INVALID_ARGUMENT naming
         the field.
+        """
+
+    @_abc_1.abstractmethod
+    def OpenWorkerSession(
+        self,
+        request: _workers_pb2.OpenWorkerSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workers_pb2.OpenWorkerSessionResponse, _abc.Awaitable[_workers_pb2.OpenWorkerSessionResponse]]:
+        """The unary fallback, where a bidirectional stream does not survive (a proxy that buffers or cuts
+        long streams): the same session as a stream's, opened by one call and served by polls. The
+        worker's `hello` in; the session's id and `welcome` out. Checked as a stream's hello
+        (INVALID_ARGUMENT naming `hello.<field>`). The session lives in the server process that opened
+        it: route one worker's calls to one process (a load balancer's affinity, or one connection).
+        """
+
+    @_abc_1.abstractmethod
+    def PollWorkerSession(
+        self,
+        request: _workers_pb2.PollWorkerSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workers_pb2.PollWorkerSessionResponse, _abc.Awaitable[_workers_pb2.PollWorkerSessionResponse]]:
+        """One turn of a unary session: the worker's acks, outcomes and credit in (`batch`, taken as a
+        stream's `RequestBatch`: acks, then outcomes, then credit), the server's messages since the
+        last poll out (assignments, cancels, drain, rejected), waiting up to `wait` for one when none
+        is ready; keep a poll waiting (the ack timeout runs from when an assignment is ready, not from
+        when a poll takes it). A poll is the session's liveness (no pings), and so what keeps its runs'
+        leases extended: a session with no poll in flight for the open response's `poll_timeout` is
+        ended, its runs handed back as at a stream's end. A session this process does not hold (another
+        process opened it, it ended and was forgotten, or another key opened it) is NOT_FOUND on
+        `session_id`: open a new one. A session that ended answers its end's status (e.g. ABORTED,
+        UNAVAILABLE when the server is stopping) for a while, then NOT_FOUND. Polls may overlap (a long
+        poll waiting, a short one reporting outcomes): each message goes out in exactly one answer.
+        """
+
+    @_abc_1.abstractmethod
+    def CloseWorkerSession(
+        self,
+        request: _workers_pb2.CloseWorkerSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workers_pb2.CloseWorkerSessionResponse, _abc.Awaitable[_workers_pb2.CloseWorkerSessionResponse]]:
+        """Ends a unary session, as a worker closing its stream: unacknowledged assignments go back
+        unspent, acknowledged ones without an outcome as interrupted attempts. Report the outcomes
+        first (a poll with `wait` 0). Returns once the runs are handed back.
         """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
