@@ -4,9 +4,13 @@ bad one, and `attempts_of` reads planted attempts back from PostgreSQL."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import orjson
+import pytest
+from scheduler_client.v1 import workers_pb2
 
 from chaos.checker import (
     Attempt,
@@ -16,6 +20,7 @@ from chaos.checker import (
     spent_unacknowledged,
     succeeded_on,
 )
+from chaos.remote_worker import AckFilter
 from scheduler_grpc.control import Control
 from scheduler_grpc.jobs import JobSpec
 
@@ -123,3 +128,26 @@ async def test_attempts_of_reads_runs_and_jobs_from_postgresql(pool: asyncpg.Poo
     assert len(both) == 3
     assert not_exactly_once(both, [str(run)]) == []
     assert not_exactly_once(both, [str(lone)]) == [f"run {str(lone)[-12:]}: #1 queued"]
+
+
+async def test_the_ack_filter_withholds_every_ack_after_the_first_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    """What makes `remote-kill9`'s unacknowledged assignments: acks dropped on the wire, alone or
+    inside a batch, everything else untouched."""
+
+    def ack(execution_id: str) -> workers_pb2.Ack:
+        return workers_pb2.Ack(execution_id=execution_id, claim_token="t")
+
+    async def requests() -> AsyncIterator[workers_pb2.ConnectRequest]:
+        yield workers_pb2.ConnectRequest(hello=workers_pb2.Hello(slots=4))
+        yield workers_pb2.ConnectRequest(ack=ack("a"))
+        yield workers_pb2.ConnectRequest(batch=workers_pb2.RequestBatch(acks=[ack("b"), ack("c")], credit=1))
+        yield workers_pb2.ConnectRequest(ack=ack("d"))
+        yield workers_pb2.ConnectRequest(batch=workers_pb2.RequestBatch(acks=[ack("e")]))
+        yield workers_pb2.ConnectRequest(outcome=workers_pb2.Outcome(execution_id="a", claim_token="t"))
+
+    sent = [request async for request in AckFilter(2)._filter(requests())]
+    assert [request.WhichOneof("message") for request in sent] == ["hello", "ack", "batch", "outcome"]
+    assert sent[1].ack.execution_id == "a"
+    assert ([a.execution_id for a in sent[2].batch.acks], sent[2].batch.credit) == (["b"], 1)
+    withheld = [line for line in capsys.readouterr().out.splitlines() if '"withheld"' in line]
+    assert [orjson.loads(line)["execution_id"] for line in withheld] == ["c", "d", "e"]
