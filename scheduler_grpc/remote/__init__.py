@@ -5,15 +5,16 @@ stream each, on the same run lifecycle as the in-process worker.
 - `handler`: the handlers of a session (`RemoteHandler` per advertised handler, `NotServedHere`
   for the rest, `NotAcknowledged`, the unspent hand-back of an assignment not acknowledged);
 - `session`: one stream's `Session`, a `scheduler_grpc.worker.Worker` whose handlers are remote,
-  with credit, acks, outcomes, cancels and pings.
+  with credit, acks, outcomes, cancels, pings, parking at a stream's end and resuming held runs.
 
-`RemoteWorkers` opens the sessions of one server process and knows the live ones.
+`RemoteWorkers` opens the sessions of one server process and knows the live ones (so that a
+session that resumed runs another one still holds makes that one let them go).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
@@ -60,15 +61,23 @@ class RemoteWorkers:
         check_hello(hello, self._reserved)
         session = Session(
             hello, redis=self._redis, runs=self._runs, history=self._history, settings=self._settings,
-            peer_host=peer_host(peer),
+            peer_host=peer_host(peer), on_adopted=self._adopted,
         )  # fmt: skip
         self.sessions.add(session)
         session.ended.add_done_callback(lambda _: self.sessions.discard(session))
         return session
 
+    def _adopted(self, adopter: Session, runs: Mapping[str, str]) -> None:
+        """`adopter` resumed `runs` (execution id: claim token): any other session here lets them go."""
+        for session in list(self.sessions):
+            if session is not adopter:
+                session.let_go(runs)
+
     async def drain(self, grace: timedelta) -> None:
         """The server is stopping: tell every stream to drain, let them end within `grace` (their
-        outcomes in flight recorded), then end the rest, and wait for every session's hand-back."""
+        outcomes in flight recorded), then end the rest (UNAVAILABLE: reconnect to another server),
+        and wait for every session's end. Runs still running then are parked, not handed back: the
+        worker resumes them on the server it reconnects to (or their leases expire)."""
         deadline = datetime.now(UTC) + grace
         for session in list(self.sessions):
             session.drain(deadline)
