@@ -7,7 +7,8 @@
  *   then prints `aborted <execution id> <reason>` and throws;
  * - any other payload: returns `{attempt, ok}` (`ok`: the payload equals $EXPECT_PAYLOAD, JSON).
  *
- * It prints `connected <worker id>` on each welcome, and on SIGTERM stops (the SDK's `stop()`), then
+ * It prints `connected <worker id>` on each welcome, `resumed <execution ids, comma-separated>` when
+ * a new stream resumed runs, and on SIGTERM stops (the SDK's `stop()`), then
  * prints `stats <json>` (the SDK's counts and how many distinct executions the handler saw).
  *
  *   node tests/remote_worker_node.js TARGET KEY QUEUE SLOTS
@@ -24,6 +25,7 @@ let calls = 0;
 
 const worker = new Worker({ target, apiKey, queue, slots: Number(slots), reconnectMaxMs: 1000 });
 worker.on('connected', (id) => console.log(`connected ${id}`));
+worker.on('resumed', (ids) => console.log(`resumed ${ids.join(',')}`));
 
 worker.handler('remote.noop', { description: 'a no-op, or a hold until cancelled' }, async (ctx, payload) => {
   calls += 1;
