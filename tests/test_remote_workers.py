@@ -1046,3 +1046,43 @@ def struct_value(value: Any) -> Any:
     message = struct_pb2.Value()
     message.string_value = value
     return message
+
+
+async def test_runs_still_running_when_a_server_stops_are_resumed_on_another_server(
+    deployment: Deployment, redis_url: str, database_url: str, pool: asyncpg.Pool
+) -> None:
+    """SIGTERM's drain: streams are told to drain; runs still running after the grace are parked,
+    not handed back, and the worker resumes them on the server it reconnects to."""
+    settings = make_settings(
+        redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_HTTP_ENABLED="false",
+        SCHEDULER_VISIBILITY_TIMEOUT="5s", SCHEDULER_SHUTDOWN_GRACE="500ms",
+    )  # fmt: skip
+    client = redis_client(redis_url)
+    try:
+        stopping = serve(settings, client, pool, hasher=FAST_HASHER)
+        first = await stopping.__aenter__()
+        stop: asyncio.Task[Any] | None = None
+        try:
+            runs = await deployment.runs(3)
+            async with proxy_to(first.port) as proxy:
+                worker, started, release = blocking_worker(proxy.url_host_port, deployment, slots=3)
+                async with serving(worker):
+                    await eventually(lambda: _true(len(started) == 3), within=10)
+                    stop = asyncio.create_task(stopping.__aexit__(None, None, None))
+                    async with asyncio.timeout(10):
+                        await worker.draining.wait()
+                    proxy.target = ("127.0.0.1", deployment.server.port)  # the balancer's pick from now on
+                    async with asyncio.timeout(20):
+                        await stop  # the grace passes with the handlers still running
+                    await eventually(lambda: _true(worker.stats.resumed == 3), within=10)
+                    rows = await deployment.pool.fetch(
+                        "SELECT status FROM job_executions WHERE id = ANY($1::uuid[])", started
+                    )
+                    assert {row["status"] for row in rows} == {"running"}  # parked, never interrupted
+                    release.set()
+                    await exactly_once_in_one_attempt(deployment, runs)
+        finally:
+            if stop is None:
+                await stopping.__aexit__(None, None, None)
+    finally:
+        await client.aclose()

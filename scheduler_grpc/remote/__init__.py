@@ -46,6 +46,7 @@ class RemoteWorkers:
         self._history = history
         self._settings = settings
         self.sessions: set[Session] = set()  # open, until their hand-back is done
+        self._stopping = False
 
     @property
     def hello_timeout(self) -> timedelta:
@@ -57,7 +58,10 @@ class RemoteWorkers:
 
         Raises:
             InvalidArgument: naming the hello's field at fault.
+            Unavailable: the server is stopping (the worker reconnects, to another server).
         """
+        if self._stopping:
+            raise Unavailable("the server is stopping; reconnect to another server")
         check_hello(hello, self._reserved)
         session = Session(
             hello, redis=self._redis, runs=self._runs, history=self._history, settings=self._settings,
@@ -78,6 +82,7 @@ class RemoteWorkers:
         outcomes in flight recorded), then end the rest (UNAVAILABLE: reconnect to another server),
         and wait for every session's end. Runs still running then are parked, not handed back: the
         worker resumes them on the server it reconnects to (or their leases expire)."""
+        self._stopping = True
         deadline = datetime.now(UTC) + grace
         for session in list(self.sessions):
             session.drain(deadline)
