@@ -251,8 +251,9 @@ class Lifecycle(RuleBasedStateMachine):
             self._end(run, State.HANDED_BACK)
         for run in self._in(*_TASKS):
             tracker.request_stop(run, Stop.SHUTDOWN)
-            if run.state is not None and run.stop is not None:
-                tracker.stopped(run)
+            if run.state is not None and run.stop is not None and tracker.stopped(run) is State.PARKED:
+                self.ends[run.id] = State.PARKED  # (a park asked for before the stop: it leaves)
+                del self.live[run.id]
         for run in self._in(State.RETURNING, State.LOSING):
             self._end(run, State.ABANDONED if run.state is State.LOSING else State.HANDED_BACK)
         while tracker.has_finished():
