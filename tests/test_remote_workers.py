@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, ClassVar
 
 import asyncpg
@@ -18,6 +20,7 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 import scheduler_client
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler_client.v1 import cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc, workers_pb2
 from scheduler_client.worker import ExecutionContext, Worker
 
@@ -37,7 +40,9 @@ from scheduler_grpc.limits import LimitKind, LimitRef, LimitSpec
 from scheduler_grpc.queue import Queue
 from scheduler_grpc.remote import Session
 from scheduler_grpc.server import RunningServer, serve
+from tests.api_helpers import free_port
 from tests.conftest import ROOT
+from tests.engine_helpers import Role as RoleProcess
 from tests.engine_helpers import eventually, make_settings
 from tests.test_api_support import FAST_HASHER
 
@@ -975,32 +980,82 @@ async def test_a_bad_held_run_in_a_hello_is_invalid_argument_naming_it(deploymen
 
 @pytest.mark.parametrize("deployment", [{"SCHEDULER_VISIBILITY_TIMEOUT": "3s"}], indirect=True)
 async def test_runs_resume_on_another_server_process(
-    deployment: Deployment, redis_url: str, database_url: str, pool: asyncpg.Pool
+    deployment: Deployment, redis_url: str, database_url: str, tmp_path: Path
 ) -> None:
-    """Servers are stateless: a reconnect a load balancer sends to another server resumes the runs
-    there, through Redis (the lease, extended under the same token) and PostgreSQL (the claim)."""
-    settings = make_settings(
-        redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_HTTP_ENABLED="false",
-        SCHEDULER_VISIBILITY_TIMEOUT="3s", SCHEDULER_REMOTE_ACK_TIMEOUT="1s",
-    )  # fmt: skip
-    client = redis_client(redis_url)
+    """Servers are stateless: a reconnect a load balancer sends to another server process resumes
+    the runs there, through Redis (the lease, extended under the same token) and PostgreSQL (the
+    claim): even while the first server still holds the old stream (a silent cut it has not noticed
+    yet), and with the SDK after a cut connection."""
+    port = free_port()
+    env = {
+        **os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_GRPC_PORT": str(port),
+        "SCHEDULER_HTTP_ENABLED": "false", "SCHEDULER_METRICS_PORT": str(free_port()),
+        "SCHEDULER_VISIBILITY_TIMEOUT": "3s", "SCHEDULER_REMOTE_ACK_TIMEOUT": "1s",
+    }  # fmt: skip
+    other = RoleProcess("server-2", ["server"], env, tmp_path / "server-2.log")
     try:
-        async with serve(settings, client, pool, hasher=FAST_HASHER) as other:
-            runs = await deployment.runs(3)
-            async with proxy_to(deployment.server.port) as proxy:
-                worker, started, release = blocking_worker(proxy.url_host_port, deployment, slots=3)
-                async with serving(worker):
-                    await eventually(lambda: _true(len(started) == 3), within=10)
-                    proxy.target = ("127.0.0.1", other.port)  # the balancer's next pick
-                    proxy.reset()
-                    await eventually(lambda: _true(worker.stats.resumed == 3), within=10)
-                    assert other.api.remote is not None
-                    [session] = other.api.remote.sessions
-                    assert set(session.welcome().resumed) == set(started)
-                    release.set()
-                    await exactly_once_in_one_attempt(deployment, runs)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            async def serving_health() -> bool:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+                return False
+
+            await eventually(serving_health, within=30, interval=0.2)
+            # A raw worker holds 2 acknowledged runs on the first server, whose stream stays open.
+            held_runs = await deployment.runs(2)
+            async with raw(deployment) as open_stream:
+                old = open_stream()
+                old.send(hello=hello(slots=2))
+                await old.receive_kind("welcome")
+                old.send(credit=workers_pb2.Credit(grant=2))
+                held = [(await old.receive_kind("assignment")).assignment for _ in range(2)]
+                for a in held:
+                    old.send(ack=workers_pb2.Ack(execution_id=a.execution_id, claim_token=a.claim_token))
+                remote = deployment.server.api.remote
+                assert remote is not None
+                [session] = remote.sessions
+                await eventually(lambda: _true(all(p.acked.done() for p in session._pending.values())))
+                new = RawStream(channel, deployment.worker_key)
+                new.send(hello=workers_pb2.Hello(
+                    handlers=[workers_pb2.HandlerInfo(name="remote.noop")], slots=2, sdk="raw", queue=QUEUE,
+                    held_runs=[workers_pb2.HeldRun(execution_id=a.execution_id, claim_token=a.claim_token)
+                               for a in held],
+                ))  # fmt: skip
+                welcome = (await new.receive_kind("welcome")).welcome
+                assert sorted(welcome.resumed_execution_ids) == sorted(a.execution_id for a in held)
+                for a in held:
+                    new.send(outcome=workers_pb2.Outcome(
+                        execution_id=a.execution_id, claim_token=a.claim_token, value=struct_value("ok")
+                    ))  # fmt: skip
+                await exactly_once_in_one_attempt(deployment, held_runs)
+                # The first server's session finds the leases gone: it tells the old stream, records nothing.
+                cancels = [(await old.receive_kind("cancel", within=10)).cancel for _ in range(2)]
+                assert {(c.execution_id, c.reason) for c in cancels} == {(a.execution_id, "lease lost") for a in held}
+                old.close()
+                new.close()
+            assert await deployment.counts(held_runs) == {"succeeded": 2}
+        runs = await deployment.runs(3)
+        async with proxy_to(deployment.server.port) as proxy:
+            worker, started, release = blocking_worker(proxy.url_host_port, deployment, slots=3)
+            async with serving(worker):
+                await eventually(lambda: _true(len(started) == 3), within=10)
+                first = worker.worker_id
+                proxy.target = ("127.0.0.1", port)  # the balancer's next pick
+                proxy.reset()
+                await eventually(lambda: _true(worker.stats.resumed == 3), within=10)
+                assert worker.worker_id != first
+                assert worker.stats.not_resumed == 0
+                release.set()
+                await exactly_once_in_one_attempt(deployment, runs)
+                rows = await deployment.pool.fetch(
+                    "SELECT DISTINCT worker_id FROM job_executions WHERE run_id = ANY($1::uuid[])", runs
+                )
+                assert {row["worker_id"] for row in rows} == {first}  # claimed by the first, resumed as it was
     finally:
-        await client.aclose()
+        assert other.stop() == 0, "\n".join(other.log_lines()[-20:])
 
 
 # -- hand-backs of runs that were never the worker's -------------------------------------------------
