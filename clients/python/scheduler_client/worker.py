@@ -272,7 +272,8 @@ class Worker:
             stats.cancelled += 1
             outcome.error.message = "cancelled"
             if not ctx.cancelled.is_set():  # not the server's cancel (not resumed, or stopping): no report
-                self._runs.pop(ctx.execution_id, None)
+                if self._runs.get(ctx.execution_id) is run:
+                    del self._runs[ctx.execution_id]
                 raise
         except RetryAfter as exc:
             outcome.rate_limited.retry_after.CopyFrom(_duration(exc.seconds))
