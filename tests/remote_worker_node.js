@@ -5,6 +5,8 @@
  *
  * - a payload with `hold: true`: prints `held <execution id>` and waits for `ctx.signal` to abort,
  *   then prints `aborted <execution id> <reason>` and throws;
+ * - a payload with `gate: true`: prints `gated <execution id>`, waits for SIGUSR2, prints
+ *   `finished <execution id>` and returns `{attempt}`;
  * - any other payload: returns `{attempt, ok}` (`ok`: the payload equals $EXPECT_PAYLOAD, JSON).
  *
  * It prints `connected <worker id>` on each welcome, `resumed <execution ids, comma-separated>` when
@@ -26,10 +28,22 @@ let calls = 0;
 const worker = new Worker({ target, apiKey, queue, slots: Number(slots), reconnectMaxMs: 1000 });
 worker.on('connected', (id) => console.log(`connected ${id}`));
 worker.on('resumed', (ids) => console.log(`resumed ${ids.join(',')}`));
+worker.on('disconnected', (error) => console.log(`disconnected ${error ? error.codeName : 'OK'}`));
+let openGate;
+const gate = new Promise((resolve) => {
+  openGate = resolve;
+});
+process.on('SIGUSR2', () => openGate());
 
 worker.handler('remote.noop', { description: 'a no-op, or a hold until cancelled' }, async (ctx, payload) => {
   calls += 1;
   seen.add(ctx.executionId);
+  if (payload.gate) {
+    console.log(`gated ${ctx.executionId}`);
+    await gate;
+    console.log(`finished ${ctx.executionId}`);
+    return { attempt: ctx.attempt };
+  }
   if (payload.hold) {
     console.log(`held ${ctx.executionId}`);
     await new Promise((resolve) => ctx.signal.addEventListener('abort', resolve, { once: true }));

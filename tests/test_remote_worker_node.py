@@ -78,12 +78,12 @@ class NodeWorker:
 
 @contextlib.asynccontextmanager
 async def node_worker(
-    deployment: Deployment, slots: int, expect: dict[str, Any] | None = None
+    deployment: Deployment, slots: int, expect: dict[str, Any] | None = None, target: str | None = None
 ) -> AsyncIterator[NodeWorker]:
     assert NODE is not None
     env = {**os.environ, "EXPECT_PAYLOAD": json.dumps(expect) if expect is not None else ""}
     process = await asyncio.create_subprocess_exec(
-        NODE, str(SCRIPT), deployment.target, deployment.worker_key, QUEUE, str(slots),
+        NODE, str(SCRIPT), target or deployment.target, deployment.worker_key, QUEUE, str(slots),
         stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
     )  # fmt: skip
     worker = NodeWorker(process)
@@ -212,6 +212,43 @@ async def test_a_lost_stream_is_reconnected_and_the_node_worker_resumes_its_runs
 
 async def _true(value: bool) -> bool:
     return value
+
+
+@pytest.mark.parametrize(
+    "deployment",
+    [{"SCHEDULER_VISIBILITY_TIMEOUT": "5s", "SCHEDULER_REMOTE_PING_INTERVAL": "300ms"}],
+    indirect=True,
+)
+async def test_a_silently_cut_node_worker_reports_what_finished_meanwhile_once_resumed(deployment: Deployment) -> None:
+    """A blackholed link: both sides find the stream dead (the server: two unanswered pings; the SDK:
+    2.5 silent ping intervals); the runs finish while disconnected, and the next stream resumes them
+    and takes their outcomes: one attempt each."""
+    runs = await deployment.runs(2, payload={"gate": True})
+    remote = deployment.server.api.remote
+    assert remote is not None
+    async with (
+        test_remote_workers.proxy_to(deployment.server.port) as proxy,
+        node_worker(deployment, slots=2, target=proxy.url_host_port) as worker,
+    ):
+        await worker.line("connected")
+        gated = {await worker.line("gated") for _ in runs}
+        [session] = remote.sessions
+        await eventually(lambda: _true(all(p.acked.done() for p in session._pending.values())))  # acks read
+        proxy.blackhole()
+        await worker.line("disconnected")  # the SDK's watchdog
+        await eventually(lambda: _true(not remote.sessions), within=10)  # the server's pings: parked
+        worker.process.send_signal(signal.SIGUSR2)
+        assert {await worker.line("finished") for _ in runs} == gated  # while disconnected
+        proxy.heal()
+        assert set((await worker.line("resumed", within=15)).split(",")) == gated
+
+        async def drained() -> bool:
+            return await deployment.counts(runs) == {"succeeded": 2}
+
+        await eventually(drained, within=10)
+        stats = await worker.stop()
+    assert await deployment.attempts(runs) == 1
+    assert (stats["resumed"], stats["notResumed"], stats["succeeded"]) == (2, 0, 2), stats
 
 
 # -- the README's example ----------------------------------------------------------------------------

@@ -431,7 +431,7 @@ class Session:
 
     async def execute(self, handler: str, ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
         """Send the assignment, wait for its ack (within the ack timeout) and its outcome."""
-        pending = self._adopting.pop(ctx.execution_id, None)
+        pending = self._adopting.pop(ctx.execution_id, None) if self._adopting else None
         if pending is not None:  # resumed from an earlier stream: sent and acknowledged there
             self._sent_live += 1
             try:
