@@ -351,7 +351,7 @@ SETTINGS: tuple[Setting, ...] = (
         parse_duration,
         "10s",
         "The server pings each remote worker's stream this often; a stream without an answer to two pings "
-        "in a row is ended (its runs handed back).",
+        "in a row is ended (its acknowledged runs parked until their leases expire, for the worker to resume).",
     ),
     Setting(
         "remote_poll_wait",

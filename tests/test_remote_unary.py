@@ -294,7 +294,7 @@ async def test_acks_and_outcomes_over_polls_record_the_runs(deployment: Deployme
 @pytest.mark.parametrize(
     "deployment", [{"SCHEDULER_REMOTE_POLL_TIMEOUT": "300ms", "SCHEDULER_REMOTE_ACK_TIMEOUT": "60s"}], indirect=True
 )
-async def test_a_session_whose_worker_stops_polling_is_ended_and_its_runs_handed_back(
+async def test_a_session_whose_worker_stops_polling_is_ended_and_its_runs_parked_or_handed_back(
     deployment: Deployment, channel: grpc.aio.Channel
 ) -> None:
     await deployment.runs(3)
@@ -314,8 +314,9 @@ async def test_a_session_whose_worker_stops_polling_is_ended_and_its_runs_handed
             [a.execution_id for a in found],
         )
         return {row["id"]: (row["status"], row["attempt"]) for row in rows} == {
-            acked[0].execution_id: ("interrupted", 1),
-            acked[1].execution_id: ("interrupted", 1),
+            # Parked, as at a stream's end: a new session may resume them until their leases expire.
+            acked[0].execution_id: ("running", 1),
+            acked[1].execution_id: ("running", 1),
             unacked.execution_id: ("queued", 1),  # unspent: the same attempt, queued again
         }
 

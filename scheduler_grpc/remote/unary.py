@@ -62,6 +62,8 @@ class UnarySession:
         self._expiry: asyncio.TimerHandle | None = None
         self.ending = False  # the session's messages ended: it takes no more
         self.error: Exception | None = None  # why it ended, if not closed by its worker
+        # Done once the session runs, its held runs resumed (the welcome says which), or failed to.
+        self.ready: asyncio.Future[None] = self._loop.create_future()
         self.task = asyncio.create_task(self._serve(), name=f"remote-unary {session.id}")
         self._arm()
 
@@ -72,6 +74,8 @@ class UnarySession:
         limit = session.hello.slots + OUTBOX_SLACK
         try:
             async with session.running():
+                if not self.ready.done():
+                    self.ready.set_result(None)
                 try:
                     async for message in session.outbound():
                         if isinstance(message, Ping):
@@ -92,7 +96,12 @@ class UnarySession:
                 finally:
                     self.ending = True
                     self._changed.set()
+        except SchedulerError as exc:  # it could not start (resuming its held runs failed)
+            self.error = exc
         finally:
+            self.ending = True
+            if not self.ready.done():
+                self.ready.set_exception(self.error or Aborted("the session could not start; open a new one"))
             self._disarm()
             self._changed.set()
             self._loop.call_later(self.poll_timeout.total_seconds(), self._forget)

@@ -5,6 +5,7 @@ and these."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any, Final
 
@@ -39,6 +40,7 @@ class UnaryWorkerService(WorkerService):
         if not request.HasField("hello"):
             raise InvalidArgument("hello", "required: the handlers this worker serves, its slots, ...")
         held = remote.unary.open(hello_of(request.hello), context.peer(), current_principal().subject_id)
+        await asyncio.shield(held.ready)  # its held runs resumed: the welcome says which
         welcome = response(held.session.welcome()).welcome
         welcome.ClearField("ping_interval")  # no pings: the polls are the liveness
         return workers_pb2.OpenWorkerSessionResponse(

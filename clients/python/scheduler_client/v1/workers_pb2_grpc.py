@@ -71,9 +71,13 @@ class WorkerServiceServicer:
         """One worker's stream. The worker's first message is `hello`; the server answers `welcome`, then
         sends at most as many assignments as the worker granted credit (`credit`). The worker
         acknowledges each assignment (`ack`) within the welcome's `ack_timeout` (else the run goes back
-        to the queue without spending an attempt) and reports its outcome (`outcome`). The stream's end
-        (a crash, a proxy, a network cut) hands the worker's runs back: unacknowledged ones unspent,
-        acknowledged ones as interrupted attempts (no retry budget spent). A message the server cannot
+        to the queue without spending an attempt) and reports its outcome (`outcome`). The server keeps
+        the leases of acknowledged runs while the stream lives. A stream that ends by a crash, a proxy or
+        a network cut (or unanswered pings) hands its unacknowledged assignments back at once, unspent;
+        its acknowledged runs are parked: their leases are no longer kept, and unless a new stream (to
+        any server) resumes them with their claim tokens (`hello.held_runs`) before the leases expire,
+        the leader recovers them then, as it does a killed worker's. A worker that closes its side hands
+        its runs back at once (interrupted attempts, no retry budget spent). A message the server cannot
         take (an outcome without a live claim token, a result over the size limit) is answered by
         `rejected` and the stream goes on; a broken protocol (no hello first, a handler name breaking
         the naming rule, a credit grant over the worker's slots) ends it with INVALID_ARGUMENT naming
