@@ -336,16 +336,18 @@ class EventFilter:
 class Subscription:
     """One subscriber's view of the stream: a catch-up from its cursor, then the live feed.
 
-    Iterate it (`async for event in subscription`). Live events wait in a bounded buffer that the
-    fan-out fills; when it is full the subscription ends with `SubscriberTooSlow`. Events are never
-    delivered twice: everything at or before the last id seen (delivered or filtered out) is skipped.
+    Iterate it (`async for event in subscription`), or take what is ready in batches
+    (`subscription.batches(limit)`). Live events wait in a bounded buffer that the fan-out fills
+    (never waiting for the subscriber); when it is full the subscription ends with
+    `SubscriberTooSlow`. Events are never delivered twice: everything at or before the last id seen
+    (delivered or filtered out) is skipped.
     """
 
     def __init__(self, fanout: EventFanout, event_filter: EventFilter, cursor: str | None, buffer: int) -> None:
         self._fanout = fanout
         self.filter = event_filter
         self._cursor = cursor
-        self._buffer: deque[ExecutionEvent] = deque()
+        self._buffer: deque[tuple[tuple[int, int], ExecutionEvent]] = deque()
         self._limit = buffer
         self._wake = asyncio.Event()
         self._overflowed = False
@@ -358,16 +360,25 @@ class Subscription:
         """Where a resumed subscription would continue: the last stream id this one has seen."""
         return _format_id(self._last)
 
-    def _offer(self, event: ExecutionEvent, event_id: tuple[int, int]) -> bool:
-        """Buffer a live event (called by the reader); False when the subscriber overflowed."""
-        if event_id <= self._last or not self.filter.matches(event):
-            return True
-        if len(self._buffer) >= self._limit:
+    @property
+    def overflowed(self) -> bool:
+        """Whether the fan-out dropped this subscription for falling behind (it ends with
+        `SubscriberTooSlow` once what it was handed is delivered)."""
+        return self._overflowed
+
+    def _offer(self, matched: list[tuple[tuple[int, int], ExecutionEvent]]) -> bool:
+        """Buffer live events this subscription's filter admits (called by the reader, which never
+        waits here); False when the subscriber overflowed."""
+        if matched[0][0] <= self._last:  # a catch-up gave some already
+            matched = [entry for entry in matched if entry[0] > self._last]
+            if not matched:
+                return True
+        if len(self._buffer) + len(matched) > self._limit:
             self._overflowed = True
             self._buffer.clear()  # it ends now: free what it would never read
             self._wake.set()
             return False
-        self._buffer.append(event)
+        self._buffer.extend(matched)
         self._wake.set()
         return True
 
@@ -379,16 +390,25 @@ class Subscription:
         return self._events()
 
     async def _events(self) -> AsyncIterator[ExecutionEvent]:
+        async for (event,) in self.batches(1):
+            yield event
+
+    async def batches(self, limit: int) -> AsyncIterator[list[ExecutionEvent]]:
+        """The events in order, as lists of at most `limit` (>= 1): each list holds what was ready
+        when it was taken (never empty). `cursor` is the last event of the last list taken."""
         if self._cursor is not None:
-            async for event in self._catch_up(self._cursor):
-                yield event
+            async for caught_up in self._catch_up(self._cursor, limit):
+                yield caught_up
         while True:
-            while self._buffer:
-                event = self._buffer.popleft()
-                event_id = stream_id(event.cursor)
+            batch: list[ExecutionEvent] = []
+            while self._buffer and len(batch) < limit:
+                event_id, event = self._buffer.popleft()
                 if event_id > self._last:  # events the catch-up already gave are skipped
                     self._last = event_id
-                    yield event
+                    batch.append(event)
+            if batch:
+                yield batch
+                continue
             if self._overflowed:
                 raise SubscriberTooSlow(self.cursor)
             if self._closed:
@@ -396,7 +416,7 @@ class Subscription:
             self._wake.clear()
             await self._wake.wait()
 
-    async def _catch_up(self, cursor: str) -> AsyncIterator[ExecutionEvent]:
+    async def _catch_up(self, cursor: str, limit: int) -> AsyncIterator[list[ExecutionEvent]]:
         # Registered with the fan-out before this runs, so every event after the reader's position
         # reaches the buffer; this reads everything after `cursor` up to the stream's end now, which
         # is at or past that position: together, no gap. Pages keep each read bounded.
@@ -404,12 +424,20 @@ class Subscription:
         after = cursor
         while True:
             page = await self._fanout._read_after(after)
+            batch: list[ExecutionEvent] = []
             for event in page.events:
                 event_id = stream_id(event.cursor)
-                if event_id > self._last:
-                    self._last = event_id
-                    if self.filter.matches(event):
-                        yield event
+                if event_id > self._last and self.filter.matches(event):
+                    batch.append(event)
+                    if len(batch) == limit:
+                        self._last = event_id
+                        yield batch
+                        batch = []
+            if batch:
+                self._last = stream_id(batch[-1].cursor)
+                yield batch
+            if page.events:  # the events filtered out were seen too
+                self._last = max(self._last, stream_id(page.events[-1].cursor))
             if page.entries < CATCH_UP_PAGE:
                 return
             after = page.last  # past the page's last entry, understood or skipped
@@ -578,17 +606,26 @@ class EventFanout:
     async def _read_once(self) -> None:
         async with asyncio.timeout(self._block_ms / 1000 + self._timeout):
             reply: Any = await self._redis.xread({_KEYS.stream: self.position}, count=self._batch, block=self._block_ms)
+        read: list[tuple[tuple[int, int], ExecutionEvent]] = []
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
                 cursor = _text(entry_id)
                 event_id = stream_id(cursor)
                 self._position = event_id  # first: the reader moves past every entry, understood or not
                 try:
-                    event = ExecutionEvent.from_fields(cursor, fields or {})
+                    read.append((event_id, ExecutionEvent.from_fields(cursor, fields or {})))
                 except UndecodableEvent as error:
                     _SKIPS.skipped(error)
-                    continue
-                for subscription in list(self._subscribers):
-                    if not subscription._offer(event, event_id):
-                        self._subscribers.discard(subscription)
-                        self.dropped += 1
+        if not read:
+            return
+        # Each filter is matched once per read, however many subscribers share it; each subscriber
+        # then takes its events in one call (and one wake-up).
+        matched: dict[EventFilter, list[tuple[tuple[int, int], ExecutionEvent]]] = {}
+        for subscription in list(self._subscribers):
+            event_filter = subscription.filter
+            events = matched.get(event_filter)
+            if events is None:
+                events = matched[event_filter] = [entry for entry in read if event_filter.matches(entry[1])]
+            if events and not subscription._offer(events):
+                self._subscribers.discard(subscription)
+                self.dropped += 1
