@@ -105,26 +105,22 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
         receipts: list[float] = []
         event_times: list[float] = []
         ended: collections.Counter[str] = collections.Counter()
-        received = messages = 0
+        received = 0
         added: list[float] = []
+        arrived: list[tuple[float, Any]] = []  # (receipt time, response)
 
         async def subscriber(call: grpc.aio.UnaryStreamCall[Any, Any]) -> None:
-            nonlocal received, messages
+            # Only the receipt time per message here: the events' delays are worked out after the
+            # run, so this client's own per-event work does not delay the messages behind it.
+            nonlocal received
             got = 0
             try:
                 async for response in call:
                     now = time.time()
-                    messages += 1
-                    for event in response.events or (response.event,):
-                        stamp = event.event_time
-                        at = stamp.seconds + stamp.nanos / 1e9
-                        delays.append(now - at)
-                        # The cursor is the stream id: milliseconds since the epoch when Redis added it.
-                        added.append(int(event.cursor.split("-")[0]) / 1000 - at)
-                        if got == 0:
-                            event_times.append(at)
-                        got += 1
-                        received += 1
+                    arrived.append((now, response))
+                    count = len(response.events) or 1
+                    got += count
+                    received += count
                     if got >= args.runs:
                         receipts.append(now)
                         call.cancel()
@@ -151,6 +147,14 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
             task.cancel()
         for call in calls:
             call.cancel()
+        for now, response in arrived:
+            for event in response.events or (response.event,):
+                stamp = event.event_time
+                at = stamp.seconds + stamp.nanos / 1e9
+                delays.append(now - at)
+                # The cursor is the stream id: milliseconds since the epoch when Redis added it.
+                added.append(int(event.cursor.split("-")[0]) / 1000 - at)
+                event_times.append(at)
         elapsed = max(receipts, default=time.time()) - min(event_times, default=time.time())
         figures |= {
             "subscribers": args.subscribers,
@@ -161,7 +165,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
             "delay_p50_ms": percentile(delays, 0.5) * 1000,
             "delay_p99_ms": percentile(delays, 0.99) * 1000,
             "added_p99_ms": percentile(added, 0.99) * 1000,
-            "messages": messages,
+            "messages": len(arrived),
             "ended_early": dict(ended),
             "unfinished_after_timeout": len(pending),
         }
