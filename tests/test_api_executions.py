@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -13,9 +14,11 @@ from redis.asyncio import Redis
 from scheduler_client.v1 import executions_pb2, executions_pb2_grpc, jobs_pb2
 
 from scheduler_grpc import events
-from scheduler_grpc.events import EventType, ExecutionEvent
+from scheduler_grpc.auth import Role
+from scheduler_grpc.events import EventFilter, EventType, ExecutionEvent
 from scheduler_grpc.keys import EventKeys
-from scheduler_grpc.services.executions import CURSOR_METADATA
+from scheduler_grpc.services import convert
+from scheduler_grpc.services.executions import CURSOR_METADATA, EventWire
 from tests.engine_helpers import eventually
 from tests.test_api_support import Harness, Metadata, api, echo_job, running_api  # noqa: F401 - `api` is a fixture
 
@@ -204,6 +207,28 @@ async def test_an_events_error_is_redacted_for_a_viewer_not_for_an_admin_watchin
     assert [e.cursor for e in seen_by_viewer] == [e.cursor for e in seen_by_admin]
     viewer.cancel()
     admin.cancel()
+
+
+def test_event_wire_encodes_each_event_once_and_joins_a_filters_batch_once() -> None:
+    wire = EventWire()
+    published = [replace(e, cursor=f"1700000000000-{e.attempt}", time=datetime(2026, 1, 1, tzinfo=UTC))
+                 for e in burst(1, 3, error="password=hunter2")]  # fmt: skip
+    one, other = EventFilter(), EventFilter(handler="test.echo")
+    response = wire.response(published, Role.ADMIN, batched=True, shared=one)
+    decoded = executions_pb2.WatchExecutionsResponse.FromString(response)
+    assert decoded == executions_pb2.WatchExecutionsResponse(events=[convert.event_to_proto(e) for e in published])
+    assert wire.response(list(published), Role.ADMIN, batched=True, shared=EventFilter()) is response
+    assert wire.response(published, Role.ADMIN, batched=True, shared=other) == response  # joined anew
+    assert wire.response(published, Role.ADMIN, batched=True, shared=other) is not response
+    viewer = executions_pb2.WatchExecutionsResponse.FromString(
+        wire.response(published, Role.VIEWER, batched=True, shared=one)
+    )
+    assert [e.error for e in viewer.events] == ["password=<redacted>"] * 3
+    single = executions_pb2.WatchExecutionsResponse.FromString(wire.response(published[1:2], Role.ADMIN, batched=False))
+    assert single == executions_pb2.WatchExecutionsResponse(event=convert.event_to_proto(published[1]))
+    assert wire.response(published[1:2], Role.ADMIN, batched=False) is wire.response(
+        published[1:2], Role.ADMIN, batched=False
+    )
 
 
 async def test_a_negative_batch_size_is_refused(api: Harness) -> None:  # noqa: F811

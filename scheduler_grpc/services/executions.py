@@ -56,26 +56,54 @@ def _framed(field: int, body: bytes) -> bytes:
     return bytes(head) + body
 
 
+_BATCH_BYTES: Final = 16 << 20  # joined batches kept at most (and at most `size` of them)
+
+
 class EventWire:
     """WatchExecutions responses as wire bytes, each event encoded once however many subscribers
     send it (the servicer yields bytes; `decode.register`'s serializer passes them through).
 
     A response is the concatenation of its fields, so a batch is the join of its events, each
     framed as field 2 (`events`) once; the one-event form is the event framed as field 1 (`event`).
-    The last `size` events are kept, per redaction (an error is redacted below SECRET_READER).
+    The last `size` events are kept, per redaction (an error is redacted below SECRET_READER), and
+    the last joined batches (`size`, 16 MiB at most): subscribers with one filter get the same
+    batches (the events that filter admits, in stream order, from one to another), joined once.
     """
 
     def __init__(self, size: int = 4096) -> None:
         self._size = size
         # (cursor, sees secrets) -> (the event, as `event`, as one of `events`)
         self._pieces: dict[tuple[str, bool], tuple[ExecutionEvent, bytes, bytes]] = {}
+        # (filter, sees secrets, first cursor, last cursor, size) -> (first, last, the response)
+        self._batches: dict[tuple[EventFilter, bool, str, str, int], tuple[ExecutionEvent, ExecutionEvent, bytes]] = {}
+        self._batch_bytes = 0
 
-    def response(self, batch: list[ExecutionEvent], role: Role, *, batched: bool) -> bytes:
+    def response(
+        self, batch: list[ExecutionEvent], role: Role, *, batched: bool, shared: EventFilter | None = None
+    ) -> bytes:
+        """The response of `batch` (`events`, or its one event as `event` unless `batched`); with
+        `shared`, the filter that alone selected `batch`, a batch joined before is reused."""
         secrets = redaction.sees_secrets(role)
-        if batched:
+        if not batched:
+            (event,) = batch
+            return self._piece(event, role, secrets)[1]
+        if len(batch) == 1 or shared is None:
             return b"".join([self._piece(event, role, secrets)[2] for event in batch])
-        (event,) = batch
-        return self._piece(event, role, secrets)[1]
+        first, last = batch[0], batch[-1]
+        key = (shared, secrets, first.cursor, last.cursor, len(batch))
+        joined = self._batches.get(key)
+        if (
+            joined is not None
+            and (joined[0] is first or joined[0] == first)
+            and (joined[1] is last or joined[1] == last)
+        ):
+            return joined[2]
+        response = b"".join([self._piece(event, role, secrets)[2] for event in batch])
+        while self._batches and (len(self._batches) >= self._size or self._batch_bytes > _BATCH_BYTES):
+            self._batch_bytes -= len(self._batches.pop(next(iter(self._batches)))[2])  # the oldest
+        self._batches[key] = (first, last, response)
+        self._batch_bytes += len(response)
+        return response
 
     def _piece(self, event: ExecutionEvent, role: Role, secrets: bool) -> tuple[ExecutionEvent, bytes, bytes]:
         key = (event.cursor, secrets)
@@ -206,12 +234,12 @@ class ExecutionService(executions_pb2_grpc.ExecutionServiceServicer):
                 # Whatever is ready goes out in one message: a subscriber pays one write per burst,
                 # not one per event, and the buffer refills while that write waits for the client.
                 async for ready in subscription.batches(limit):
-                    batch = ready
-                    if members is not None:
-                        batch = [event for event in ready if await members.contains(event.run_id)]
-                        if not batch:
-                            continue
-                    yield self._wire.response(batch, role, batched=batched)
+                    if members is None:
+                        yield self._wire.response(ready, role, batched=batched, shared=event_filter)
+                        continue
+                    batch = [event for event in ready if await members.contains(event.run_id)]
+                    if batch:
+                        yield self._wire.response(batch, role, batched=batched)
         except SubscriberTooSlow:
             self._metrics.watcher_too_slow()
             raise
