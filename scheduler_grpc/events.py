@@ -19,6 +19,7 @@ an entry, understood or not: one bad entry never stops the events after it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import enum
 import logging
@@ -333,6 +334,14 @@ class EventFilter:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """Events of one read that one filter admits, with their stream ids (in stream order)."""
+
+    ids: list[tuple[int, int]]
+    events: list[ExecutionEvent]
+
+
 class Subscription:
     """One subscriber's view of the stream: a catch-up from its cursor, then the live feed.
 
@@ -347,7 +356,8 @@ class Subscription:
         self._fanout = fanout
         self.filter = event_filter
         self._cursor = cursor
-        self._buffer: deque[tuple[tuple[int, int], ExecutionEvent]] = deque()
+        self._buffer: deque[_Chunk] = deque()
+        self._buffered = 0  # events in `_buffer`
         self._limit = buffer
         self._wake = asyncio.Event()
         self._overflowed = False
@@ -366,19 +376,23 @@ class Subscription:
         `SubscriberTooSlow` once what it was handed is delivered)."""
         return self._overflowed
 
-    def _offer(self, matched: list[tuple[tuple[int, int], ExecutionEvent]]) -> bool:
+    def _offer(self, chunk: _Chunk) -> bool:
         """Buffer live events this subscription's filter admits (called by the reader, which never
-        waits here); False when the subscriber overflowed."""
-        if matched[0][0] <= self._last:  # a catch-up gave some already
-            matched = [entry for entry in matched if entry[0] > self._last]
-            if not matched:
+        waits here; `chunk` is shared with every subscriber of the same filter, never modified);
+        False when the subscriber overflowed."""
+        if chunk.ids[0] <= self._last:  # a catch-up gave some already
+            if chunk.ids[-1] <= self._last:
                 return True
-        if len(self._buffer) + len(matched) > self._limit:
+            start = bisect.bisect_right(chunk.ids, self._last)
+            chunk = _Chunk(chunk.ids[start:], chunk.events[start:])
+        if self._buffered + len(chunk.ids) > self._limit:
             self._overflowed = True
             self._buffer.clear()  # it ends now: free what it would never read
+            self._buffered = 0
             self._wake.set()
             return False
-        self._buffer.extend(matched)
+        self._buffer.append(chunk)
+        self._buffered += len(chunk.ids)
         self._wake.set()
         return True
 
@@ -390,22 +404,37 @@ class Subscription:
         return self._events()
 
     async def _events(self) -> AsyncIterator[ExecutionEvent]:
-        async for (event,) in self.batches(1):
-            yield event
+        # `cursor` moves a batch at a time, but the iteration ends (with it in the error) only
+        # after the batch's last event.
+        async for batch in self.batches(self._limit):
+            for event in batch:
+                yield event
 
     async def batches(self, limit: int) -> AsyncIterator[list[ExecutionEvent]]:
         """The events in order, as lists of at most `limit` (>= 1): each list holds what was ready
-        when it was taken (never empty). `cursor` is the last event of the last list taken."""
+        when it was taken (never empty; it may be shared with other subscribers: do not modify it).
+        `cursor` is the last event of the last list taken."""
         if self._cursor is not None:
             async for caught_up in self._catch_up(self._cursor, limit):
                 yield caught_up
         while True:
             batch: list[ExecutionEvent] = []
             while self._buffer and len(batch) < limit:
-                event_id, event = self._buffer.popleft()
-                if event_id > self._last:  # events the catch-up already gave are skipped
-                    self._last = event_id
-                    batch.append(event)
+                chunk = self._buffer.popleft()
+                ids = chunk.ids
+                # Events the catch-up already gave are skipped.
+                start = bisect.bisect_right(ids, self._last) if ids[0] <= self._last else 0
+                end = min(len(ids), start + limit - len(batch))
+                if end < len(ids):  # the rest waits for the next batch
+                    self._buffer.appendleft(_Chunk(ids[end:], chunk.events[end:]))
+                self._buffered -= end
+                if start == end:
+                    continue
+                self._last = ids[end - 1]
+                if not batch and start == 0 and end == len(ids):
+                    batch = chunk.events  # shared, as it is (the common case: one read's events)
+                else:
+                    batch = [*batch, *chunk.events[start:end]]
             if batch:
                 yield batch
                 continue
@@ -619,13 +648,17 @@ class EventFanout:
         if not read:
             return
         # Each filter is matched once per read, however many subscribers share it; each subscriber
-        # then takes its events in one call (and one wake-up).
-        matched: dict[EventFilter, list[tuple[tuple[int, int], ExecutionEvent]]] = {}
+        # then takes its events in one call (and one wake-up), as one shared chunk.
+        matched: dict[EventFilter, _Chunk | None] = {}
         for subscription in list(self._subscribers):
             event_filter = subscription.filter
-            events = matched.get(event_filter)
-            if events is None:
-                events = matched[event_filter] = [entry for entry in read if event_filter.matches(entry[1])]
-            if events and not subscription._offer(events):
+            if event_filter in matched:
+                chunk = matched[event_filter]
+            else:
+                admitted = [entry for entry in read if event_filter.matches(entry[1])]
+                chunk = matched[event_filter] = (
+                    _Chunk([entry[0] for entry in admitted], [entry[1] for entry in admitted]) if admitted else None
+                )
+            if chunk is not None and not subscription._offer(chunk):
                 self._subscribers.discard(subscription)
                 self.dropped += 1

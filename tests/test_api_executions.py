@@ -15,7 +15,15 @@ from scheduler_client.v1 import executions_pb2, executions_pb2_grpc, jobs_pb2
 
 from scheduler_grpc import events
 from scheduler_grpc.auth import Role
-from scheduler_grpc.events import EventFilter, EventType, ExecutionEvent
+from scheduler_grpc.events import (
+    EventFanout,
+    EventFilter,
+    EventType,
+    ExecutionEvent,
+    SubscriberTooSlow,
+    Subscription,
+    _Chunk,
+)
 from scheduler_grpc.keys import EventKeys
 from scheduler_grpc.services import convert
 from scheduler_grpc.services.executions import CURSOR_METADATA, EventWire
@@ -229,6 +237,33 @@ def test_event_wire_encodes_each_event_once_and_joins_a_filters_batch_once() -> 
     assert wire.response(published[1:2], Role.ADMIN, batched=False) is wire.response(
         published[1:2], Role.ADMIN, batched=False
     )
+
+
+async def test_a_subscription_skips_what_its_catch_up_gave_splits_at_the_limit_and_overflows(redis: Redis) -> None:
+    """The buffer's bookkeeping, driven directly: chunks as the reader hands them over."""
+    published = [replace(e, cursor=f"1-{e.attempt}") for e in burst(1, 30)]
+
+    def chunk(first: int, last: int) -> _Chunk:
+        return _Chunk([(1, n) for n in range(first, last + 1)], published[first - 1 : last])
+
+    subscription = Subscription(EventFanout(redis), EventFilter(), None, buffer=10)
+    subscription._last = (1, 3)  # a catch-up gave events 1-3
+    assert subscription._offer(chunk(1, 3))  # all given already: nothing buffered
+    assert subscription._offer(chunk(1, 6))  # 4-6 buffered
+    assert subscription._offer(chunk(7, 12))
+    batches = subscription.batches(4)
+    taken = [await anext(batches) for _ in range(3)]
+    assert [[e.attempt for e in batch] for batch in taken] == [[4, 5, 6, 7], [8, 9, 10, 11], [12]]
+    assert subscription.cursor == "1-12"
+    whole = chunk(13, 15)
+    assert subscription._offer(whole)
+    assert await anext(batches) is whole.events  # one read's events, shared as they are
+    assert subscription._offer(chunk(16, 25))  # exactly full
+    assert not subscription._offer(chunk(26, 26))  # one more: dropped, its buffer freed
+    assert subscription.overflowed
+    with pytest.raises(SubscriberTooSlow) as caught:
+        await anext(batches)
+    assert caught.value.cursor == "1-15"  # the last event it was given
 
 
 async def test_a_negative_batch_size_is_refused(api: Harness) -> None:  # noqa: F811
