@@ -266,6 +266,34 @@ async def test_a_subscription_skips_what_its_catch_up_gave_splits_at_the_limit_a
     assert caught.value.cursor == "1-15"  # the last event it was given
 
 
+@pytest.mark.parametrize("batch", [0, 10])
+async def test_a_flow_run_watch_gets_only_its_runs_events_batched_or_not(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+    batch: int,
+) -> None:
+    root = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job("root")), metadata=api.admin)).job
+    child = echo_job("root-child")
+    child.depends_on.append(root.id)
+    await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=child), metadata=api.admin)
+    ours, theirs = [
+        (await api.jobs.TriggerJob(jobs_pb2.TriggerJobRequest(id=root.id), metadata=api.operator)).execution
+        for _ in range(2)
+    ]
+    call, _ = await watch(api, api.viewer, flow_run_id=ours.run_id, max_events_per_response=batch)
+
+    def event(run: executions_pb2.Execution, attempt: int) -> ExecutionEvent:
+        return ExecutionEvent(EventType.STARTED, run.id, run.run_id, run.job_id, attempt, handler="test.echo")
+
+    # One read: the other flow run's events in between are left out of the batch, not sent empty.
+    await events.publish(redis, [event(theirs, 1), event(ours, 2), event(theirs, 3), event(ours, 4), event(theirs, 5)])
+    await events.publish(redis, [event(theirs, 6)])
+    await events.publish(redis, [event(ours, 7)])
+    got = await take(call, 3)
+    assert [(e.run_id, e.attempt) for e in got] == [(ours.run_id, 2), (ours.run_id, 4), (ours.run_id, 7)]
+    call.cancel()
+
+
 async def test_a_negative_batch_size_is_refused(api: Harness) -> None:  # noqa: F811
     request = executions_pb2.WatchExecutionsRequest(max_events_per_response=-1)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
