@@ -8,7 +8,6 @@ which field of its message is wrong.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -610,8 +609,8 @@ def event_types(values: Sequence[int], field: str = "types") -> frozenset[EventT
     return frozenset(types)
 
 
-@functools.lru_cache(maxsize=4096)
 def event_to_proto(event: ExecutionEvent) -> executions_pb2.ExecutionEvent:
+    """An event as its message (the stream encodes each one once: `services.executions.EventWire`)."""
     return executions_pb2.ExecutionEvent(
         cursor=event.cursor,
         type=_EVENT_TYPE[event.type],
@@ -624,11 +623,6 @@ def event_to_proto(event: ExecutionEvent) -> executions_pb2.ExecutionEvent:
         error=event.error,
         event_time=timestamp(event.time),
     )
-
-
-def event_response(event: ExecutionEvent) -> executions_pb2.WatchExecutionsResponse:
-    """The stream message of one event (a request without `max_events_per_response`)."""
-    return executions_pb2.WatchExecutionsResponse(event=event_to_proto(event))
 
 
 # -- auth, queues, cluster --------------------------------------------------------------------------

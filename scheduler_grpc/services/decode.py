@@ -289,7 +289,7 @@ def register(server: grpc.aio.Server, service: ServiceDescriptor, servicer: obje
 def _serialize(response: Message | bytes) -> bytes:
     """A stream's response: a message, or the wire bytes of one, encoded once and shared by many
     streams (WatchExecutions, `services.executions.EventWire`)."""
-    return response if type(response) is bytes else response.SerializeToString()  # type: ignore[union-attr]
+    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 class GenericOnly:
