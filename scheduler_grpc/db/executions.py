@@ -199,6 +199,7 @@ class TriggerRequest:
     slot: datetime
     request_id: str | None = None
     trace_context: str | None = None  # the `traceparent` of the span that asked for the run (tracing on)
+    payload: dict[str, Any] | None = None  # the run's payload instead of the job's (validated), if any
 
 
 class TriggerOutcome(enum.Enum):
