@@ -356,11 +356,14 @@ class Control:
             raise InvalidArgument("requests", f"at most {MAX_TRIGGER_ITEMS} items per call")
         requests: list[BulkRequest] = []
         seen: dict[tuple[str, str], int] = {}
+        job_ids: dict[str, str] = {}  # as given -> canonical (calls tend to name a few jobs many times)
         for index, item in enumerate(items):
-            try:
-                job_id = str(uuid.UUID(item.job_id))
-            except (ValueError, AttributeError, TypeError):
-                raise InvalidArgument(f"requests[{index}].id", f"{item.job_id!r:.80} is not a valid id") from None
+            job_id = job_ids.get(item.job_id, "")
+            if not job_id:
+                try:
+                    job_id = job_ids[item.job_id] = str(uuid.UUID(item.job_id))
+                except (ValueError, AttributeError, TypeError):
+                    raise InvalidArgument(f"requests[{index}].id", f"{item.job_id!r:.80} is not a valid id") from None
             try:
                 request_id = _check_request_id(item.request_id)
             except InvalidArgument as exc:

@@ -179,7 +179,11 @@ class TriggerBatcher:
         todo = list(range(len(requests)))
         for attempt in range(MAX_COLLISIONS):
             asked = [requests[i] for i in todo]
-            batch = [TriggerRequest(r.job_id, self._slot(), r.request_id, trace_context, r.payload) for r in asked]
+            slots = self._slots(len(asked))
+            batch = [
+                TriggerRequest(r.job_id, slot, r.request_id, trace_context, r.payload)
+                for r, slot in zip(asked, slots, strict=True)
+            ]
             async with asyncio.timeout(BATCH_TIMEOUT.total_seconds()):
                 try:
                     answers = await self._executions.trigger_now(batch)
@@ -207,6 +211,12 @@ class TriggerBatcher:
             now = self._last_slot + timedelta(microseconds=1)
         self._last_slot = now
         return now
+
+    def _slots(self, count: int) -> list[datetime]:
+        """`count` slots as `_slot` hands them out, reading the clock once."""
+        first = self._slot()
+        self._last_slot = first + timedelta(microseconds=count - 1)
+        return [first + timedelta(microseconds=n) for n in range(count)]
 
     def _pump(self) -> None:
         while self._pending and self._in_flight < self._max_in_flight:

@@ -322,7 +322,7 @@ class FiringRepository:
             """,
             list(range(len(requests))),
             [new_execution_id() for _ in requests],
-            [uuid.UUID(request.job_id) for request in requests],
+            [request.job_id for request in requests],  # UUID text: asyncpg encodes it without a UUID object
             [request.slot for request in requests],
             [request.request_id for request in requests],
             [request.trace_context for request in requests] if any(r.trace_context for r in requests) else [],
