@@ -3,16 +3,28 @@ item writes nothing. On a real server, Valkey and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import json
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from google.protobuf import struct_pb2
 from redis.asyncio import Redis
+from scheduler_client import SchedulerClient
+from scheduler_client.client import TriggerItem
+from scheduler_client.errors import InvalidArgument as ClientInvalidArgument
+from scheduler_client.errors import NotFound
 from scheduler_client.v1 import executions_pb2, jobs_pb2, limits_pb2, limits_pb2_grpc
 
 from scheduler_grpc.queue import Queue
+from tests.conftest import ROOT
 from tests.test_api_support import Harness, api, echo_job  # noqa: F401 - `api` is a fixture
 
 ITEMS = 1000
@@ -172,3 +184,82 @@ async def test_sizes_roles_and_trigger_job_with_a_payload(api: Harness) -> None:
     assert row is not None
     assert row["payload"] == {"k": "v"}
     assert await _runs(api) == 1
+
+
+# -- clients -----------------------------------------------------------------------------------------
+
+
+async def test_python_client_trigger_jobs_splits_calls_and_returns_errors_per_item(api: Harness) -> None:  # noqa: F811
+    job = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job()), metadata=api.admin)).job
+    missing = str(uuid.uuid4())
+    token = api.operator[0][1].removeprefix("Bearer ")
+    items = [TriggerItem(job.id, f"py-{n}", {"n": n}) for n in range(1500)] + [TriggerItem(missing), job.id]
+    async with SchedulerClient.connect(api.server.address, token=token) as client:
+        results = await client.trigger_jobs(items)
+        assert len(results) == 1502
+        assert isinstance(results[1500], NotFound)
+        assert all(isinstance(result, executions_pb2.Execution) for i, result in enumerate(results) if i != 1500)
+        again = await client.trigger_jobs(items[:1500])
+        assert [r.id for r in again] == [r.id for r in results[:1500]]  # type: ignore[union-attr]
+        bad = [TriggerItem(job.id)] * 1200 + [TriggerItem("nope")]
+        with pytest.raises(ClientInvalidArgument, match=r"^requests\[1200\]\.id: "):
+            await client.trigger_jobs(bad)
+        one = await client.trigger_job(job.id, payload={"k": 1})
+        assert one.job_id == job.id
+    assert await _runs(api) == 1501 + 1000 + 1, "the bad call's first 1,000 items ran; its second call ran none"
+
+
+def _schedctl(api: Harness, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # noqa: F811
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDCTL_")}
+    env |= {"SCHEDCTL_SERVER": api.server.address, "SCHEDCTL_TOKEN": api.operator[0][1].removeprefix("Bearer ")}
+    return subprocess.run(
+        [sys.executable, "-m", "scheduler_client.cli", *args],
+        env=env, input=stdin, capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+    )  # fmt: skip
+
+
+async def test_schedctl_trigger_count_and_items(api: Harness, tmp_path: Path) -> None:  # noqa: F811
+    await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job("hello")), metadata=api.admin)
+    run = functools.partial(asyncio.to_thread, _schedctl, api)
+    done = await run("jobs", "trigger", "hello", "--count", "1200", "--request-id", "batch", "--payload", '{"a": 1}')
+    assert (done.returncode, done.stdout.strip()) == (0, "Triggered hello: 1200 runs"), done.stderr
+    again = await run("jobs", "trigger", "hello", "--count", "1200", "--request-id", "batch")
+    assert again.returncode == 0, again.stderr
+    assert await _runs(api) == 1200, "ID-1 ... ID-N: the same command again runs nothing new"
+
+    lines = [
+        json.dumps({"job": "hello", "payload": {"n": 1}, "request_id": "line-1"}),
+        "",
+        json.dumps({"job": "hello"}),
+        json.dumps({"job": str(uuid.uuid4())}),
+    ]
+    items = tmp_path / "items.jsonl"
+    items.write_text("\n".join(lines) + "\n")
+    partial = await run("jobs", "trigger", "--items", str(items))
+    assert partial.returncode == 1
+    assert partial.stdout.strip() == f"Triggered 3 items of {items}: 2 runs, 1 failed"
+    assert partial.stderr.strip().splitlines() == [
+        f"schedctl: line 4: NOT_FOUND: job {json.loads(lines[3])['job']} not found"
+    ]
+    as_json = await run("--json", "jobs", "trigger", "--items", "-", stdin=lines[0] + "\n")
+    results = json.loads(as_json.stdout)["results"]
+    assert len(results) == 1
+    assert "execution" in results[0]
+    assert await _runs(api) == 1202
+
+    for args, message in (
+        (("jobs", "trigger", "hello", "--count", "3", "--payload", '{"x": NaN}'), "run 1: --payload: x: "),
+        (("jobs", "trigger", "--items", "-"), "--items: no items in -"),
+        (("jobs", "trigger", "hello", "--items", str(items)), "--items: give JOB"),
+        (("jobs", "trigger", "hello", "--count", "2", "--wait"), "--wait: only for one run"),
+    ):
+        failed = await run(*args, stdin="")
+        assert failed.returncode == 2, failed.stdout + failed.stderr
+        assert len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+        assert failed.stderr.startswith(f"schedctl: {message}"), failed.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"job": "hello"}\n{"job": "hello", "payload": {"n": NaN}}\n')
+    failed = await run("jobs", "trigger", "--items", str(bad))
+    assert failed.returncode == 2
+    assert failed.stderr.startswith("schedctl: line 2: payload.n: "), failed.stderr
+    assert await _runs(api) == 1202
