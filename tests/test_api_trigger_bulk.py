@@ -196,15 +196,15 @@ async def test_python_client_trigger_jobs_splits_calls_and_returns_errors_per_it
     token = api.operator[0][1].removeprefix("Bearer ")
     items = [TriggerItem(job.id, f"py-{n}", {"n": n}) for n in range(1500)] + [TriggerItem(missing), job.id]
     async with SchedulerClient.connect(api.server.address, token=token) as client:
-        results = await client.trigger_jobs(items)
+        results = await client.batch_trigger_jobs(items)
         assert len(results) == 1502
         assert isinstance(results[1500], NotFound)
         assert all(isinstance(result, executions_pb2.Execution) for i, result in enumerate(results) if i != 1500)
-        again = await client.trigger_jobs(items[:1500])
+        again = await client.batch_trigger_jobs(items[:1500])
         assert [r.id for r in again] == [r.id for r in results[:1500]]  # type: ignore[union-attr]
         bad = [TriggerItem(job.id)] * 1200 + [TriggerItem("nope")]
         with pytest.raises(ClientInvalidArgument, match=r"^requests\[1200\]\.id: "):
-            await client.trigger_jobs(bad)
+            await client.batch_trigger_jobs(bad)
         one = await client.trigger_job(job.id, payload={"k": 1})
         assert one.job_id == job.id
     assert await _runs(api) == 1501 + 1000 + 1, "the bad call's first 1,000 items ran; its second call ran none"
@@ -273,11 +273,11 @@ const { SchedulerClient } = require('./client');
   const job = process.env.JOB;
   const items = Array.from({ length: 1200 }, (_, n) => ({ id: job, requestId: `node-${n}`, payload: { n } }));
   items.push(process.env.MISSING, job);
-  const results = await client.triggerJobs(items);
-  const again = await client.triggerJobs(items.slice(0, 1200));
+  const results = await client.batchTriggerJobs(items);
+  const again = await client.batchTriggerJobs(items.slice(0, 1200));
   let invalid = '';
   try {
-    await client.triggerJobs([...Array(1000).fill(job), 'nope']);
+    await client.batchTriggerJobs([...Array(1000).fill(job), 'nope']);
   } catch (error) {
     invalid = `${error.codeName} ${error.message}`;
   }

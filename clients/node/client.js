@@ -151,7 +151,7 @@ class SchedulerClient {
    * Rejects with INVALID_ARGUMENT naming an invalid item by its index (`requests[1042].payload.n`);
    * nothing of that item's call ran (calls before it did).
    */
-  async triggerJobs(items, { timeoutMs = this.timeoutMs } = {}) {
+  async batchTriggerJobs(items, { timeoutMs = this.timeoutMs } = {}) {
     const requests = items.map((item) => {
       const { id, requestId = '', payload = null } = typeof item === 'string' ? { id: item } : item;
       const request = { id, request_id: requestId || crypto.randomUUID() };

@@ -526,7 +526,7 @@ async def _trigger_many(ctx: Context) -> int:
         ]
         where = [f"run {n}" for n in range(1, args.count + 1)]
     try:
-        results = await ctx.client.trigger_jobs(items)
+        results = await ctx.client.batch_trigger_jobs(items)
     except InvalidArgument as error:
         found = re.match(r"requests\[(\d+)\]\.?(\S*): (.*)", error.message, re.DOTALL)
         if found is None or int(found[1]) >= len(where):

@@ -241,14 +241,14 @@ def _struct(value: Mapping[str, Any], what: str) -> struct_pb2.Struct:
 
 
 MAX_TRIGGER_ITEMS = 1000
-"""Items of one BatchTriggerJobs call at most (`trigger_jobs` splits longer lists)."""
+"""Items of one BatchTriggerJobs call at most (`batch_trigger_jobs` splits longer lists)."""
 _ITEM_INDEX = re.compile(r"^requests\[(\d+)\]")
 _STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
 @dataclass(frozen=True)
 class TriggerItem:
-    """One run for `SchedulerClient.trigger_jobs`: the job's id, the request id that makes it
+    """One run for `SchedulerClient.batch_trigger_jobs`: the job's id, the request id that makes it
     idempotent (generated when None), and a payload replacing the job's for this run (None: the job's)."""
 
     job_id: str
@@ -732,7 +732,7 @@ class SchedulerClient:
         response = await self._call(_JOBS + "TriggerJob", request, jobs_pb2.TriggerJobResponse, rpc_timeout)
         return response.execution
 
-    async def trigger_jobs(
+    async def batch_trigger_jobs(
         self, items: Iterable[TriggerItem | str], *, rpc_timeout: float | None = None
     ) -> list[executions_pb2.Execution | SchedulerClientError]:
         """Run many jobs now (or one job many times): one run per item, in BatchTriggerJobs calls of
