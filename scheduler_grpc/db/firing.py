@@ -31,6 +31,7 @@ from scheduler_grpc.db.executions import (
     key_error_of,
     keys_of,
     new_execution_id,
+    new_execution_ids,
     queued_from_row,
     resolved_limit_keys,
     snapshot,
@@ -321,7 +322,7 @@ class FiringRepository:
             ORDER BY r.ord
             """,
             list(range(len(requests))),
-            [new_execution_id() for _ in requests],
+            new_execution_ids(len(requests)),
             [request.job_id for request in requests],  # UUID text: asyncpg encodes it without a UUID object
             [request.slot for request in requests],
             [request.request_id for request in requests],
