@@ -21,6 +21,11 @@ Invariants (each violation is reported with the slots or runs it concerns):
   more units than its cap at some instant, counted over the attempts' [started_at, end) intervals
   (`attempt_end` says which end each attempt gets, and why; a killed worker's attempt ends at its
   kill).
+* remote workers (issue 23; scenarios with SDK workers, over `attempts_of`): a run not succeeded
+  exactly once (`not_exactly_once`); an assignment the worker never acknowledged that spent an
+  attempt (`spent_unacknowledged`); an attempt left `running` longer than its lease plus the
+  visibility timeout after its worker went away (`overdue_running`); a success recorded for a
+  worker the suite had killed (`succeeded_on`).
 
 Recovery: for each fault instant, the time until the next slot fired (or until given runs finished).
 """
@@ -516,3 +521,111 @@ async def check_caps(pool: asyncpg.Pool, *, kills: Sequence[Kill] = (), cutoff: 
     if rows and not recorded:
         report.notes.append("no attempt recorded its limit keys (job_executions.limit_keys): keys derived only")
     return report
+
+
+# -- remote workers (issue 23): runs of a worker killed or cut off ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt (a `job_executions` row) as the remote-worker rules read it."""
+
+    run_id: str
+    execution_id: str
+    attempt: int
+    status: str
+    worker_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    def __str__(self) -> str:
+        return f"#{self.attempt} {self.status}"
+
+
+async def attempts_of(pool: asyncpg.Pool, *, run_ids: Sequence[str] = (), job_ids: Sequence[str] = ()) -> list[Attempt]:
+    """Every attempt of these runs and of these jobs' runs, by run and attempt."""
+    rows = await pool.fetch(
+        """SELECT run_id::text, id::text, attempt, status, worker_id, started_at, finished_at FROM job_executions
+           WHERE run_id = ANY($1::uuid[]) OR job_id = ANY($2::uuid[]) ORDER BY run_id, attempt""",
+        list(run_ids),
+        list(job_ids),
+    )
+    return [Attempt(*row) for row in rows]
+
+
+def _by_run(attempts: Iterable[Attempt]) -> dict[str, list[Attempt]]:
+    runs: dict[str, list[Attempt]] = {}
+    for attempt in attempts:
+        runs.setdefault(attempt.run_id, []).append(attempt)
+    for history in runs.values():
+        history.sort(key=lambda a: a.attempt)
+    return runs
+
+
+def _history(attempts: Sequence[Attempt]) -> str:
+    return ", ".join(str(a) for a in attempts)
+
+
+def not_exactly_once(attempts: Iterable[Attempt], run_ids: Iterable[str]) -> list[str]:
+    """The runs among `run_ids` without exactly one `succeeded` attempt (none recorded at all counts)."""
+    runs = _by_run(attempts)
+    found = []
+    for run_id in run_ids:
+        history = runs.get(run_id, [])
+        if sum(a.status == FINAL_OK for a in history) != 1:
+            found.append(f"run {run_id[-12:]}: {_history(history) or 'no attempt'}")
+    return found
+
+
+def spent_unacknowledged(attempts: Iterable[Attempt], unacknowledged: Iterable[str]) -> list[str]:
+    """Assignments (execution ids) a remote worker never acknowledged must go back unspent: the run
+    is claimed again as that same attempt, so that execution stays its run's only attempt, whatever
+    it ended as. A later attempt of the run (the unacknowledged one recorded interrupted, abandoned,
+    failed ...), or the execution gone, spent one.
+    """
+    attempts = list(attempts)
+    runs = _by_run(attempts)
+    by_id = {a.execution_id: a for a in attempts}
+    found = []
+    for execution_id in unacknowledged:
+        assigned = by_id.get(execution_id)
+        if assigned is None:
+            found.append(f"assignment {execution_id[-12:]}: no such attempt")
+            continue
+        history = runs[assigned.run_id]
+        if [a.execution_id for a in history] != [execution_id]:
+            found.append(f"run {assigned.run_id[-12:]}: assignment #{assigned.attempt} never acknowledged, "
+                         f"yet attempts {_history(history)}")  # fmt: skip
+    return found
+
+
+def overdue_running(
+    attempts: Iterable[Attempt], *, allowed: timedelta, cutoff: datetime, since: datetime | None = None
+) -> list[str]:
+    """Attempts `running` for longer than `allowed`: from their start, or from `since` (the fault)
+    when that is later, to their end (`cutoff`, the check's instant, if they have none yet).
+
+    `allowed` is what the scenario's handler may take plus its worker's lease plus the visibility
+    timeout (issue 23: "no run stays `running` past its lease plus the visibility timeout"): a
+    worker gone silent keeps its lease at most that long, and the attempt must be ended (recorded,
+    or taken over) one visibility timeout after. An attempt never started (`queued`, or handed back
+    unspent) has no start and is not counted.
+    """
+    found = []
+    for attempt in attempts:
+        if attempt.started_at is None:
+            continue
+        began = attempt.started_at if since is None else max(attempt.started_at, since)
+        end = attempt.finished_at or cutoff
+        if end - began > allowed:
+            still = "still running" if attempt.finished_at is None else f"{attempt.status} after"
+            found.append(f"run {attempt.run_id[-12:]} #{attempt.attempt} {still} {(end - began).total_seconds():.1f}s "
+                         f"(allowed {allowed.total_seconds():g}s)")  # fmt: skip
+    return found
+
+
+def succeeded_on(attempts: Iterable[Attempt], worker_ids: Iterable[str]) -> list[str]:
+    """Successes recorded for workers the suite killed (their runs had to succeed elsewhere)."""
+    dead = set(worker_ids)
+    return [f"run {a.run_id[-12:]} #{a.attempt} on {a.worker_id}" for a in attempts
+            if a.status == FINAL_OK and a.worker_id in dead]  # fmt: skip

@@ -2,8 +2,10 @@
 
 A role is one `python -m scheduler_grpc scheduler|worker|server` process (as `scheduler-grpc up`
 and tests/engine_helpers.py start them). Every role gets two fault proxies of its own, one to Redis
-and one to PostgreSQL, so a fault can cut exactly one link of one process. A role the suite stops
-or kills is remembered as such: at the end, any other role that is not running died on its own.
+and one to PostgreSQL, so a fault can cut exactly one link of one process. A remote worker (issue
+23: the Python SDK's `Worker` in a process of its own, `chaos.remote_worker`) is a role too, with
+one link: its gRPC connection to a server. A role the suite stops or kills is remembered as such:
+at the end, any other role that is not running died on its own.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from chaos.proxy import FaultProxy
 from scheduler_grpc.processes import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
+SDK_WORKER = "sdk-worker"
 
 
 def _with_host_port(url: str, port: int) -> str:
@@ -45,10 +48,12 @@ class RoleProcess:
     """One role process and its links.
 
     Attributes:
-        name: Unique within the run ("scheduler-1", "worker-2", ...); also its SCHEDULER_INSTANCE.
-        kind: "scheduler", "worker" or "server".
-        redis_link: The proxy this role reaches Redis through.
-        pg_link: The proxy this role reaches PostgreSQL through.
+        name: Unique within the run ("scheduler-1", "worker-2", "sdk-worker-1", ...); also its
+            SCHEDULER_INSTANCE.
+        kind: "scheduler", "worker" or "server" (`python -m scheduler_grpc KIND`), or "sdk-worker"
+            (`python -m chaos.remote_worker`).
+        links: Its proxies by what they reach: "redis" and "postgres" for the service's roles,
+            "grpc" (a server) for an SDK worker.
         ended_by_suite: How the suite ended it ("kill -9", "SIGTERM", ...), or "" if it did not.
         spawned_at: When its current process was started (before it could do anything).
     """
@@ -58,13 +63,33 @@ class RoleProcess:
     argv: list[str]
     env: dict[str, str]
     log_path: Path
-    redis_link: FaultProxy
-    pg_link: FaultProxy
+    links: dict[str, FaultProxy]
     process: subprocess.Popen[bytes] | None = None
     ended_by_suite: str = ""
     generation: int = 0
     history: list[str] = field(default_factory=list)
     spawned_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def redis_link(self) -> FaultProxy:
+        """The proxy this role reaches Redis through."""
+        return self.links["redis"]
+
+    @property
+    def pg_link(self) -> FaultProxy:
+        """The proxy this role reaches PostgreSQL through."""
+        return self.links["postgres"]
+
+    @property
+    def grpc_link(self) -> FaultProxy:
+        """The proxy an SDK worker reaches its server through."""
+        return self.links["grpc"]
+
+    @property
+    def command(self) -> list[str]:
+        if self.kind == SDK_WORKER:
+            return [sys.executable, "-m", "chaos.remote_worker", *self.argv]
+        return [sys.executable, "-m", "scheduler_grpc", self.kind, *self.argv]
 
     def start(self) -> None:
         self.generation += 1
@@ -74,7 +99,7 @@ class RoleProcess:
             log.write(f"=== start #{self.generation} ===\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                die_with_parent(signal.SIGKILL, [sys.executable, "-m", "scheduler_grpc", self.kind, *self.argv]),
+                die_with_parent(signal.SIGKILL, self.command),
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -201,7 +226,26 @@ class Cluster:
             "REDIS_URL": _with_host_port(self.redis_url, redis_link.port),
             "DATABASE_URL": _with_host_port(self.database_url, pg_link.port),
         }
-        role = RoleProcess(name, kind, list(argv), role_env, self.log_dir / f"{name}.log", redis_link, pg_link)
+        links = {"redis": redis_link, "postgres": pg_link}
+        role = RoleProcess(name, kind, list(argv), role_env, self.log_dir / f"{name}.log", links)
+        role.start()
+        self.roles.append(role)
+        return role
+
+    async def add_sdk_worker(self, server: str, *argv: str, **env: str) -> RoleProcess:
+        """Start a remote worker process (`chaos.remote_worker`, the Python SDK) that reaches the
+        gRPC server at `server` (`host:port`) through a fresh proxy of its own (`grpc_link`);
+        `argv` are its arguments after `--target`."""
+        count = sum(role.kind == SDK_WORKER for role in self.roles) + 1
+        name = f"{SDK_WORKER}-{count}"
+        host, _, port = server.rpartition(":")
+        grpc_link = await FaultProxy(f"{name}/grpc", host or "127.0.0.1", int(port)).start()
+        self.proxies.append(grpc_link)
+        role_env = {**self.env, **env, "SCHEDULER_INSTANCE": name}
+        role = RoleProcess(
+            name, SDK_WORKER, ["--target", grpc_link.url_host_port, *argv], role_env, self.log_dir / f"{name}.log",
+            {"grpc": grpc_link},
+        )  # fmt: skip
         role.start()
         self.roles.append(role)
         return role

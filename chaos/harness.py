@@ -39,6 +39,7 @@ log = logging.getLogger("chaos")
 T = TypeVar("T")
 
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+IN_PROCESS_QUEUE = "default"  # the roles' SCHEDULER_QUEUE (not set: the service's default)
 
 
 async def eventually(
@@ -258,6 +259,8 @@ class Scenario:
         env: Settings for every role (on top of the defaults of the service).
         cron_jobs: Per-second cron jobs running throughout (counted from PostgreSQL).
         handler: Their handler, and `payload` its payload.
+        queue: Their queue (default: the in-process workers'); on another queue, `handler` may be
+            one only remote workers serve (`chaos.remote_worker`).
         schedulers: Scheduler processes.
         workers: Worker processes.
         servers: gRPC server processes (each with its web console).
@@ -273,6 +276,7 @@ class Scenario:
     cron_jobs: int = 20
     handler: str = "test.echo"
     payload: dict[str, Any] = field(default_factory=dict)
+    queue: str = IN_PROCESS_QUEUE
     schedulers: int = 2
     workers: int = 2
     servers: int = 0
@@ -325,7 +329,8 @@ async def run_scenario(scenario: Scenario, servers: Servers, work_dir: Path) -> 
         await redis.flushall()
         await migrate(pool)
         await install_term_history(pool)
-        control = Control(redis, pool, registry)
+        # As a server's: jobs on another queue than the in-process workers' may name remote handlers.
+        control = Control(redis, pool, registry, in_process_queue=IN_PROCESS_QUEUE)
         stage = Stage(scenario.name, servers, cluster, pool, redis, control, outcome)
         for _ in range(scenario.schedulers):
             await cluster.add("scheduler")
@@ -339,7 +344,7 @@ async def run_scenario(scenario: Scenario, servers: Servers, work_dir: Path) -> 
         created = now()
         for index in range(scenario.cron_jobs):
             job = await control.create_job(JobSpec(
-                name=f"tick-{index}", handler=scenario.handler, payload=scenario.payload,
+                name=f"tick-{index}", handler=scenario.handler, payload=scenario.payload, queue=scenario.queue,
                 schedule_kind=ScheduleKind.CRON, cron="* * * * * *"))  # fmt: skip
             stage.jobs.append(job)
             stage.succeeding.append(job.id)

@@ -1,5 +1,6 @@
-"""The scenarios of `make chaos`: every fault of issue 8 and what users' jobs and clients produce
-(issue 19), each bounded in count and time.
+"""The scenarios of `make chaos`: every fault of issue 8, what users' jobs and clients produce
+(issue 19), limits under faults (issue 22) and remote workers killed or cut off (issue 23), each
+bounded in count and time.
 
 Each body injects its faults against a running topology (2 schedulers, 2 workers, 20 per-second
 cron jobs unless it says otherwise), heals them, and records the instants recovery is measured
@@ -18,7 +19,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -26,9 +27,19 @@ import orjson
 from scheduler_client import SchedulerClient
 from scheduler_client.errors import SchedulerClientError
 
-from chaos.checker import Kill, check_caps
+from chaos.checker import (
+    Attempt,
+    Kill,
+    attempts_of,
+    check_caps,
+    not_exactly_once,
+    overdue_running,
+    spent_unacknowledged,
+    succeeded_on,
+)
 from chaos.cluster import RoleProcess
 from chaos.harness import Scenario, Stage, eventually, now
+from chaos.remote_worker import HANDLER as REMOTE_HANDLER
 from chaos.watchers import Watchers, gaps, judge, login
 from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL
 from scheduler_grpc.errors import FailedPrecondition
@@ -1108,6 +1119,217 @@ async def limits_failover(stage: Stage, rounds: int = 3, every: float = 12.0) ->
     await capped_check(stage, load, killed)
 
 
+# -- remote workers (issue 23) ---------------------------------------------------------------------------
+
+REMOTE_QUEUE = "remote"  # the SDK workers' queue (not the in-process workers')
+REMOTE_LEASE_S = 5.0  # SCHEDULER_VISIBILITY_TIMEOUT of these scenarios: a remote worker's lease
+REMOTE_HELD = 100  # runs the killed worker holds ...
+REMOTE_ACKED = 80  # ... of which it acknowledged this many (the rest withheld on the wire)
+REMOTE_KILL9_ENV = {
+    "SCHEDULER_VISIBILITY_TIMEOUT": f"{REMOTE_LEASE_S:g}s",
+    # The withheld acknowledgements must still be pending when the worker dies (not handed back by
+    # the ack timeout first): what its death does to them is the point.
+    "SCHEDULER_REMOTE_ACK_TIMEOUT": "120s",
+}
+SILENT_S = 30.0  # the blackhole's length (the issue's figure)
+SILENT_WORK = {"seconds": 1.0}  # per-second remote runs of 1 s: some always running on the worker
+SILENT_ENV = {
+    "SCHEDULER_VISIBILITY_TIMEOUT": f"{REMOTE_LEASE_S:g}s",
+    # Two unanswered pings end a stream: within a lease, so a silent worker's lease is not kept alive.
+    "SCHEDULER_REMOTE_PING_INTERVAL": "1s",
+}
+
+
+def sdk_lines(role: RoleProcess, message: str) -> list[dict[str, Any]]:
+    """The JSON lines `message` of an SDK worker's current process (`chaos.remote_worker`)."""
+    found = []
+    for line in role.log_text().rsplit("=== start #", 1)[-1].splitlines():
+        if f'"{message}"' in line:
+            with contextlib.suppress(ValueError):
+                entry = orjson.loads(line)
+                if entry.get("message") == message:
+                    found.append(entry)
+    return found
+
+
+async def worker_key(address: str) -> str:
+    """A new API key of the `worker` role, made through the API by the development admin."""
+    async with SchedulerClient.connect(address, token=await login(address)) as client:
+        return (await client.create_api_key("chaos-remote-worker", "worker", rpc_timeout=30)).secret
+
+
+async def sdk_worker(stage: Stage, address: str, key: str, *argv: str) -> RoleProcess:
+    """A remote worker process on `REMOTE_QUEUE` behind a proxy of its own, once it is connected."""
+    role = await stage.cluster.add_sdk_worker(address, "--queue", REMOTE_QUEUE, *argv, CHAOS_WORKER_KEY=key)
+    await sdk_connected(role)
+    return role
+
+
+async def sdk_connected(role: RoleProcess, within: float = 60) -> str:
+    """The worker id of `role`'s first stream (once its current process was welcomed)."""
+
+    async def welcomed() -> str | None:
+        lines = sdk_lines(role, "connected")
+        return str(lines[0]["worker_id"]) if lines else None
+
+    return await eventually(welcomed, within=within, what=f"{role.name} connected")
+
+
+async def remote_check(
+    stage: Stage, run_ids: Sequence[str], *, job_ids: Sequence[str] = (), unacknowledged: Sequence[str] = (),
+    killed: Sequence[str] = (), allowed: timedelta, since: datetime | None = None,
+) -> list[Attempt]:  # fmt: skip
+    """The remote-worker rules of `chaos.checker` over these runs (and these jobs' runs), as violations."""
+    attempts = await attempts_of(stage.pool, run_ids=run_ids, job_ids=job_ids)
+    rules = {
+        "remote run not succeeded exactly once": not_exactly_once(attempts, run_ids),
+        "unacknowledged assignment spent an attempt": spent_unacknowledged(attempts, unacknowledged),
+        "run succeeded on the killed worker": succeeded_on(attempts, killed),
+        "running past its lease plus the visibility timeout": overdue_running(
+            attempts, allowed=allowed, cutoff=now(), since=since
+        ),
+    }
+    for invariant, found in rules.items():
+        if found:
+            stage.violation(invariant, f"{len(found)}: " + "; ".join(found[:5]))
+    return attempts
+
+
+async def _succeeded(stage: Stage, run_ids: Sequence[str]) -> int:
+    return int(await stage.pool.fetchval(
+        "SELECT count(DISTINCT run_id) FROM job_executions WHERE run_id = ANY($1::uuid[]) AND status = 'succeeded'",
+        list(run_ids)))  # fmt: skip
+
+
+async def remote_kill9(stage: Stage) -> None:
+    """kill -9 of a remote worker (the Python SDK, in a process of its own) holding 100 runs, 80 of
+    them acknowledged and 20 not (their acks withheld on the wire); another SDK worker, connected
+    before the kill, finishes them. Every run succeeds once, elsewhere; the unacknowledged ones come
+    back unspent (their run's only attempt is the one assigned to the dead worker); the dead
+    worker's attempts end within its lease plus the visibility timeout of the kill."""
+    address, _ = await stage.endpoints(stage.cluster.of("server")[0])
+    key = await worker_key(address)
+    job = await stage.control.create_job(JobSpec(
+        name="remote-held", handler=REMOTE_HANDLER, queue=REMOTE_QUEUE, timeout=timedelta(minutes=10),
+        retry=RetryPolicy(max_retries=2)))  # fmt: skip
+    stage.succeeding.append(job.id)
+    holder = await sdk_worker(stage, address, key, "--mode", "hold", "--slots", str(REMOTE_HELD),
+                              "--ack-first", str(REMOTE_ACKED))  # fmt: skip
+    holder_id = await sdk_connected(holder)
+    triggered = await asyncio.gather(*(stage.control.trigger_job(job.id) for _ in range(REMOTE_HELD)))
+    runs = [run.run_id for batch in triggered for run in batch]
+
+    async def holding() -> bool:
+        on_it = await stage.pool.fetchval(
+            """SELECT count(*) FROM job_executions
+               WHERE run_id = ANY($1::uuid[]) AND status = 'running' AND worker_id = $2""",
+            runs,
+            holder_id,
+        )
+        held, withheld = sdk_lines(holder, "held"), sdk_lines(holder, "withheld")
+        return on_it == REMOTE_HELD and len(held) == REMOTE_HELD and len(withheld) == REMOTE_HELD - REMOTE_ACKED
+
+    await eventually(holding, within=60, interval=0.2, what=f"{holder.name} holding {REMOTE_HELD} runs")
+    unacked = [str(line["execution_id"]) for line in sdk_lines(holder, "withheld")]
+    finisher = await sdk_worker(stage, address, key, "--mode", "work", "--slots", "20")
+    at = now()
+    holder.kill9()
+    stage.fault(f"kill -9 {holder.name} ({REMOTE_HELD} held, {len(unacked)} unacknowledged)")
+    stage.mark(f"kill -9 {holder.name}", at, run_ids=runs)
+
+    async def all_succeeded() -> bool:
+        return await _succeeded(stage, runs) == len(runs)
+
+    try:
+        await eventually(all_succeeded, within=2 * REMOTE_LEASE_S + 40, interval=0.2,
+                         what=f"the {len(runs)} runs succeeded elsewhere")  # fmt: skip
+    except TimeoutError as exc:
+        stage.violation("held runs not finished elsewhere", f"{exc}; {await _succeeded(stage, runs)} succeeded")
+    attempts = await remote_check(
+        stage, runs, unacknowledged=unacked, killed=[holder_id],
+        allowed=timedelta(seconds=2 * REMOTE_LEASE_S), since=at,
+    )  # fmt: skip
+    ended = Counter(a.status for a in attempts if a.worker_id == holder_id)
+    back = sum(a.execution_id in unacked and a.worker_id != holder_id for a in attempts)
+    stage.note(f"{holder.name}'s attempts ended {dict(ended)}; {back} of {len(unacked)} unacknowledged ones "
+               f"claimed again as the same attempt; {finisher.name} served "
+               f"{len(sdk_lines(finisher, 'served'))}")  # fmt: skip
+    holder.start()  # back, as after any kill (its queue has nothing left to hold)
+    stage.restarted += 1
+    await sdk_connected(holder)
+    await stage.sleep_until(now() + timedelta(seconds=2))
+
+
+async def remote_silent_proxy(stage: Stage) -> None:
+    """A TCP proxy between a remote worker (the Python SDK, serving per-second runs of 1 s) and the
+    server goes silent for 30 s: nothing delivered either way, no FIN, no RST. The server ends the
+    stream on its unanswered pings; no attempt stays `running` past its lease plus the visibility
+    timeout; once the proxy heals, the same worker process reconnects and serves runs again."""
+    address, _ = await stage.endpoints(stage.cluster.of("server")[0])
+    key = await worker_key(address)
+    worker = await sdk_worker(stage, address, key, "--mode", "work", "--slots", "25")
+    first = await sdk_connected(worker)
+
+    job_ids = [job.id for job in stage.jobs]
+
+    async def steadily_running() -> list[str] | None:
+        """Runs running on it for 300 ms at least (surely acknowledged), once its first backlog (the
+        runs due before it connected) is drained: the blackhole must catch acknowledged runs."""
+        backlog = await stage.pool.fetchval(
+            """SELECT count(*) FROM job_executions WHERE job_id = ANY($1::uuid[]) AND status = 'queued'
+               AND scheduled_for < clock_timestamp() - interval '1 second'""",
+            job_ids,
+        )
+        rows = await stage.pool.fetch(
+            """SELECT run_id::text FROM job_executions WHERE status = 'running' AND worker_id = $1
+               AND started_at < clock_timestamp() - interval '300 milliseconds'""",
+            first,
+        )
+        return [row["run_id"] for row in rows] if backlog == 0 and len(rows) >= 3 else None
+
+    caught = await eventually(steadily_running, within=40, interval=0.05, what=f"runs running on {worker.name}")
+    pid = worker.pid
+    at = now()
+    worker.grpc_link.blackhole()
+    stage.fault(f"blackhole {worker.grpc_link.name} {SILENT_S:g}s, no FIN/RST ({len(caught)} running)")
+    await stage.sleep_until(at + timedelta(seconds=SILENT_S))
+    worker.grpc_link.heal()
+    healed = now()
+    stage.mark(f"heal {worker.grpc_link.name}", healed, run_ids=caught)
+
+    def streams() -> list[dict[str, Any]]:
+        return sdk_lines(worker, "connected")  # one per welcome, counted by the SDK (`connects`)
+
+    async def serving_again() -> int | None:
+        """Runs this process started after the heal and succeeded, once it was welcomed again."""
+        if not any(line["connects"] > 1 for line in streams()):
+            return None
+        served = await stage.pool.fetchval(
+            """SELECT count(*) FROM job_executions
+               WHERE status = 'succeeded' AND started_at > $1 AND worker_id = ANY($2::text[])""",
+            healed,
+            [str(line["worker_id"]) for line in streams()],
+        )
+        return int(served) if served >= 5 else None
+
+    try:
+        served = await eventually(serving_again, within=40, interval=0.25, what=f"{worker.name} serving again")
+        stage.note(f"{worker.name} reconnected ({len(streams())} streams) and served {served} runs within "
+                   f"{(now() - healed).total_seconds():.1f}s of the heal")  # fmt: skip
+    except TimeoutError:
+        kept = "the silent stream was kept (no new stream)" if len(streams()) < 2 else "no run served"
+        stage.violation("worker did not reconnect and continue after the blackhole", f"{worker.name}: {kept}")
+    if not worker.alive() or worker.pid != pid:
+        stage.violation("worker did not reconnect and continue after the blackhole", f"{worker.name} was restarted")
+    ended = sum("missed two pings" in line for line in stage.cluster.of("server")[0].log_lines())
+    stage.note(f"the server ended {ended} silent stream(s) on unanswered pings")
+    await stage.sleep_until(now() + timedelta(seconds=3))  # ordinary runs go on after the reconnect
+    allowed = timedelta(seconds=SILENT_WORK["seconds"] + 2 * REMOTE_LEASE_S)
+    attempts = await remote_check(stage, caught, job_ids=job_ids, allowed=allowed)
+    first_ends = Counter(a.status for a in attempts if a.worker_id == first and a.run_id in caught)
+    stage.note(f"the attempts caught running ended {dict(first_ends)}")
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("leader-kill9", leader_kill9, budget=240, target_p99=3.0,
              description="kill -9 of the leader x10, default TTL"),
@@ -1157,4 +1379,10 @@ SCENARIOS: tuple[Scenario, ...] = (
              description="2,000 keys capped at 1, FLUSHALL x2 while they drain"),
     Scenario("limits-failover", limits_failover, env=CAPPED_WORKERS, cron_jobs=5, budget=480, settle=60,
              description="3,000 keys capped at 1, kill -9 of the leader (and a worker) x3"),
+    # Issue 23: remote workers (the Python SDK in processes of their own), counted from PostgreSQL.
+    Scenario("remote-kill9", remote_kill9, env=REMOTE_KILL9_ENV, schedulers=1, workers=1, servers=1, cron_jobs=5,
+             budget=120, description="kill -9 of a remote worker holding 100 runs (20 unacknowledged)"),
+    Scenario("remote-silent-proxy", remote_silent_proxy, env=SILENT_ENV, handler=REMOTE_HANDLER,
+             payload=SILENT_WORK, queue=REMOTE_QUEUE, schedulers=1, workers=0, servers=1, cron_jobs=5,
+             budget=120, description="a proxy silently drops a remote worker's stream 30 s (no FIN, no RST)"),
 )  # fmt: skip

@@ -18,7 +18,7 @@
 * Roles are ordered: viewer < operator < admin. `METHOD_ROLES` maps every full method name to the
   least role that may call it; a method missing from it is refused (deny by default). The `worker`
   role (API keys only) stands apart from that order: it may call the methods mapped to it
-  (`WorkerService.Connect`) and nothing else, and no other role may call those (an admin key on a
+  (`WorkerService.Connect` and its unary fallback) and nothing else, and no other role may call those (an admin key on a
   worker host would be an admin key on every worker host).
 * Login throttling (the README's "Login throttling" section is the policy): every attempt is
   reserved in Redis BEFORE its password is hashed, by one script that checks the limits and counts
@@ -133,7 +133,7 @@ class ResourceExhausted(SchedulerError):
 
 class Role(enum.StrEnum):
     """A caller's rights; each of viewer, operator, admin includes the rights of the ones before it.
-    `worker` (API keys only) serves runs (`WorkerService.Connect`) and may do nothing else."""
+    `worker` (API keys only) serves runs (`WorkerService`) and may do nothing else."""
 
     VIEWER = "viewer"
     OPERATOR = "operator"
@@ -231,6 +231,9 @@ METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "/scheduler.v1.LimitService/ResumeLimitKey": _O,
     # Remote workers (issue 23): worker API keys only, and they may call nothing else.
     "/scheduler.v1.WorkerService/Connect": _W,
+    "/scheduler.v1.WorkerService/OpenWorkerSession": _W,
+    "/scheduler.v1.WorkerService/PollWorkerSession": _W,
+    "/scheduler.v1.WorkerService/CloseWorkerSession": _W,
 }
 
 

@@ -351,7 +351,23 @@ SETTINGS: tuple[Setting, ...] = (
         parse_duration,
         "10s",
         "The server pings each remote worker's stream this often; a stream without an answer to two pings "
-        "in a row is ended (its runs handed back).",
+        "in a row is ended (its acknowledged runs parked until their leases expire, for the worker to resume).",
+    ),
+    Setting(
+        "remote_poll_wait",
+        "SCHEDULER_REMOTE_POLL_WAIT",
+        parse_duration,
+        "20s",
+        "The longest a unary remote worker's poll (WorkerService.PollWorkerSession) may wait for a message "
+        "(at most 25s, under the server's 30 s bound of a unary call).",
+    ),
+    Setting(
+        "remote_poll_timeout",
+        "SCHEDULER_REMOTE_POLL_TIMEOUT",
+        parse_duration,
+        "20s",
+        "A unary remote worker's session (WorkerService.OpenWorkerSession) with no poll in flight for this long "
+        "is ended (its runs handed back, as at a stream's end).",
     ),
     Setting(
         "breaker_window",
@@ -559,6 +575,8 @@ class Settings:
     remote_ack_timeout: timedelta
     remote_hello_timeout: timedelta
     remote_ping_interval: timedelta
+    remote_poll_wait: timedelta
+    remote_poll_timeout: timedelta
     breaker_window: int
     breaker_min_calls: int
     breaker_failure_ratio: float
@@ -659,6 +677,10 @@ def _check(settings: Settings) -> None:
         raise ConfigError(f"{name('remote_hello_timeout')} must be positive")
     if settings.remote_ping_interval < timedelta(milliseconds=100):
         raise ConfigError(f"{name('remote_ping_interval')} must be at least 100ms")
+    if not timedelta(0) < settings.remote_poll_wait <= timedelta(seconds=25):
+        raise ConfigError(f"{name('remote_poll_wait')} must be positive and at most 25s")
+    if settings.remote_poll_timeout < timedelta(milliseconds=100):
+        raise ConfigError(f"{name('remote_poll_timeout')} must be at least 100ms")
     if settings.connect_timeout <= timedelta(0):
         raise ConfigError(f"{name('connect_timeout')} must be positive")
     if settings.fire_ahead > timedelta(minutes=1):

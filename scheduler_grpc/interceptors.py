@@ -47,6 +47,8 @@ Iterate = Callable[[], AsyncIterator[Any]]
 
 CALL_TIMEOUT_MESSAGE: Final = "the call ran past the server's own time limit for one call; retry later"
 _QUIET_METHODS: Final = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
+# Logged at DEBUG when OK (still measured and traced): a unary remote worker polls all the time.
+_QUIET_LOGS: Final = _QUIET_METHODS | {"/scheduler.v1.WorkerService/PollWorkerSession"}
 # The codes that make a server span an error (OpenTelemetry's semantic conventions for gRPC).
 _SERVER_ERRORS: Final = frozenset(
     {"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"}
@@ -317,7 +319,7 @@ class ApiInterceptor(_WrappingInterceptor):
                 call.span.set_attribute("enduser.id", call.principal)
             if code in _SERVER_ERRORS:
                 tracing.span_error(call.span, code)
-        level = logging.DEBUG if call.method in _QUIET_METHODS and code == "OK" else logging.INFO
+        level = logging.DEBUG if call.method in _QUIET_LOGS and code == "OK" else logging.INFO
         if code in {"INTERNAL", "UNKNOWN", "DATA_LOSS"}:
             level = logging.WARNING
         if log.isEnabledFor(level):

@@ -55,6 +55,11 @@ class RunStore(Protocol):
         start is its lease instant (`leased_at`, one per item; unknown: the claim's time)."""
         ...
 
+    async def resumable(self, items: Sequence[tuple[str, str]]) -> list[Claim]:
+        """The attempts `(execution_id, claim_token)` still `running` under their token, as claims
+        (a remote worker's runs resumed on a new stream)."""
+        ...
+
     async def upstream_results(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """For runs of a flow run: each upstream job's result by job name, by run id."""
         ...

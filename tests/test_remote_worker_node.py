@@ -78,12 +78,20 @@ class NodeWorker:
 
 @contextlib.asynccontextmanager
 async def node_worker(
-    deployment: Deployment, slots: int, expect: dict[str, Any] | None = None
+    deployment: Deployment,
+    slots: int,
+    expect: dict[str, Any] | None = None,
+    transport: str = "stream",
+    target: str | None = None,
 ) -> AsyncIterator[NodeWorker]:
     assert NODE is not None
-    env = {**os.environ, "EXPECT_PAYLOAD": json.dumps(expect) if expect is not None else ""}
+    env = {
+        **os.environ,
+        "EXPECT_PAYLOAD": json.dumps(expect) if expect is not None else "",
+        "WORKER_TRANSPORT": transport,
+    }
     process = await asyncio.create_subprocess_exec(
-        NODE, str(SCRIPT), deployment.target, deployment.worker_key, QUEUE, str(slots),
+        NODE, str(SCRIPT), target or deployment.target, deployment.worker_key, QUEUE, str(slots),
         stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
     )  # fmt: skip
     worker = NodeWorker(process)
@@ -176,30 +184,27 @@ async def test_the_jobs_timeout_aborts_the_node_handler_and_records_the_timeout(
     assert error.startswith("timed out after 0.5s")
 
 
-async def test_a_lost_stream_aborts_its_runs_and_the_node_worker_reconnects(deployment: Deployment) -> None:
+async def test_a_lost_stream_is_reconnected_and_the_node_worker_resumes_its_runs(deployment: Deployment) -> None:
     (held_run,) = await deployment.runs(1, payload={"hold": True})
     async with node_worker(deployment, slots=4) as worker:
         first = await worker.line("connected")
         held = await worker.line("held")
-        # The server ends this stream (as it does for a worker that misses two pings).
         remote = deployment.server.api.remote
         assert remote is not None
         (session,) = [s for s in remote.sessions if s.id == first]
+        await eventually(lambda: _true(all(p.acked.done() for p in session._pending.values())))  # its ack read
+        # The server ends this stream (as it does for a worker that misses two pings): the run is
+        # parked, the handler goes on, and the new stream resumes it under its claim token.
         session.fail(Aborted("ended by the test"))
-        assert (await worker.line("aborted")).startswith(held)  # its run was handed back
         second = await worker.line("connected")  # within the 1 s backoff cap
         assert second != first
-        # The run comes back to the new stream: as its next attempt, or as the same one when the
-        # server had not read the ack yet (then the run counted as not started: unspent).
-        again = await worker.line("held")
+        assert await worker.line("resumed") == held
+        # The cancel reaches it through the new stream: the same execution, its one attempt.
         await deployment.server.api.control.cancel_execution(held_run)
-        assert (await worker.line("aborted")).startswith(again)
+        assert (await worker.line("aborted")).startswith(held)
 
         async def settled() -> bool:
-            counts = await deployment.counts([held_run])
-            return counts in ({"cancelled": 1}, {"interrupted": 1, "cancelled": 1}) and (again != held) == (
-                "interrupted" in counts
-            )
+            return await deployment.counts([held_run]) == {"cancelled": 1}
 
         await eventually(settled, within=10)
         runs = await deployment.runs(20)
@@ -210,6 +215,109 @@ async def test_a_lost_stream_aborts_its_runs_and_the_node_worker_reconnects(depl
         await eventually(drained, within=30)
         stats = await worker.stop()
     assert await deployment.counts(runs) == {"succeeded": 20}
+    assert (stats["connects"], stats["resumed"], stats["notResumed"]) == (2, 1, 0), stats
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+@pytest.mark.parametrize(
+    "deployment",
+    [{"SCHEDULER_VISIBILITY_TIMEOUT": "5s", "SCHEDULER_REMOTE_PING_INTERVAL": "300ms"}],
+    indirect=True,
+)
+async def test_a_silently_cut_node_worker_reports_what_finished_meanwhile_once_resumed(deployment: Deployment) -> None:
+    """A blackholed link: both sides find the stream dead (the server: two unanswered pings; the SDK:
+    2.5 silent ping intervals); the runs finish while disconnected, and the next stream resumes them
+    and takes their outcomes: one attempt each."""
+    runs = await deployment.runs(2, payload={"gate": True})
+    remote = deployment.server.api.remote
+    assert remote is not None
+    async with (
+        test_remote_workers.proxy_to(deployment.server.port) as proxy,
+        node_worker(deployment, slots=2, target=proxy.url_host_port) as worker,
+    ):
+        await worker.line("connected")
+        gated = {await worker.line("gated") for _ in runs}
+        [session] = remote.sessions
+        await eventually(lambda: _true(all(p.acked.done() for p in session._pending.values())))  # acks read
+        proxy.blackhole()
+        await worker.line("disconnected")  # the SDK's watchdog
+        await eventually(lambda: _true(not remote.sessions), within=10)  # the server's pings: parked
+        worker.process.send_signal(signal.SIGUSR2)
+        assert {await worker.line("finished") for _ in runs} == gated  # while disconnected
+        proxy.heal()
+        assert set((await worker.line("resumed", within=15)).split(",")) == gated
+
+        async def drained() -> bool:
+            return await deployment.counts(runs) == {"succeeded": 2}
+
+        await eventually(drained, within=10)
+        stats = await worker.stop()
+    assert await deployment.attempts(runs) == 1
+    assert (stats["resumed"], stats["notResumed"], stats["succeeded"]) == (2, 0, 2), stats
+
+
+# -- the unary transport ----------------------------------------------------------------------------
+
+
+async def test_the_node_sdk_drains_runs_over_the_unary_transport_each_once(deployment: Deployment) -> None:
+    sent = {"n": 5, "nested": [1, {"b": True, "none": None}]}
+    runs = await deployment.runs(500, payload=sent)
+    remote = deployment.server.api.remote
+    assert remote is not None
+    async with node_worker(deployment, slots=32, expect=sent, transport="unary") as worker:
+        await worker.line("connected")
+        assert len(remote.unary) == 1  # served by polls, not a stream
+
+        async def drained() -> bool:
+            return (await deployment.counts(runs)).get("succeeded", 0) == len(runs)
+
+        await eventually(drained, within=60, interval=0.2)
+        stats = await worker.stop()
+    assert await deployment.counts(runs) == {"succeeded": len(runs)}
+    assert stats["calls"] == stats["distinct"] == stats["assigned"] == stats["succeeded"] == len(runs), stats
+    assert (stats["failed"], stats["rejected"], stats["connects"]) == (0, 0, 1), stats
+    assert len(remote.unary) == 0  # `stop()` closed the session
+
+
+async def test_a_cancel_aborts_the_unary_node_handlers_signal_within_a_second(deployment: Deployment) -> None:
+    (run_id,) = await deployment.runs(1, payload={"hold": True})
+    async with node_worker(deployment, slots=2, transport="unary") as worker:
+        execution_id = await worker.line("held")
+        asked = time.monotonic()
+        await deployment.server.api.control.cancel_execution(run_id)  # a long poll is waiting: it answers
+        aborted = await worker.line("aborted", within=5)
+        assert time.monotonic() - asked < 1.0
+        assert aborted.split(" ", 1) == [execution_id, "cancelled"]
+
+        async def recorded() -> bool:
+            return await deployment.counts([run_id]) == {"cancelled": 1}
+
+        await eventually(recorded, within=10)
+        stats = await worker.stop()
+    assert (stats["cancelled"], stats["rejected"]) == (1, 0), stats
+
+
+async def test_a_node_worker_whose_unary_session_is_not_held_opens_a_new_one(deployment: Deployment) -> None:
+    """What a load balancer sending a poll to another server process looks like to the SDK."""
+    remote = deployment.server.api.remote
+    assert remote is not None
+    async with node_worker(deployment, slots=2, transport="unary") as worker:
+        first = await worker.line("connected")
+        (held,) = list(remote.unary._held.values())
+        del remote.unary._held[held.id]  # the next poll reaches a process that does not hold it
+        held.session.fail(Aborted("ended by the test"))  # (and the session ends, as it would)
+        second = await worker.line("connected", within=30)
+        assert second != first
+        runs = await deployment.runs(5)
+
+        async def drained() -> bool:
+            return await deployment.counts(runs) == {"succeeded": 5}
+
+        await eventually(drained, within=30)
+        stats = await worker.stop()
     assert stats["connects"] == 2, stats
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, ClassVar
 
 import asyncpg
@@ -18,9 +20,12 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 import scheduler_client
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler_client.v1 import cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc, workers_pb2
 from scheduler_client.worker import ExecutionContext, Worker
 
+from chaos.proxy import FaultProxy
+from scheduler_grpc import metrics
 from scheduler_grpc.auth import METHOD_ROLES, Principal, Role, required_role
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
@@ -31,9 +36,13 @@ from scheduler_grpc.executions import Trigger
 from scheduler_grpc.handlers import ExecutionContext as ServerContext
 from scheduler_grpc.handlers import Handler, HandlerSettings, JSONValue, default_registry
 from scheduler_grpc.jobs import JobSpec, RetryPolicy
+from scheduler_grpc.limits import LimitKind, LimitRef, LimitSpec
+from scheduler_grpc.queue import Queue
 from scheduler_grpc.remote import Session
 from scheduler_grpc.server import RunningServer, serve
+from tests.api_helpers import free_port
 from tests.conftest import ROOT
+from tests.engine_helpers import Role as RoleProcess
 from tests.engine_helpers import eventually, make_settings
 from tests.test_api_support import FAST_HASHER
 
@@ -105,11 +114,11 @@ async def deployment(
     request: pytest.FixtureRequest, redis_url: str, database_url: str, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> AsyncIterator[Deployment]:
     """A server on the test stores (settings overridden by an indirect parameter), a worker key."""
-    env = {"SCHEDULER_REMOTE_ACK_TIMEOUT": "1s", **getattr(request, "param", {})}
-    settings = make_settings(
-        redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_HTTP_ENABLED="false",
-        SCHEDULER_VISIBILITY_TIMEOUT="5s", SCHEDULER_SHUTDOWN_GRACE="2s", **env,
-    )  # fmt: skip
+    env = {
+        "SCHEDULER_REMOTE_ACK_TIMEOUT": "1s", "SCHEDULER_VISIBILITY_TIMEOUT": "5s", "SCHEDULER_SHUTDOWN_GRACE": "2s",
+        **getattr(request, "param", {}),
+    }  # fmt: skip
+    settings = make_settings(redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_HTTP_ENABLED="false", **env)
     client = redis_client(redis_url)
     registry = default_registry(HandlerSettings())
     registry.register(Declared())
@@ -337,7 +346,9 @@ def test_the_worker_role_serves_runs_only_and_only_it_does() -> None:
         assert not Role.WORKER.allows(other)
         assert not other.allows(Role.WORKER)
     assert required_role(CONNECT) is Role.WORKER
-    assert [method for method, role in METHOD_ROLES.items() if role is Role.WORKER] == [CONNECT]
+    assert [method for method, role in METHOD_ROLES.items() if role is Role.WORKER] == [
+        CONNECT, *(f"/scheduler.v1.WorkerService/{verb}WorkerSession" for verb in ("Open", "Poll", "Close"))
+    ]  # fmt: skip
 
 
 async def test_a_worker_key_connects_and_may_call_nothing_else(deployment: Deployment) -> None:
@@ -606,8 +617,34 @@ async def held_by_process(deployment: Deployment, mode: str, slots: int) -> tupl
     return process, held
 
 
-@pytest.mark.parametrize("deployment", [{"SCHEDULER_REMOTE_ACK_TIMEOUT": "60s"}], indirect=True)
-async def test_a_killed_worker_process_hands_its_runs_back_and_each_succeeds_once(deployment: Deployment) -> None:
+async def recovered(deployment: Deployment, run_ids: set[str], within: float = 15) -> None:
+    """What the leader's recovery loop does: once their leases expired, `run_ids` are back in the queue."""
+    queue = Queue(deployment.redis, QUEUE)
+    back: set[str] = set()
+
+    async def all_back() -> bool:
+        back.update((await queue.recover_expired()).requeued)
+        return run_ids <= back
+
+    await eventually(all_back, within=within, interval=0.1)
+
+
+async def run_ids_of(deployment: Deployment, execution_ids: set[str]) -> set[str]:
+    rows = await deployment.pool.fetch(
+        "SELECT run_id::text FROM job_executions WHERE id = ANY($1::uuid[])", list(execution_ids)
+    )
+    return {row["run_id"] for row in rows}
+
+
+@pytest.mark.parametrize(
+    "deployment", [{"SCHEDULER_REMOTE_ACK_TIMEOUT": "60s", "SCHEDULER_VISIBILITY_TIMEOUT": "2s"}], indirect=True
+)
+async def test_a_killed_worker_process_parks_its_acked_runs_until_their_leases_expire_and_each_succeeds_once(
+    deployment: Deployment,
+) -> None:
+    """A stream that ends and never comes back: unacknowledged runs back unspent at once; acknowledged
+    ones parked (still `running`, nothing recorded) until their leases expire, then recovered as a
+    killed in-process worker's are (the attempt `abandoned`, worker lost) and run elsewhere, once."""
     runs = await deployment.runs(10)
     acked, acked_ids = await held_by_process(deployment, "sdk", 4)
     unacked, unacked_ids = await held_by_process(deployment, "raw", 3)
@@ -628,13 +665,11 @@ async def test_a_killed_worker_process_hands_its_runs_back_and_each_succeeds_onc
     # At once (well within the 60 s ack timeout), the same attempt: nothing spent.
     await eventually(unacked_back, within=10)
 
-    async def acked_back() -> bool:
-        statuses = await deployment.pool.fetch(
-            "SELECT status FROM job_executions WHERE id = ANY($1::uuid[])", list(acked_ids)
-        )
-        return {row["status"] for row in statuses} == {"interrupted"}
-
-    await eventually(acked_back, within=10)
+    statuses = await deployment.pool.fetch(
+        "SELECT status FROM job_executions WHERE id = ANY($1::uuid[])", list(acked_ids)
+    )
+    assert {row["status"] for row in statuses} == {"running"}  # parked: nothing recorded
+    await recovered(deployment, await run_ids_of(deployment, acked_ids))  # their leases are no longer kept
     worker = sdk_worker(deployment, slots=4)
 
     @worker.handler("remote.noop")
@@ -647,7 +682,12 @@ async def test_a_killed_worker_process_hands_its_runs_back_and_each_succeeds_onc
             return (await deployment.counts(runs)).get("succeeded", 0) == len(runs)
 
         await eventually(drained, within=30)
-    assert await deployment.counts(runs) == {"succeeded": 10, "interrupted": 4}
+    assert await deployment.counts(runs) == {"succeeded": 10, "abandoned": 4}
+    abandoned = await deployment.pool.fetch(
+        "SELECT id::text, error FROM job_executions WHERE run_id = ANY($1::uuid[]) AND status = 'abandoned'", runs
+    )
+    assert {row["id"] for row in abandoned} == acked_ids
+    assert {row["error"] for row in abandoned} == {"worker lost: its lease expired before the attempt finished"}
     succeeded = await deployment.pool.fetch(
         "SELECT run_id::text, count(*) AS n FROM job_executions WHERE run_id = ANY($1::uuid[]) "
         "AND status = 'succeeded' GROUP BY run_id",
@@ -692,8 +732,12 @@ async def test_list_workers_shows_a_remote_worker_with_its_handlers_slots_and_sd
 # -- liveness and drain ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("deployment", [{"SCHEDULER_REMOTE_PING_INTERVAL": "200ms"}], indirect=True)
-async def test_a_stream_that_stops_answering_pings_is_ended_and_its_runs_handed_back(deployment: Deployment) -> None:
+@pytest.mark.parametrize(
+    "deployment", [{"SCHEDULER_REMOTE_PING_INTERVAL": "200ms", "SCHEDULER_VISIBILITY_TIMEOUT": "2s"}], indirect=True
+)
+async def test_a_stream_that_stops_answering_pings_is_ended_and_its_leases_no_longer_kept(
+    deployment: Deployment,
+) -> None:
     runs = await deployment.runs(2)
     async with raw(deployment) as open_stream:
         alive, silent = open_stream(), open_stream()
@@ -720,11 +764,8 @@ async def test_a_stream_that_stops_answering_pings_is_ended_and_its_runs_handed_
         assert "two pings" in (caught.value.details() or "")
         assert time.monotonic() - began < 2.0
 
-        async def handed_back() -> bool:
-            rows = await deployment.pool.fetch("SELECT status FROM job_executions WHERE id = ANY($1::uuid[])", held)
-            return {row["status"] for row in rows} == {"interrupted"}
-
-        await eventually(handed_back, within=10)
+        # Parked: their leases expire (the worker whose receive loop died keeps nothing alive).
+        await recovered(deployment, set(runs))
         # The stream that answers its pings is still served (the runs' next attempts come to it).
         alive.send(credit=workers_pb2.Credit(grant=2))
         assert await alive_got == set(runs)
@@ -828,3 +869,323 @@ async def test_revoking_a_worker_key_ends_its_stream_and_stops_the_sdk(deploymen
 
 async def _noop(ctx: ExecutionContext, payload: dict[str, Any]) -> None:
     return None
+
+
+# -- resume: a stream's end parks its acknowledged runs; a new stream resumes them -------------------
+
+
+@contextlib.asynccontextmanager
+async def proxy_to(port: int) -> AsyncIterator[FaultProxy]:
+    """A TCP proxy in front of a server (chaos/proxy.py): what cuts a worker's stream."""
+    proxy = await FaultProxy("worker-stream", "127.0.0.1", port).start()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+
+
+def blocking_worker(target: str, deployment: Deployment, slots: int) -> tuple[Worker, list[str], asyncio.Event]:
+    """An SDK worker whose handler holds each run until `release` is set; `started` lists them."""
+    worker = Worker(target, deployment.worker_key, queue=QUEUE, slots=slots, reconnect_max=0.5)
+    started: list[str] = []
+    release = asyncio.Event()
+
+    @worker.handler("remote.noop")
+    async def hold(ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
+        started.append(ctx.execution_id)
+        await release.wait()
+        return {"attempt": ctx.attempt}
+
+    return worker, started, release
+
+
+async def exactly_once_in_one_attempt(deployment: Deployment, runs: list[str]) -> None:
+    async def drained() -> bool:
+        return (await deployment.counts(runs)).get("succeeded", 0) == len(runs)
+
+    await eventually(drained, within=20)
+    assert await deployment.counts(runs) == {"succeeded": len(runs)}  # nothing interrupted, abandoned
+    assert await deployment.attempts(runs) == 1
+
+
+@pytest.mark.parametrize("deployment", [{"SCHEDULER_VISIBILITY_TIMEOUT": "3s"}], indirect=True)
+async def test_a_cut_stream_is_reconnected_and_its_runs_resumed_each_succeeding_once_in_one_attempt(
+    deployment: Deployment,
+) -> None:
+    runs = await deployment.runs(4)
+    async with proxy_to(deployment.server.port) as proxy:
+        worker, started, release = blocking_worker(proxy.url_host_port, deployment, slots=4)
+        async with serving(worker):
+            await eventually(lambda: _true(len(started) == 4), within=10)
+            assert proxy.reset() == 1  # the connection killed (RST both ways) with 4 acked runs in flight
+            await eventually(lambda: _true(worker.stats.connects == 2 and worker.stats.resumed == 4), within=10)
+            assert worker.stats.not_resumed == 0
+            [session] = deployment.server.api.remote.sessions  # type: ignore[union-attr]
+            assert set(session.welcome().resumed) == set(started)
+            release.set()
+            await exactly_once_in_one_attempt(deployment, runs)
+        assert len(started) == 4  # each handler called once: the tasks went on across the streams
+
+
+@pytest.mark.parametrize(
+    "deployment",
+    [{"SCHEDULER_VISIBILITY_TIMEOUT": "3s", "SCHEDULER_REMOTE_PING_INTERVAL": "300ms"}],
+    indirect=True,
+)
+async def test_a_silently_dropped_stream_is_found_dead_by_both_sides_and_its_runs_resumed(
+    deployment: Deployment,
+) -> None:
+    """A blackholed link (no FIN, no RST): the server ends the stream after two unanswered pings and
+    parks its runs; the SDK hears nothing for 2.5 ping intervals and reconnects; once the link heals
+    the new stream resumes the runs, and outcomes finished while disconnected are reported then."""
+    runs = await deployment.runs(3)
+    remote = deployment.server.api.remote
+    assert remote is not None
+    async with proxy_to(deployment.server.port) as proxy:
+        worker, started, release = blocking_worker(proxy.url_host_port, deployment, slots=3)
+        async with serving(worker):
+            await eventually(lambda: _true(len(started) == 3), within=10)
+            proxy.blackhole()
+            await eventually(lambda: _true(not remote.sessions and not worker.connected.is_set()), within=10)
+            release.set()  # they finish while disconnected: their outcomes wait for the next stream
+            await eventually(lambda: _true(worker.stats.succeeded == 3), within=10)
+            rows = await deployment.pool.fetch("SELECT status FROM job_executions WHERE id = ANY($1::uuid[])", started)
+            assert {row["status"] for row in rows} == {"running"}  # parked, nothing recorded
+            proxy.heal()
+            await eventually(lambda: _true(worker.stats.resumed == 3), within=10)
+            await exactly_once_in_one_attempt(deployment, runs)
+
+
+@pytest.mark.parametrize("deployment", [{"SCHEDULER_VISIBILITY_TIMEOUT": "2s"}], indirect=True)
+async def test_a_resume_with_a_stale_or_foreign_claim_token_is_refused_for_that_run_only(
+    deployment: Deployment,
+) -> None:
+    runs = await deployment.runs(3)
+    async with raw(deployment) as open_stream:
+        first = open_stream()
+        first.send(hello=hello(slots=3))
+        await first.receive_kind("welcome")
+        first.send(credit=workers_pb2.Credit(grant=3))
+        held = [(await first.receive_kind("assignment")).assignment for _ in range(3)]
+        for a in held:
+            first.send(ack=workers_pb2.Ack(execution_id=a.execution_id, claim_token=a.claim_token))
+        remote = deployment.server.api.remote
+        assert remote is not None
+        [session] = remote.sessions
+        await eventually(lambda: _true(all(p.acked.done() for p in session._pending.values())))  # acks in
+        first.call.cancel()  # the stream is lost with three acknowledged runs
+        foreign = held[0].claim_token  # another run's token
+        second = open_stream()
+        second.send(hello=workers_pb2.Hello(
+            handlers=[workers_pb2.HandlerInfo(name="remote.noop")], slots=3, sdk="raw", queue=QUEUE,
+            held_runs=[
+                workers_pb2.HeldRun(execution_id=held[0].execution_id, claim_token=held[0].claim_token),
+                workers_pb2.HeldRun(execution_id=held[1].execution_id, claim_token=foreign),
+                workers_pb2.HeldRun(execution_id=held[2].execution_id, claim_token="0" * 32),
+            ],
+        ))  # fmt: skip
+        welcome = (await second.receive_kind("welcome")).welcome
+        assert list(welcome.resumed_execution_ids) == [held[0].execution_id]
+        refusals = {r.execution_id: r for r in welcome.resume_refusals}
+        assert set(refusals) == {held[1].execution_id, held[2].execution_id}
+        assert {(r.code, r.field) for r in refusals.values()} == {
+            ("FAILED_PRECONDITION", "hello.held_runs[1].claim_token"),
+            ("FAILED_PRECONDITION", "hello.held_runs[2].claim_token"),
+        }
+        # The resumed one reports through the new stream under its token; the old one cannot.
+        second.send(outcome=workers_pb2.Outcome(
+            execution_id=held[0].execution_id, claim_token=held[0].claim_token, value=struct_value("ok")
+        ))  # fmt: skip
+
+        async def recorded() -> bool:
+            status = await deployment.pool.fetchval(
+                "SELECT status FROM job_executions WHERE id = $1::uuid", held[0].execution_id
+            )
+            return bool(status == "succeeded")
+
+        await eventually(recorded, within=10)
+        # The refused ones stay parked until their leases expire, then run again elsewhere.
+        await recovered(deployment, {held[1].run_id, held[2].run_id})
+        second.send(credit=workers_pb2.Credit(grant=2))
+        again = [(await second.receive_kind("assignment", within=10)).assignment for _ in range(2)]
+        assert {(a.run_id, a.attempt) for a in again} == {(held[1].run_id, 2), (held[2].run_id, 2)}
+        second.close()
+    assert sorted(runs) == sorted(a.run_id for a in held)
+
+
+async def test_a_bad_held_run_in_a_hello_is_invalid_argument_naming_it(deployment: Deployment) -> None:
+    async with raw(deployment) as open_stream:
+        stream = open_stream()
+        stream.send(hello=workers_pb2.Hello(
+            handlers=[workers_pb2.HandlerInfo(name="remote.noop")], slots=1, queue=QUEUE,
+            held_runs=[workers_pb2.HeldRun(execution_id="not-a-uuid", claim_token="x")],
+        ))  # fmt: skip
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stream.receive()
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (caught.value.details() or "").startswith("hello.held_runs[0].execution_id:")
+
+
+@pytest.mark.parametrize("deployment", [{"SCHEDULER_VISIBILITY_TIMEOUT": "3s"}], indirect=True)
+async def test_runs_resume_on_another_server_process(
+    deployment: Deployment, redis_url: str, database_url: str, tmp_path: Path
+) -> None:
+    """Servers are stateless: a reconnect a load balancer sends to another server process resumes
+    the runs there, through Redis (the lease, extended under the same token) and PostgreSQL (the
+    claim): even while the first server still holds the old stream (a silent cut it has not noticed
+    yet), and with the SDK after a cut connection."""
+    port = free_port()
+    env = {
+        **os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_GRPC_PORT": str(port),
+        "SCHEDULER_HTTP_ENABLED": "false", "SCHEDULER_METRICS_PORT": str(free_port()),
+        "SCHEDULER_VISIBILITY_TIMEOUT": "3s", "SCHEDULER_REMOTE_ACK_TIMEOUT": "1s",
+    }  # fmt: skip
+    other = RoleProcess("server-2", ["server"], env, tmp_path / "server-2.log")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            async def serving_health() -> bool:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+                return False
+
+            await eventually(serving_health, within=30, interval=0.2)
+            # A raw worker holds 2 acknowledged runs on the first server, whose stream stays open.
+            held_runs = await deployment.runs(2)
+            async with raw(deployment) as open_stream:
+                old = open_stream()
+                old.send(hello=hello(slots=2))
+                await old.receive_kind("welcome")
+                old.send(credit=workers_pb2.Credit(grant=2))
+                held = [(await old.receive_kind("assignment")).assignment for _ in range(2)]
+                for a in held:
+                    old.send(ack=workers_pb2.Ack(execution_id=a.execution_id, claim_token=a.claim_token))
+                remote = deployment.server.api.remote
+                assert remote is not None
+                [session] = remote.sessions
+                await eventually(lambda: _true(all(p.acked.done() for p in session._pending.values())))
+                new = RawStream(channel, deployment.worker_key)
+                new.send(hello=workers_pb2.Hello(
+                    handlers=[workers_pb2.HandlerInfo(name="remote.noop")], slots=2, sdk="raw", queue=QUEUE,
+                    held_runs=[workers_pb2.HeldRun(execution_id=a.execution_id, claim_token=a.claim_token)
+                               for a in held],
+                ))  # fmt: skip
+                welcome = (await new.receive_kind("welcome")).welcome
+                assert sorted(welcome.resumed_execution_ids) == sorted(a.execution_id for a in held)
+                for a in held:
+                    new.send(outcome=workers_pb2.Outcome(
+                        execution_id=a.execution_id, claim_token=a.claim_token, value=struct_value("ok")
+                    ))  # fmt: skip
+                await exactly_once_in_one_attempt(deployment, held_runs)
+                # The first server's session finds the leases gone: it tells the old stream, records nothing.
+                cancels = [(await old.receive_kind("cancel", within=10)).cancel for _ in range(2)]
+                assert {(c.execution_id, c.reason) for c in cancels} == {(a.execution_id, "lease lost") for a in held}
+                old.close()
+                new.close()
+            assert await deployment.counts(held_runs) == {"succeeded": 2}
+        runs = await deployment.runs(3)
+        async with proxy_to(deployment.server.port) as proxy:
+            worker, started, release = blocking_worker(proxy.url_host_port, deployment, slots=3)
+            async with serving(worker):
+                await eventually(lambda: _true(len(started) == 3), within=10)
+                first = worker.worker_id
+                proxy.target = ("127.0.0.1", port)  # the balancer's next pick
+                proxy.reset()
+                await eventually(lambda: _true(worker.stats.resumed == 3), within=10)
+                assert worker.worker_id != first
+                assert worker.stats.not_resumed == 0
+                release.set()
+                await exactly_once_in_one_attempt(deployment, runs)
+                rows = await deployment.pool.fetch(
+                    "SELECT DISTINCT worker_id FROM job_executions WHERE run_id = ANY($1::uuid[])", runs
+                )
+                assert {row["worker_id"] for row in rows} == {first}  # claimed by the first, resumed as it was
+    finally:
+        assert other.stop() == 0, "\n".join(other.log_lines()[-20:])
+
+
+# -- hand-backs of runs that were never the worker's -------------------------------------------------
+
+
+async def test_a_run_of_a_handler_not_served_goes_back_unspent_without_pausing_its_limit_keys(
+    deployment: Deployment,
+) -> None:
+    """`NotServedHere` (and `NotAcknowledged`) are hand-backs of their own (`HandBack`), not
+    back-pressure: no attempt, no delivery counted, no limit key paused, no throttle wait counted."""
+    await deployment.control.limits.create_limit(LimitSpec("remote-per-customer", LimitKind.CONCURRENCY, 5))
+    job = await deployment.control.create_job(JobSpec(
+        name="keyed-remote", handler="remote.noop", queue=QUEUE,
+        limits=(LimitRef("remote-per-customer", "payload.customer"),), payload={"customer": "c1"},
+    ))  # fmt: skip
+    throttled_before = _sample(metrics.LIMIT_THROTTLE_WAITS, "remote-per-customer")
+    async with raw(deployment) as open_stream:
+        stream = open_stream()
+        stream.send(hello=hello(slots=1, names=("remote.other",)))
+        await stream.receive_kind("welcome")
+        remote = deployment.server.api.remote
+        assert remote is not None
+        [session] = remote.sessions
+        stream.send(credit=workers_pb2.Credit(grant=1))
+        [run] = await deployment.control.trigger_job(job.id)
+        await eventually(lambda: _true(session.worker.stats.unspent >= 1), within=10)
+        state = await deployment.control.limit_keys.key_state("remote-per-customer", "c1")
+        stream.close()
+    assert session.worker.stats.throttled == 0
+    assert _sample(metrics.LIMIT_THROTTLE_WAITS, "remote-per-customer") == throttled_before
+    assert {entry.state.paused_until for entry in state.queues} == {None}
+    rows = await deployment.pool.fetch("SELECT attempt, status FROM job_executions WHERE run_id = $1", run.run_id)
+    assert [(row["attempt"], row["status"]) for row in rows] == [(1, "queued")]
+
+
+def _sample(counter: Any, *labels: str) -> float:
+    return float(counter.labels(*labels)._value.get())
+
+
+def struct_value(value: Any) -> Any:
+    from google.protobuf import struct_pb2
+
+    message = struct_pb2.Value()
+    message.string_value = value
+    return message
+
+
+async def test_runs_still_running_when_a_server_stops_are_resumed_on_another_server(
+    deployment: Deployment, redis_url: str, database_url: str, pool: asyncpg.Pool
+) -> None:
+    """SIGTERM's drain: streams are told to drain; runs still running after the grace are parked,
+    not handed back, and the worker resumes them on the server it reconnects to."""
+    settings = make_settings(
+        redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_HTTP_ENABLED="false",
+        SCHEDULER_VISIBILITY_TIMEOUT="5s", SCHEDULER_SHUTDOWN_GRACE="500ms",
+    )  # fmt: skip
+    client = redis_client(redis_url)
+    try:
+        stopping = serve(settings, client, pool, hasher=FAST_HASHER)
+        first = await stopping.__aenter__()
+        stop: asyncio.Task[Any] | None = None
+        try:
+            runs = await deployment.runs(3)
+            async with proxy_to(first.port) as proxy:
+                worker, started, release = blocking_worker(proxy.url_host_port, deployment, slots=3)
+                async with serving(worker):
+                    await eventually(lambda: _true(len(started) == 3), within=10)
+                    stop = asyncio.create_task(stopping.__aexit__(None, None, None))
+                    async with asyncio.timeout(10):
+                        await worker.draining.wait()
+                    proxy.target = ("127.0.0.1", deployment.server.port)  # the balancer's pick from now on
+                    async with asyncio.timeout(20):
+                        await stop  # the grace passes with the handlers still running
+                    await eventually(lambda: _true(worker.stats.resumed == 3), within=10)
+                    rows = await deployment.pool.fetch(
+                        "SELECT status FROM job_executions WHERE id = ANY($1::uuid[])", started
+                    )
+                    assert {row["status"] for row in rows} == {"running"}  # parked, never interrupted
+                    release.set()
+                    await exactly_once_in_one_attempt(deployment, runs)
+        finally:
+            if stop is None:
+                await stopping.__aexit__(None, None, None)
+    finally:
+        await client.aclose()

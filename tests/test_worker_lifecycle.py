@@ -138,6 +138,18 @@ class Lifecycle(RuleBasedStateMachine):
         # Also after a stop was asked for: the handler may end before the cancellation lands.
         self.tracker.finished(self._pick(data, State.RUNNING))
 
+    @precondition(lambda self: self.tracker.free_slots() > 0)
+    @rule()
+    def adopt(self) -> None:
+        """A run another holder let go (a remote worker's parked run, resumed): RUNNING at once."""
+        run = Run(f"a{next(self.ids)}", "ta")
+        self.tracker.adopt(run)
+        assert run.state is State.RUNNING
+        self.live[run.id] = run
+        self.leased += 1  # (taken, as a lease is: it must end once)
+        with pytest.raises(IllegalTransition):
+            self.tracker.adopt(run)
+
     @precondition(lambda self: self._in(State.RUNNING))
     @rule(data=st.data())
     def breaker_opened_at_start(self, data: st.DataObject) -> None:
@@ -166,6 +178,10 @@ class Lifecycle(RuleBasedStateMachine):
         assert state is run.state
         if run.stop is Stop.CANCEL:
             assert state is (State.FINISHED if was is State.RUNNING else State.RETURNING)
+        elif run.stop is Stop.PARK:  # let go as it is: it leaves, nothing else to do
+            assert state is State.PARKED
+            self.ends[run.id] = State.PARKED
+            del self.live[run.id]
         else:
             assert state is (State.LOSING if run.stop is Stop.LOST else State.RETURNING)
 
@@ -235,8 +251,9 @@ class Lifecycle(RuleBasedStateMachine):
             self._end(run, State.HANDED_BACK)
         for run in self._in(*_TASKS):
             tracker.request_stop(run, Stop.SHUTDOWN)
-            if run.state is not None and run.stop is not None:
-                tracker.stopped(run)
+            if run.state is not None and run.stop is not None and tracker.stopped(run) is State.PARKED:
+                self.ends[run.id] = State.PARKED  # (a park asked for before the stop: it leaves)
+                del self.live[run.id]
         for run in self._in(State.RETURNING, State.LOSING):
             self._end(run, State.ABANDONED if run.state is State.LOSING else State.HANDED_BACK)
         while tracker.has_finished():

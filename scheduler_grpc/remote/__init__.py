@@ -5,16 +5,19 @@ stream each, on the same run lifecycle as the in-process worker.
 - `handler`: the handlers of a session (`RemoteHandler` per advertised handler, `NotServedHere`
   for the rest, `NotAcknowledged`, the unspent hand-back of an assignment not acknowledged);
 - `session`: one stream's `Session`, a `scheduler_grpc.worker.Worker` whose handlers are remote,
-  with credit, acks, outcomes, cancels and pings.
+  with credit, acks, outcomes, cancels, pings, parking at a stream's end and resuming held runs;
+- `unary`: the unary fallback (`OpenWorkerSession` / `PollWorkerSession` / `CloseWorkerSession`),
+  the same `Session` served by polls.
 
-`RemoteWorkers` opens the sessions of one server process and knows the live ones.
+`RemoteWorkers` opens the sessions of one server process and knows the live ones (so that a
+session that resumed runs another one still holds makes that one let them go).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
@@ -25,6 +28,7 @@ from scheduler_grpc.errors import Unavailable
 from scheduler_grpc.ports import HistoryPruning, RunStore
 from scheduler_grpc.remote.protocol import Hello, check_hello
 from scheduler_grpc.remote.session import Session
+from scheduler_grpc.remote.unary import UnarySessions
 
 log = logging.getLogger("scheduler_grpc.remote")
 
@@ -49,6 +53,8 @@ class RemoteWorkers:
         self._history = history
         self._settings = settings
         self.sessions: set[Session] = set()  # open, until their hand-back is done
+        self.unary = UnarySessions(self.open, settings)  # the sessions served by polls, among those
+        self._stopping = False
 
     @property
     def hello_timeout(self) -> timedelta:
@@ -60,11 +66,14 @@ class RemoteWorkers:
 
         Raises:
             InvalidArgument: naming the hello's field at fault.
+            Unavailable: the server is stopping (the worker reconnects, to another server).
         """
+        if self._stopping:
+            raise Unavailable("the server is stopping; reconnect to another server")
         check_hello(hello, self._reserved)
         session = Session(
             hello, redis=self._redis, runs=self._runs, history=self._history, settings=self._settings,
-            peer_host=peer_host(peer),
+            peer_host=peer_host(peer), on_adopted=self._adopted,
         )  # fmt: skip
         self.sessions.add(session)
         session.ended.add_done_callback(lambda _: self.sessions.discard(session))
@@ -73,9 +82,9 @@ class RemoteWorkers:
     async def keep_authorized(self, session: Session, check: Callable[[], Awaitable[object]]) -> None:
         """Run for the stream's life: every ping interval, `check` the credential the stream opened
         with (the authenticator, through its short cache); a key revoked or expired since ends the
-        stream with UNAUTHENTICATED, so an operator's revoke stops the worker (its runs handed back
-        as at any stream's end). A store that cannot answer does not end it: logged once, checked
-        again next time."""
+        stream with UNAUTHENTICATED, so an operator's revoke stops the worker (its runs parked as
+        at any stream's end: their leases expire unless resumed with a valid key). A store that
+        cannot answer does not end it: logged once, checked again next time."""
         interval = self._settings.remote_ping_interval.total_seconds()
         unanswered = False
         while True:
@@ -96,9 +105,18 @@ class RemoteWorkers:
             else:
                 unanswered = False
 
+    def _adopted(self, adopter: Session, runs: Mapping[str, str]) -> None:
+        """`adopter` resumed `runs` (execution id: claim token): any other session here lets them go."""
+        for session in list(self.sessions):
+            if session is not adopter:
+                session.let_go(runs)
+
     async def drain(self, grace: timedelta) -> None:
         """The server is stopping: tell every stream to drain, let them end within `grace` (their
-        outcomes in flight recorded), then end the rest, and wait for every session's hand-back."""
+        outcomes in flight recorded), then end the rest (UNAVAILABLE: reconnect to another server),
+        and wait for every session's end. Runs still running then are parked, not handed back: the
+        worker resumes them on the server it reconnects to (or their leases expire)."""
+        self._stopping = True
         deadline = datetime.now(UTC) + grace
         for session in list(self.sessions):
             session.drain(deadline)
@@ -110,6 +128,7 @@ class RemoteWorkers:
         waiting = [s.ended for s in self.sessions]
         if waiting:
             await asyncio.wait(waiting)
+        await self.unary.wait_closed()
 
 
 def peer_host(peer: str) -> str:

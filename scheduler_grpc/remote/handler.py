@@ -8,15 +8,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from scheduler_grpc.handlers import (
-    ExecutionContext,
-    Handler,
-    HandlerRegistry,
-    HandlerSettings,
-    JSONValue,
-    RateLimited,
-)
+from scheduler_grpc.handlers import ExecutionContext, Handler, HandlerRegistry, HandlerSettings, JSONValue
 from scheduler_grpc.remote.protocol import HandlerSpec
+from scheduler_grpc.worker import HandBack
 
 if TYPE_CHECKING:
     from scheduler_grpc.remote.session import Session
@@ -24,14 +18,13 @@ if TYPE_CHECKING:
 NOT_SERVED_WAIT: Final = timedelta(seconds=1)
 
 
-class NotAcknowledged(RateLimited):
+class NotAcknowledged(HandBack):
     """The remote worker did not acknowledge an assignment within the ack timeout (or its stream
-    ended first): the run goes back to the queue as the same attempt, unspent, like any
-    `RateLimited` hand-back (`Executor._throttle`: `unclaim`, then `nack` without counting the
-    delivery), due again at once."""
+    ended first): the run goes back to the queue as the same attempt, unspent (`HandBack`:
+    `unclaim`, then `nack` without counting the delivery; no limit key paused), due again at once."""
 
     def __init__(self, reason: str = "not acknowledged by the remote worker") -> None:
-        super().__init__(timedelta(0), reason)
+        super().__init__(reason)
 
 
 class RemoteHandler(Handler):
@@ -54,13 +47,14 @@ class RemoteHandler(Handler):
 
 class NotServedHere(Handler):
     """A run of a handler the remote worker does not serve (it shares a queue with other workers):
-    handed back unspent, to wait a moment, for a worker that serves it."""
+    handed back unspent (`HandBack`: no attempt, no delivery counted, no limit key paused), to wait
+    a moment for a worker that serves it."""
 
     name: ClassVar[str] = "remote.not_served"
     description: ClassVar[str] = "a handler this remote worker does not serve"
 
     async def run(self, ctx: ExecutionContext, payload: dict[str, Any]) -> JSONValue:
-        raise RateLimited(NOT_SERVED_WAIT, "handler not served by this remote worker")
+        raise HandBack("handler not served by this remote worker", NOT_SERVED_WAIT)
 
 
 class SessionRegistry(HandlerRegistry):

@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
+from uuid import UUID
 
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.handlers import check_handler_name
@@ -19,7 +20,7 @@ MAX_LABELS: Final = 32
 MAX_LABEL_LENGTH: Final = 256
 MAX_DESCRIPTION: Final = 1024
 MAX_SCHEMA_BYTES: Final = 64 * 1024
-MAX_RESUME: Final = MAX_SLOTS
+MAX_TOKEN: Final = 256  # a claim token's length at most (the server's are 32 hex characters)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,14 @@ class HandlerSpec:
 
 
 @dataclass(frozen=True)
+class HeldRun:
+    """A run a worker still holds from a stream that ended (to resume)."""
+
+    execution_id: str
+    claim_token: str
+
+
+@dataclass(frozen=True)
 class Hello:
     """A remote worker's first message: who it is and what it serves."""
 
@@ -40,8 +49,8 @@ class Hello:
     labels: Mapping[str, str] = field(default_factory=dict)
     sdk: str = ""
     sdk_version: str = ""
-    resume: Sequence[str] = ()
     queue: str = ""
+    held: Sequence[HeldRun] = ()
 
 
 def check_hello(hello: Hello, reserved: Collection[str] = ()) -> None:
@@ -77,8 +86,19 @@ def check_hello(hello: Hello, reserved: Collection[str] = ()) -> None:
             raise InvalidArgument(f"hello.labels.{key[:64]}", f"keys 1-{MAX_LABEL_LENGTH}, values at most that")
     if len(hello.sdk) > MAX_LABEL_LENGTH or len(hello.sdk_version) > MAX_LABEL_LENGTH:
         raise InvalidArgument("hello.sdk", f"sdk and sdk_version: at most {MAX_LABEL_LENGTH} characters")
-    if len(hello.resume) > MAX_RESUME:
-        raise InvalidArgument("hello.resume", f"at most {MAX_RESUME} claim tokens")
+    if len(hello.held) > hello.slots:
+        raise InvalidArgument("hello.held_runs", f"at most the hello's {hello.slots} slots, got {len(hello.held)}")
+    held: set[str] = set()
+    for index, run in enumerate(hello.held):
+        try:
+            UUID(run.execution_id)
+        except ValueError:
+            raise InvalidArgument(f"hello.held_runs[{index}].execution_id", "not an execution id (a UUID)") from None
+        if run.execution_id in held:
+            raise InvalidArgument(f"hello.held_runs[{index}].execution_id", "named twice")
+        held.add(run.execution_id)
+        if not 1 <= len(run.claim_token) <= MAX_TOKEN:
+            raise InvalidArgument(f"hello.held_runs[{index}].claim_token", f"1 to {MAX_TOKEN} characters")
     if hello.queue and not is_queue_name(hello.queue):
         raise InvalidArgument("hello.queue", QUEUE_NAME_RULE)
 
@@ -129,6 +149,8 @@ class Welcome:
     lease_timeout: timedelta
     server_time: datetime
     ping_interval: timedelta
+    resumed: Sequence[str] = ()  # execution ids of the hello's held runs resumed
+    refused: Sequence[Rejected] = ()  # and those not, with why
 
 
 @dataclass(frozen=True)

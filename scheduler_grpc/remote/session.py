@@ -7,7 +7,7 @@ handlers are the worker's (`RemoteHandler`), plus what only a stream has: credit
   plus the assignments without an outcome may never exceed the hello's slots (INVALID_ARGUMENT
   `credit.grant`, which ends the stream).
 * Ack: an assignment not acknowledged within the ack timeout goes back unspent (`NotAcknowledged`,
-  a `RateLimited` hand-back: `unclaim`, `nack` without counting the delivery).
+  a `HandBack`: `unclaim`, `nack` without counting the delivery, no limit key paused).
 * Outcome: the result is the handler's return value; an error raises `HandlerError` (retried by
   the job's policy) or `PermanentHandlerError`; `rate_limited` raises `RateLimited`. An outcome
   without a live assignment of this stream under its claim token is answered `Rejected`.
@@ -15,9 +15,21 @@ handlers are the worker's (`RemoteHandler`), plus what only a stream has: credit
   to the worker, then the `CancelledError` goes on.
 * Pings: every ping interval; two unanswered end the stream (a worker whose receive loop died cannot
   keep its leases).
-* The end (any cause, `close`): unacknowledged assignments go back unspent at once; then the
-  worker stops with no grace, so acknowledged ones are handed back as `interrupted` attempts (no
-  retry budget spent). Resuming them on a reconnect (`Hello.resume`) is not done yet.
+* The end (any cause: a crash, a proxy, a network cut, unanswered pings, the server's stop, the
+  worker closing its side, which the server cannot tell from its connection's loss): unacknowledged
+  assignments go back unspent at once. Acknowledged ones are parked (`Stop.PARK`): let go as they
+  are, nothing recorded, their leases no longer extended, so the leader recovers them once the
+  leases expire (as a killed worker's runs), unless a new stream resumes them first. (The SDKs
+  close their side only when they hold no run.)
+* Resume (`resume`, before the welcome): the hello's held runs whose attempt is still `running`
+  under the claim token (PostgreSQL) and whose lease still carries that token (Redis: extended
+  again, which fails once the leader recovered it or another delivery holds it) are adopted by
+  this session's worker (RUNNING under the same token, their job's timeout counted from their
+  start): their outcomes, cancels and leases go through this stream. The others are refused,
+  each with why. A session of this process still holding an adopted run lets it go (parked,
+  nothing recorded); one in another process holds it only until its own stream is found dead
+  (two unanswered pings), then parks it: both keep the same lease under the same token
+  meanwhile, and an outcome is recorded once, under that token.
 """
 
 from __future__ import annotations
@@ -28,18 +40,20 @@ import contextlib
 import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, cast
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import outputs
+from scheduler_grpc import outputs, stores
 from scheduler_grpc.config import Settings
-from scheduler_grpc.errors import Aborted, InvalidArgument
+from scheduler_grpc.db.executions import Claim
+from scheduler_grpc.errors import Aborted, InvalidArgument, Unavailable
 from scheduler_grpc.handlers import ExecutionContext, HandlerError, PermanentHandlerError, RateLimited
 from scheduler_grpc.ports import HistoryPruning, RunStore
+from scheduler_grpc.queue import Lease
 from scheduler_grpc.remote.handler import NotAcknowledged, SessionRegistry
 from scheduler_grpc.remote.protocol import (
     Assignment,
@@ -56,6 +70,7 @@ from scheduler_grpc.remote.protocol import (
     Welcome,
 )
 from scheduler_grpc.worker import State, Stop, Worker
+from scheduler_grpc.worker.attempt import Attempt
 
 log = logging.getLogger("scheduler_grpc.remote")
 
@@ -64,6 +79,7 @@ _STOP_REASONS: Final = {
     Stop.CANCEL: "cancelled",
     Stop.LOST: "lease lost",
     Stop.SHUTDOWN: "stopping",  # the stream's end (or the server's stop): its runs are handed back
+    Stop.PARK: "resumed on another stream",  # (never sent: the run goes on elsewhere)
 }
 # Messages waiting to go out beyond the assignments' own bound (rejections, pings, cancels): a
 # worker that sends bad messages without reading the answers loses its stream.
@@ -76,9 +92,11 @@ class _Pending:
     """An assignment sent and not reported yet."""
 
     token: str
+    run_id: str
     acked: asyncio.Future[None]
     outcome: asyncio.Future[OutcomeReport]
     cancelled: bool = False
+    parked: bool = False  # let go: no cancel is sent, nothing is recorded
 
 
 class Session:
@@ -92,6 +110,8 @@ class Session:
         history: What `system.cleanup` prunes through (never run remotely; the Worker needs it).
         settings: The server's settings (ack timeout, ping interval, visibility timeout, breakers).
         peer_host: The worker's host as the server sees it (for its id).
+        on_adopted: Told of the runs (execution id: claim token) this session resumed, so that
+            another session of this process still holding them lets them go.
     """
 
     def __init__(
@@ -103,8 +123,11 @@ class Session:
         history: HistoryPruning,
         settings: Settings,
         peer_host: str,
+        on_adopted: Callable[[Session, Mapping[str, str]], None] | None = None,
     ) -> None:
         self.hello = hello
+        self._runs = runs
+        self._on_adopted = on_adopted
         self.id = f"remote:{peer_host}:{uuid.uuid4().hex[:8]}"
         self._ack_timeout = settings.remote_ack_timeout
         self._ping_interval = settings.remote_ping_interval
@@ -130,6 +153,9 @@ class Session:
         self._credit_changed = asyncio.Event()
         self._sent_live = 0  # assignments sent whose handler call has not returned
         self._pending: dict[str, _Pending] = {}  # by execution id
+        self._adopting: dict[str, _Pending] = {}  # resumed runs whose task has not taken them yet
+        self._resumed: list[str] = []
+        self._refused: list[Rejected] = []
         self._outbox: collections.deque[Outbound | object] = collections.deque()
         self._outbox_ready = asyncio.Event()
         self._stop = asyncio.Event()
@@ -150,7 +176,91 @@ class Session:
     # -- lifetime ------------------------------------------------------------------------------------
 
     def welcome(self) -> Welcome:
-        return Welcome(self.id, self._ack_timeout, self._lease_timeout, datetime.now(UTC), self._ping_interval)
+        return Welcome(
+            self.id, self._ack_timeout, self._lease_timeout, datetime.now(UTC), self._ping_interval,
+            resumed=self._resumed, refused=self._refused,
+        )  # fmt: skip
+
+    # -- resume ----------------------------------------------------------------------------------------
+
+    async def resume(self) -> None:
+        """Adopt the hello's held runs that are still theirs to resume (before the welcome, which
+        says which were and which not).
+
+        Raises:
+            Unavailable: a store failed (the worker reconnects and asks again).
+        """
+        held = {run.execution_id: (index, run.claim_token) for index, run in enumerate(self.hello.held)}
+        if not held:
+            return
+        try:
+            claims = await self._runs.resumable([(eid, token) for eid, (_, token) in held.items()])
+            served = {spec.name for spec in self.hello.handlers}
+            worker = self.worker
+            wanted: list[tuple[Claim, str]] = []
+            for claim in claims:
+                index, token = held[claim.execution_id]
+                if claim.handler not in served:
+                    self._refuse(claim.execution_id, "INVALID_ARGUMENT", f"hello.held_runs[{index}].execution_id",
+                                 f"its handler {claim.handler!r} is not among this hello's handlers")  # fmt: skip
+                elif claim.queue != worker.queue.name:
+                    self._refuse(claim.execution_id, "INVALID_ARGUMENT", f"hello.held_runs[{index}].execution_id",
+                                 f"its queue is {claim.queue!r}, not this stream's {worker.queue.name!r}")  # fmt: skip
+                else:
+                    wanted.append((claim, token))
+            # The lease decides: extended again under the token only while nobody took it back.
+            deadlines = await worker.queue.extend_many([(c.run_id, t) for c, t in wanted], self._lease_timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not stores.is_fault(exc):
+                raise
+            log.warning("could not resume held runs: %r", exc, extra={"worker_id": self.id})
+            raise Unavailable("could not resume the held runs now (a store failed); reconnect") from None
+        found = {claim.execution_id for claim in claims}
+        for eid, (index, _) in held.items():
+            if eid not in found:
+                self._refuse(eid, "FAILED_PRECONDITION", f"hello.held_runs[{index}].claim_token",
+                             "not running under this claim token (finished, handed back, taken over, or a foreign "
+                             "token)")  # fmt: skip
+        adopted: list[Attempt] = []
+        loop = asyncio.get_running_loop()
+        for (claim, token), deadline in zip(wanted, deadlines, strict=True):
+            index = held[claim.execution_id][0]
+            if deadline is None:
+                self._refuse(claim.execution_id, "FAILED_PRECONDITION", f"hello.held_runs[{index}].claim_token",
+                             "its lease expired: the run went back to the queue or another worker has it")  # fmt: skip
+                continue
+            attempt = Attempt(Lease(claim.run_id, token, b"", 0, 0, deadline))
+            attempt.claim = claim
+            pending = _Pending(token, claim.run_id, loop.create_future(), loop.create_future())
+            pending.acked.set_result(None)
+            self._pending[claim.execution_id] = self._adopting[claim.execution_id] = pending
+            self._resumed.append(claim.execution_id)
+            adopted.append(attempt)
+        if adopted:
+            if self._on_adopted is not None:
+                self._on_adopted(self, {a.claim.execution_id: a.token for a in adopted})
+            worker._executor.adopt(adopted)
+            log.info("resumed held runs", extra={"worker_id": self.id, "runs": len(adopted)})
+
+    def _refuse(self, execution_id: str, code: str, field: str, message: str) -> None:
+        self._refused.append(Rejected(execution_id, code, field, message))
+
+    def let_go(self, runs: Mapping[str, str]) -> None:
+        """Runs (execution id: claim token) another stream resumed: those this session holds under
+        the same token are parked (no cancel sent, nothing recorded)."""
+        tracker = self._tracker
+        for execution_id, token in runs.items():
+            pending = self._pending.get(execution_id)
+            if pending is None or pending.token != token:
+                continue
+            del self._pending[execution_id]
+            pending.parked = True
+            run = tracker.get(pending.run_id)
+            if run is not None and run.token == token and tracker.request_stop(run, Stop.PARK):
+                assert run.task is not None  # a RUNNING run has its task
+                run.task.cancel()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Session]:
@@ -159,6 +269,7 @@ class Session:
         pings = asyncio.create_task(self._ping_loop(), name=f"remote-pings {self.id}")
         worker.add_done_callback(self._worker_ended)
         try:
+            await self.resume()
             yield self
         finally:
             pings.cancel()
@@ -174,9 +285,19 @@ class Session:
 
     async def _close(self, worker: asyncio.Task[None]) -> None:
         self._closing = True
+        # Acknowledged: parked, let go as they are for a new stream to resume (or their leases to expire).
+        parked = [pending.run_id for pending in self._pending.values() if pending.acked.done()]
         unacked = [p for p in self._pending.values() if not p.acked.done()]
         for pending in unacked:
             pending.acked.set_exception(NotAcknowledged("the stream ended before the assignment was acknowledged"))
+        for pending in self._pending.values():
+            pending.parked = True
+        self._pending.clear()
+        runs = [run for run in map(self._tracker.get, parked) if run is not None and run.state is State.RUNNING]
+        with contextlib.suppress(Exception):
+            stopped = await self.worker._executor.stop(runs, Stop.PARK)
+            if stopped:
+                log.info("parked the runs of an ended stream", extra={"worker_id": self.id, "runs": len(stopped)})
         self._stop.set()
         self._credit_changed.set()
         try:
@@ -310,13 +431,24 @@ class Session:
 
     async def execute(self, handler: str, ctx: ExecutionContext, payload: dict[str, Any]) -> Any:
         """Send the assignment, wait for its ack (within the ack timeout) and its outcome."""
+        pending = self._adopting.pop(ctx.execution_id, None) if self._adopting else None
+        if pending is not None:  # resumed from an earlier stream: sent and acknowledged there
+            self._sent_live += 1
+            try:
+                report = await pending.outcome
+            except asyncio.CancelledError:
+                self._cancelled(ctx, pending)
+                raise
+            finally:
+                self._sent_live -= 1
+            return _result(report)
         while self._credit <= 0 and not self._closing:
             self._credit_changed.clear()
             await self._credit_changed.wait()
         if self._closing:
             raise NotAcknowledged("the stream is ending")
         loop = asyncio.get_running_loop()
-        pending = _Pending(ctx.claim_token, loop.create_future(), loop.create_future())
+        pending = _Pending(ctx.claim_token, ctx.run_id, loop.create_future(), loop.create_future())
         self._credit -= 1
         self._pending[ctx.execution_id] = pending
         self._sent_live += 1
@@ -338,18 +470,20 @@ class Session:
                 raise
             report = await pending.outcome
         except asyncio.CancelledError:
-            if self._pending.get(ctx.execution_id) is pending:
-                pending.cancelled = True
-                if pending.acked.done():
-                    # Stays pending (its slot busy on the worker) until the worker reports its end.
-                    pass
-                else:
-                    self._drop(ctx.execution_id, pending)
-                self._send(CancelOrder(ctx.execution_id, self._cancel_reason(ctx.run_id)))
+            self._cancelled(ctx, pending)
             raise
         finally:
             self._sent_live -= 1
         return _result(report)
+
+    def _cancelled(self, ctx: ExecutionContext, pending: _Pending) -> None:
+        """The task of a sent assignment was cancelled: the worker is told (unless parked)."""
+        if self._pending.get(ctx.execution_id) is pending and not pending.parked:
+            pending.cancelled = True
+            if not pending.acked.done():
+                self._drop(ctx.execution_id, pending)
+            # (An acknowledged one stays pending, its slot busy on the worker, until it reports its end.)
+            self._send(CancelOrder(ctx.execution_id, self._cancel_reason(ctx.run_id)))
 
     def _cancel_reason(self, run_id: str) -> str:
         """Why the task of `run_id` was cancelled, as the worker is told (`Cancel.reason`)."""

@@ -32,7 +32,7 @@ def add_services(server: grpc.aio.Server, api: Api) -> list[str]:
     from scheduler_grpc.services.limits import LimitService
     from scheduler_grpc.services.queue import QueueService
     from scheduler_grpc.services.users import UserService
-    from scheduler_grpc.services.workers import WorkerService
+    from scheduler_grpc.services.workers_unary import UnaryWorkerService
 
     # Not the generated `add_*_to_server`: `register` adds the same handlers with deserializers that
     # answer a malformed request with INVALID_ARGUMENT instead of grpc.aio's UNKNOWN.
@@ -43,7 +43,7 @@ def add_services(server: grpc.aio.Server, api: Api) -> list[str]:
     register(server, cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"], ClusterService(api))
     register(server, users_pb2.DESCRIPTOR.services_by_name["UserService"], UserService(api))
     register(server, limits_pb2.DESCRIPTOR.services_by_name["LimitService"], LimitService(api))
-    register(server, workers_pb2.DESCRIPTOR.services_by_name["WorkerService"], WorkerService(api))
+    register(server, workers_pb2.DESCRIPTOR.services_by_name["WorkerService"], UnaryWorkerService(api))
     return list(SERVICE_NAMES)
 
 

@@ -23,6 +23,7 @@ from scheduler_grpc.remote.protocol import (
     Drain,
     Failed,
     HandlerSpec,
+    HeldRun,
     Hello,
     Outbound,
     OutcomeReport,
@@ -141,8 +142,8 @@ def hello_of(message: workers_pb2.Hello) -> Hello:
         labels=dict(message.labels),
         sdk=message.sdk,
         sdk_version=message.sdk_version,
-        resume=list(message.resume),
         queue=message.queue,
+        held=[HeldRun(run.execution_id, run.claim_token) for run in message.held_runs],
     )
 
 
@@ -196,11 +197,7 @@ def response(message: Outbound | list[Assignment]) -> workers_pb2.ConnectRespons
     if isinstance(message, Ping):
         return workers_pb2.ConnectResponse(ping=workers_pb2.Ping(nonce=message.nonce))
     if isinstance(message, Rejected):
-        return workers_pb2.ConnectResponse(
-            rejected=workers_pb2.Rejected(
-                execution_id=message.execution_id, code=message.code, field=message.field, message=message.message
-            )
-        )
+        return workers_pb2.ConnectResponse(rejected=_rejected(message))
     if isinstance(message, Drain):
         return workers_pb2.ConnectResponse(drain=workers_pb2.Drain(deadline=convert.timestamp(message.deadline)))
     assert isinstance(message, Welcome)
@@ -209,5 +206,12 @@ def response(message: Outbound | list[Assignment]) -> workers_pb2.ConnectRespons
             worker_id=message.worker_id, ack_timeout=convert.duration(message.ack_timeout),
             lease_timeout=convert.duration(message.lease_timeout), server_time=convert.timestamp(message.server_time),
             ping_interval=convert.duration(message.ping_interval),
+            resumed_execution_ids=message.resumed, resume_refusals=[_rejected(each) for each in message.refused],
         )
     )  # fmt: skip
+
+
+def _rejected(message: Rejected) -> workers_pb2.Rejected:
+    return workers_pb2.Rejected(
+        execution_id=message.execution_id, code=message.code, field=message.field, message=message.message
+    )

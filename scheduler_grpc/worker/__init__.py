@@ -46,6 +46,7 @@ recorded (or otherwise leaves), so nothing runs beside it. A reply saying a solo
 the fetch stage stop until the worker holds nothing, then dequeue once as idle.
 """
 
+from scheduler_grpc.worker.attempt import HandBack
 from scheduler_grpc.worker.lifecycle import IllegalTransition, Run, RunTracker, State, Stop
 from scheduler_grpc.worker.role import DEFAULT_METRICS_PORT, GC_THRESHOLD, Worker, run_worker
 from scheduler_grpc.worker.support import (
@@ -64,5 +65,5 @@ from scheduler_grpc.worker.support import (
 __all__ = [
     "BATCH_WAIT", "CANCEL_POLL_INTERVAL", "COMPLETION_BATCH", "COMPLETION_RETRY_FOR", "DEFAULT_METRICS_PORT",
     "FETCH_WAIT", "GC_THRESHOLD", "PUBLISH_BATCH", "RESERVE_BATCH", "STORE_BACKOFF_MAX", "STORE_ERROR_LOG_EVERY",
-    "IllegalTransition", "Run", "RunTracker", "State", "Stop", "Worker", "WorkerStats", "run_worker",
+    "HandBack", "IllegalTransition", "Run", "RunTracker", "State", "Stop", "Worker", "WorkerStats", "run_worker",
 ]  # fmt: skip

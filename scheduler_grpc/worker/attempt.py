@@ -1,12 +1,13 @@
 """One attempt on this worker: the run record the stages share (`Attempt`), the deadline timer a
-batch's attempts share (`Deadline`), and how a handler's end becomes an `Outcome`."""
+batch's attempts share (`Deadline`), and how a handler's end becomes an `Outcome` (or a hand-back:
+`RateLimited`, `HandBack`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from scheduler_grpc import outputs, tracing
@@ -17,6 +18,20 @@ from scheduler_grpc.queue import Lease
 from scheduler_grpc.worker.lifecycle import Run
 
 log = logging.getLogger("scheduler_grpc.worker")
+
+
+class HandBack(Exception):
+    """Raised instead of running a run that was never this worker's to run (a remote worker's
+    handler it does not serve, an assignment it did not acknowledge): the run goes back to the
+    queue exactly as it was (`Executor._unspent`): its attempt `queued` again as if never claimed
+    (no attempt, no retry budget spent), its delivery not counted, due again after `delay`. Unlike
+    `RateLimited` (the upstream's back-pressure) it pauses no limit key and counts no throttle wait.
+    """
+
+    def __init__(self, reason: str, delay: timedelta = timedelta(0)) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay = delay
 
 
 class Attempt(Run):
@@ -100,7 +115,7 @@ class Deadline:
 async def run_handler(attempt: Attempt, handler: Any, ctx: ExecutionContext) -> Outcome:
     """Run the handler of `attempt` under its deadline: its outcome. A cancellation other than the
     deadline's (a cancel request, a stop, a lost lease) propagates, and so does `RateLimited`
-    (back-pressure: the caller hands the run back, no outcome)."""
+    (back-pressure: the caller hands the run back, no outcome), as does `HandBack`."""
     claim, deadline = attempt.claim, attempt.deadline
     assert deadline is not None
     if deadline.expired:  # its batch's timeout passed before this handler could start
@@ -122,7 +137,7 @@ async def run_handler(attempt: Attempt, handler: Any, ctx: ExecutionContext) -> 
             # Nobody cancelled this task: the handler raised CancelledError itself (a bug of its
             # own), which must not pass for a stop of ours.
             status, error = ExecutionStatus.FAILED, "CancelledError raised by the handler"
-    except RateLimited:
+    except (RateLimited, HandBack):
         raise
     except PermanentHandlerError as exc:
         return attempt.end_with(ExecutionStatus.DEAD, error=str(exc), dead=DeadReason.PERMANENT)

@@ -18,7 +18,7 @@ from scheduler_grpc.errors import SchedulerError
 from scheduler_grpc.events import EventType
 from scheduler_grpc.executions import DeadReason, ExecutionStatus, Trigger
 from scheduler_grpc.handlers import ExecutionContext, HandlerRegistry, HandlerSettings, RateLimited, breaker_key
-from scheduler_grpc.worker.attempt import Attempt, Deadline, failed, run_handler, run_handler_traced
+from scheduler_grpc.worker.attempt import Attempt, Deadline, HandBack, failed, run_handler, run_handler_traced
 from scheduler_grpc.worker.lifecycle import State, Stop
 from scheduler_grpc.worker.support import MS, Maintenance, Shared, faulted, log, sleep_until
 
@@ -185,6 +185,10 @@ class Executor:
                 shared.tracker.returning(run)
                 await self._throttle(run, exc)
                 return
+            except HandBack as exc:  # never this worker's to run: back as it was
+                shared.tracker.returning(run)
+                await self._unspent(run, exc)
+                return
             breaker.record(failed(outcome))  # a cancelled attempt counts neither way
         run.outcome = outcome
         shared.tracker.finished(run)
@@ -263,6 +267,30 @@ class Executor:
             log.info("rate limited by the upstream; handed back", extra=extra)
         except Exception as error:
             faulted(error, "hand back a rate-limited run", shared.id)
+        finally:
+            shared.tracker.end(run, end)
+
+    async def _unspent(self, run: Attempt, exc: HandBack) -> None:
+        """A run that was never this worker's to run goes back as it was: its attempt to `queued`
+        (`unclaim`: no attempt, no retry budget spent), its item back to the queue without counting
+        the delivery, due after `exc.delay` (no limit key paused, no throttle wait counted: not
+        back-pressure). A run whose cancel was requested meanwhile is recorded `cancelled` instead."""
+        shared, claim, lease = self._shared, run.claim, run.lease
+        shared.stats.unspent += 1
+        end = State.LAPSED
+        try:
+            statuses = await shared.runs.unclaim([(claim.execution_id, lease.token)])
+            status = statuses.get(claim.execution_id)
+            if status is ExecutionStatus.QUEUED:
+                await shared.queue.nack(lease.id, lease.token, exc.delay, count_delivery=False)
+                end = State.HANDED_BACK
+            elif status is ExecutionStatus.CANCELLED:
+                await shared.queue.finish_many([lease])
+                shared.outbox.add([shared.event(EventType.CANCELLED, claim, error="cancelled")])
+                end = State.HANDED_BACK
+            log.debug("handed back unspent", extra={"run_id": claim.run_id, "reason": exc.reason})
+        except Exception as error:
+            faulted(error, "hand back a run unspent", shared.id)
         finally:
             shared.tracker.end(run, end)
 
@@ -348,6 +376,18 @@ class Executor:
             for run in runs:
                 shared.tracker.end(run, end)
         log.warning("handed back unfinished runs", extra={"worker_id": shared.id, "runs": len(runs)})
+
+    def adopt(self, runs: Sequence[Attempt]) -> None:
+        """Runs claimed by another holder that let them go (a remote worker's parked runs, resumed
+        under their claim tokens; each with its `claim`) run here now, from where they are: no new
+        start (their STARTED events were published), their job's timeout counted from their
+        recorded start."""
+        now = datetime.now(UTC)
+        for run in runs:
+            self._shared.tracker.adopt(run)
+            left = run.claim.started_at + run.claim.timeout - now
+            run.deadline = Deadline(max(left.total_seconds(), 0.0), 1)
+            self._spawn(run, self._execute(run))
 
     # -- stopping ------------------------------------------------------------------------------------
 

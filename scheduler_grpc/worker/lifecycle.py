@@ -15,7 +15,10 @@ queue: breaker open, claim failed, no room) or LAPSED (even that failed: its lea
 whose task is stopped (`request_stop`, then `stopped` when its task has ended) goes on by the
 reason: a cancel request gives a RUNNING run its cancelled outcome (FINISHED) and hands a held one
 back (RETURNING); a lost lease makes it LOSING (its attempt is abandoned: ABANDONED); a shutdown
-hands it back (RETURNING). RETURNING ends HANDED_BACK, UNRESERVED (a held run, unspent) or LAPSED.
+hands it back (RETURNING); a park lets it go (PARKED: nothing recorded, its lease left to expire,
+for a remote worker's stream that ended: a new stream may resume it). RETURNING ends HANDED_BACK,
+UNRESERVED (a held run, unspent) or LAPSED. A run resumed from a parked holder enters RUNNING
+(`adopt`) with the claim token it had.
 
 Slots (`concurrency` of them) are derived from the states: a LEASED or RUNNING run takes one, a
 solo run all of them from its lease until it leaves (whatever its state: the worker runs nothing
@@ -55,6 +58,7 @@ class State(enum.Enum):
     ABANDONED = "abandoned"
     DROPPED = "dropped"
     LAPSED = "lapsed"
+    PARKED = "parked"  # let go unrecorded: its lease expires unless a new holder resumes it
 
 
 class Stop(enum.Enum):
@@ -65,17 +69,20 @@ class Stop(enum.Enum):
     CANCEL = "cancel"  # an operator's (or `replace`'s) cancel request
     LOST = "lost"  # its lease is gone: another worker may hold the item now
     SHUTDOWN = "shutdown"  # the worker is stopping
+    PARK = "park"  # let it go as it is (a remote worker's stream ended; it may resume elsewhere)
 
 
-ENDS = frozenset({State.RECORDED, State.HANDED_BACK, State.UNRESERVED, State.ABANDONED, State.DROPPED, State.LAPSED})
+ENDS = frozenset({
+    State.RECORDED, State.HANDED_BACK, State.UNRESERVED, State.ABANDONED, State.DROPPED, State.LAPSED, State.PARKED,
+})  # fmt: skip
 _S = State
 # Every legal transition. Ends have none: a run that ended is gone.
 _NEXT: dict[State, frozenset[State]] = {
     _S.LEASED: frozenset({_S.RUNNING, _S.DROPPED, _S.HANDED_BACK, _S.LAPSED}),
     _S.RESERVED: frozenset({_S.HELD, _S.DROPPED, _S.HANDED_BACK, _S.LAPSED}),
-    _S.HELD: frozenset({_S.STARTING, _S.RETURNING, _S.LOSING}),
-    _S.STARTING: frozenset({_S.RUNNING, _S.RETURNING, _S.LOSING}),
-    _S.RUNNING: frozenset({_S.FINISHED, _S.RETURNING, _S.LOSING}),
+    _S.HELD: frozenset({_S.STARTING, _S.RETURNING, _S.LOSING, _S.PARKED}),
+    _S.STARTING: frozenset({_S.RUNNING, _S.RETURNING, _S.LOSING, _S.PARKED}),
+    _S.RUNNING: frozenset({_S.FINISHED, _S.RETURNING, _S.LOSING, _S.PARKED}),
     _S.FINISHED: frozenset({_S.RECORDING}),
     _S.RECORDING: frozenset({_S.RECORDED, _S.LAPSED}),
     _S.RETURNING: frozenset({_S.HANDED_BACK, _S.UNRESERVED, _S.LAPSED}),
@@ -307,6 +314,18 @@ class RunTracker(Generic[R]):
             self._freed()
         return batch
 
+    def adopt(self, run: R) -> None:
+        """A run claimed by another holder that let it go (a remote worker's parked run, resumed under
+        its claim token) is this worker's now, RUNNING: it takes a free slot at once."""
+        if run.state is not None or run.id in self._runs or self.free_slots() < 1:
+            raise IllegalTransition(f"{run!r} cannot be adopted (tracked already, or no free slot)")
+        self._runs[run.id] = run
+        run.state = State.RUNNING
+        self._count[State.RUNNING] += 1
+        self._slots += 1
+        if run.solo:
+            self._solo += 1
+
     def returning(self, run: R) -> None:
         """It is being handed back: its breaker is open, no slot came within the grace."""
         self._move(run, State.RETURNING)
@@ -345,6 +364,8 @@ class RunTracker(Generic[R]):
             return None
         if run.stop is Stop.CANCEL:
             target = _CANCEL_TO[state]
+        elif run.stop is Stop.PARK:
+            target = State.PARKED
         else:
             target = State.LOSING if run.stop is Stop.LOST else State.RETURNING
         if target is State.FINISHED:

@@ -46,6 +46,7 @@ class WorkerStats:
     completed: int = 0
     breaker_deferred: int = 0
     throttled: int = 0  # runs handed back rate limited (`RateLimited`), no attempt spent
+    unspent: int = 0  # runs handed back as they were (`HandBack`): never this worker's to run
     lost_leases: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
 

@@ -22,7 +22,7 @@ class HandlerInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., payload_schema_json: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("handlers", "labels", "slots", "sdk", "sdk_version", "resume", "queue")
+    __slots__ = ("handlers", "labels", "slots", "sdk", "sdk_version", "queue", "held_runs")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -35,16 +35,24 @@ class Hello(_message.Message):
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     SDK_FIELD_NUMBER: _ClassVar[int]
     SDK_VERSION_FIELD_NUMBER: _ClassVar[int]
-    RESUME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    HELD_RUNS_FIELD_NUMBER: _ClassVar[int]
     handlers: _containers.RepeatedCompositeFieldContainer[HandlerInfo]
     labels: _containers.ScalarMap[str, str]
     slots: int
     sdk: str
     sdk_version: str
-    resume: _containers.RepeatedScalarFieldContainer[str]
     queue: str
-    def __init__(self, handlers: _Optional[_Iterable[_Union[HandlerInfo, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., slots: _Optional[int] = ..., sdk: _Optional[str] = ..., sdk_version: _Optional[str] = ..., resume: _Optional[_Iterable[str]] = ..., queue: _Optional[str] = ...) -> None: ...
+    held_runs: _containers.RepeatedCompositeFieldContainer[HeldRun]
+    def __init__(self, handlers: _Optional[_Iterable[_Union[HandlerInfo, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., slots: _Optional[int] = ..., sdk: _Optional[str] = ..., sdk_version: _Optional[str] = ..., queue: _Optional[str] = ..., held_runs: _Optional[_Iterable[_Union[HeldRun, _Mapping]]] = ...) -> None: ...
+
+class HeldRun(_message.Message):
+    __slots__ = ("execution_id", "claim_token")
+    EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    execution_id: str
+    claim_token: str
+    def __init__(self, execution_id: _Optional[str] = ..., claim_token: _Optional[str] = ...) -> None: ...
 
 class Credit(_message.Message):
     __slots__ = ("grant",)
@@ -125,18 +133,22 @@ class ConnectRequest(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., outcome: _Optional[_Union[Outcome, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., batch: _Optional[_Union[RequestBatch, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("worker_id", "ack_timeout", "lease_timeout", "server_time", "ping_interval")
+    __slots__ = ("worker_id", "ack_timeout", "lease_timeout", "server_time", "ping_interval", "resumed_execution_ids", "resume_refusals")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ACK_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     LEASE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
     PING_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_EXECUTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_REFUSALS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     ack_timeout: _duration_pb2.Duration
     lease_timeout: _duration_pb2.Duration
     server_time: _timestamp_pb2.Timestamp
     ping_interval: _duration_pb2.Duration
-    def __init__(self, worker_id: _Optional[str] = ..., ack_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., server_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ping_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    resumed_execution_ids: _containers.RepeatedScalarFieldContainer[str]
+    resume_refusals: _containers.RepeatedCompositeFieldContainer[Rejected]
+    def __init__(self, worker_id: _Optional[str] = ..., ack_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., server_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ping_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resumed_execution_ids: _Optional[_Iterable[str]] = ..., resume_refusals: _Optional[_Iterable[_Union[Rejected, _Mapping]]] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("run_id", "execution_id", "job_id", "job_name", "attempt", "claim_token", "handler", "payload", "deadline", "scheduled_for")
@@ -217,3 +229,47 @@ class ConnectResponse(_message.Message):
     rejected: Rejected
     assignments: Assignments
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ...) -> None: ...
+
+class OpenWorkerSessionRequest(_message.Message):
+    __slots__ = ("hello",)
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ...) -> None: ...
+
+class OpenWorkerSessionResponse(_message.Message):
+    __slots__ = ("session_id", "welcome", "poll_timeout", "max_wait")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    POLL_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    welcome: Welcome
+    poll_timeout: _duration_pb2.Duration
+    max_wait: _duration_pb2.Duration
+    def __init__(self, session_id: _Optional[str] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., poll_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class PollWorkerSessionRequest(_message.Message):
+    __slots__ = ("session_id", "batch", "wait")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    batch: RequestBatch
+    wait: _duration_pb2.Duration
+    def __init__(self, session_id: _Optional[str] = ..., batch: _Optional[_Union[RequestBatch, _Mapping]] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class PollWorkerSessionResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ConnectResponse]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ConnectResponse, _Mapping]]] = ...) -> None: ...
+
+class CloseWorkerSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseWorkerSessionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -43,6 +43,21 @@ class WorkerServiceStub:
                 request_serializer=scheduler_dot_v1_dot_workers__pb2.ConnectRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_workers__pb2.ConnectResponse.FromString,
                 _registered_method=True)
+        self.OpenWorkerSession = channel.unary_unary(
+                '/scheduler.v1.WorkerService/OpenWorkerSession',
+                request_serializer=scheduler_dot_v1_dot_workers__pb2.OpenWorkerSessionRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_workers__pb2.OpenWorkerSessionResponse.FromString,
+                _registered_method=True)
+        self.PollWorkerSession = channel.unary_unary(
+                '/scheduler.v1.WorkerService/PollWorkerSession',
+                request_serializer=scheduler_dot_v1_dot_workers__pb2.PollWorkerSessionRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_workers__pb2.PollWorkerSessionResponse.FromString,
+                _registered_method=True)
+        self.CloseWorkerSession = channel.unary_unary(
+                '/scheduler.v1.WorkerService/CloseWorkerSession',
+                request_serializer=scheduler_dot_v1_dot_workers__pb2.CloseWorkerSessionRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_workers__pb2.CloseWorkerSessionResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -56,13 +71,54 @@ class WorkerServiceServicer:
         """One worker's stream. The worker's first message is `hello`; the server answers `welcome`, then
         sends at most as many assignments as the worker granted credit (`credit`). The worker
         acknowledges each assignment (`ack`) within the welcome's `ack_timeout` (else the run goes back
-        to the queue without spending an attempt) and reports its outcome (`outcome`). The stream's end
-        (a crash, a proxy, a network cut) hands the worker's runs back: unacknowledged ones unspent,
-        acknowledged ones as interrupted attempts (no retry budget spent). A message the server cannot
+        to the queue without spending an attempt) and reports its outcome (`outcome`). The server keeps
+        the leases of acknowledged runs while the stream lives. A stream that ends by a crash, a proxy or
+        a network cut (or unanswered pings) hands its unacknowledged assignments back at once, unspent;
+        its acknowledged runs are parked: their leases are no longer kept, and unless a new stream (to
+        any server) resumes them with their claim tokens (`hello.held_runs`) before the leases expire,
+        the leader recovers them then, as it does a killed worker's. A worker that closes its side hands
+        its runs back at once (interrupted attempts, no retry budget spent). A message the server cannot
         take (an outcome without a live claim token, a result over the size limit) is answered by
         `rejected` and the stream goes on; a broken protocol (no hello first, a handler name breaking
         the naming rule, a credit grant over the worker's slots) ends it with INVALID_ARGUMENT naming
         the field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenWorkerSession(self, request, context):
+        """The unary fallback, where a bidirectional stream does not survive (a proxy that buffers or cuts
+        long streams): the same session as a stream's, opened by one call and served by polls. The
+        worker's `hello` in; the session's id and `welcome` out. Checked as a stream's hello
+        (INVALID_ARGUMENT naming `hello.<field>`). The session lives in the server process that opened
+        it: route one worker's calls to one process (a load balancer's affinity, or one connection).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PollWorkerSession(self, request, context):
+        """One turn of a unary session: the worker's acks, outcomes and credit in (`batch`, taken as a
+        stream's `RequestBatch`: acks, then outcomes, then credit), the server's messages since the
+        last poll out (assignments, cancels, drain, rejected), waiting up to `wait` for one when none
+        is ready; keep a poll waiting (the ack timeout runs from when an assignment is ready, not from
+        when a poll takes it). A poll is the session's liveness (no pings), and so what keeps its runs'
+        leases extended: a session with no poll in flight for the open response's `poll_timeout` is
+        ended, its runs handed back as at a stream's end. A session this process does not hold (another
+        process opened it, it ended and was forgotten, or another key opened it) is NOT_FOUND on
+        `session_id`: open a new one. A session that ended answers its end's status (e.g. ABORTED,
+        UNAVAILABLE when the server is stopping) for a while, then NOT_FOUND. Polls may overlap (a long
+        poll waiting, a short one reporting outcomes): each message goes out in exactly one answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseWorkerSession(self, request, context):
+        """Ends a unary session, as a worker closing its stream: unacknowledged assignments go back
+        unspent, acknowledged ones without an outcome as interrupted attempts. Report the outcomes
+        first (a poll with `wait` 0). Returns once the runs are handed back.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -75,6 +131,21 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=scheduler_dot_v1_dot_workers__pb2.ConnectRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_workers__pb2.ConnectResponse.SerializeToString,
+            ),
+            'OpenWorkerSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenWorkerSession,
+                    request_deserializer=scheduler_dot_v1_dot_workers__pb2.OpenWorkerSessionRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_workers__pb2.OpenWorkerSessionResponse.SerializeToString,
+            ),
+            'PollWorkerSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.PollWorkerSession,
+                    request_deserializer=scheduler_dot_v1_dot_workers__pb2.PollWorkerSessionRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_workers__pb2.PollWorkerSessionResponse.SerializeToString,
+            ),
+            'CloseWorkerSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseWorkerSession,
+                    request_deserializer=scheduler_dot_v1_dot_workers__pb2.CloseWorkerSessionRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_workers__pb2.CloseWorkerSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -108,6 +179,87 @@ class WorkerService:
             '/scheduler.v1.WorkerService/Connect',
             scheduler_dot_v1_dot_workers__pb2.ConnectRequest.SerializeToString,
             scheduler_dot_v1_dot_workers__pb2.ConnectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenWorkerSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.WorkerService/OpenWorkerSession',
+            scheduler_dot_v1_dot_workers__pb2.OpenWorkerSessionRequest.SerializeToString,
+            scheduler_dot_v1_dot_workers__pb2.OpenWorkerSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PollWorkerSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.WorkerService/PollWorkerSession',
+            scheduler_dot_v1_dot_workers__pb2.PollWorkerSessionRequest.SerializeToString,
+            scheduler_dot_v1_dot_workers__pb2.PollWorkerSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseWorkerSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.WorkerService/CloseWorkerSession',
+            scheduler_dot_v1_dot_workers__pb2.CloseWorkerSessionRequest.SerializeToString,
+            scheduler_dot_v1_dot_workers__pb2.CloseWorkerSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

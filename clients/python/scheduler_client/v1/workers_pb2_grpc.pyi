@@ -41,13 +41,42 @@ class WorkerServiceStub:
     """One worker's stream. The worker's first message is `hello`; the server answers `welcome`, then
     sends at most as many assignments as the worker granted credit (`credit`). The worker
     acknowledges each assignment (`ack`) within the welcome's `ack_timeout` (else the run goes back
-    to the queue without spending an attempt) and reports its outcome (`outcome`). The stream's end
-    (a crash, a proxy, a network cut) hands the worker's runs back: unacknowledged ones unspent,
-    acknowledged ones as interrupted attempts (no retry budget spent). A message the server cannot
+    to the queue without spending an attempt) and reports its outcome (`outcome`). The server keeps
+    the leases of acknowledged runs while the stream lives. A stream that ends by a crash, a proxy or
+    a network cut (or unanswered pings) hands its unacknowledged assignments back at once, unspent;
+    its acknowledged runs are parked: their leases are no longer kept, and unless a new stream (to
+    any server) resumes them with their claim tokens (`hello.held_runs`) before the leases expire,
+    the leader recovers them then, as it does a killed worker's. A worker that closes its side hands
+    its runs back at once (interrupted attempts, no retry budget spent). A message the server cannot
     take (an outcome without a live claim token, a result over the size limit) is answered by
     `rejected` and the stream goes on; a broken protocol (no hello first, a handler name breaking
     the naming rule, a credit grant over the worker's slots) ends it with INVALID_ARGUMENT naming
     the field.
+    """
+    OpenWorkerSession: _grpc.UnaryUnaryMultiCallable[_workers_pb2.OpenWorkerSessionRequest, _workers_pb2.OpenWorkerSessionResponse]
+    """The unary fallback, where a bidirectional stream does not survive (a proxy that buffers or cuts
+    long streams): the same session as a stream's, opened by one call and served by polls. The
+    worker's `hello` in; the session's id and `welcome` out. Checked as a stream's hello
+    (INVALID_ARGUMENT naming `hello.<field>`). The session lives in the server process that opened
+    it: route one worker's calls to one process (a load balancer's affinity, or one connection).
+    """
+    PollWorkerSession: _grpc.UnaryUnaryMultiCallable[_workers_pb2.PollWorkerSessionRequest, _workers_pb2.PollWorkerSessionResponse]
+    """One turn of a unary session: the worker's acks, outcomes and credit in (`batch`, taken as a
+    stream's `RequestBatch`: acks, then outcomes, then credit), the server's messages since the
+    last poll out (assignments, cancels, drain, rejected), waiting up to `wait` for one when none
+    is ready; keep a poll waiting (the ack timeout runs from when an assignment is ready, not from
+    when a poll takes it). A poll is the session's liveness (no pings), and so what keeps its runs'
+    leases extended: a session with no poll in flight for the open response's `poll_timeout` is
+    ended, its runs handed back as at a stream's end. A session this process does not hold (another
+    process opened it, it ended and was forgotten, or another key opened it) is NOT_FOUND on
+    `session_id`: open a new one. A session that ended answers its end's status (e.g. ABORTED,
+    UNAVAILABLE when the server is stopping) for a while, then NOT_FOUND. Polls may overlap (a long
+    poll waiting, a short one reporting outcomes): each message goes out in exactly one answer.
+    """
+    CloseWorkerSession: _grpc.UnaryUnaryMultiCallable[_workers_pb2.CloseWorkerSessionRequest, _workers_pb2.CloseWorkerSessionResponse]
+    """Ends a unary session, as a worker closing its stream: unacknowledged assignments go back
+    unspent, acknowledged ones without an outcome as interrupted attempts. Report the outcomes
+    first (a poll with `wait` 0). Returns once the runs are handed back.
     """
 
 @_typing.type_check_only
@@ -63,13 +92,42 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """One worker's stream. The worker's first message is `hello`; the server answers `welcome`, then
     sends at most as many assignments as the worker granted credit (`credit`). The worker
     acknowledges each assignment (`ack`) within the welcome's `ack_timeout` (else the run goes back
-    to the queue without spending an attempt) and reports its outcome (`outcome`). The stream's end
-    (a crash, a proxy, a network cut) hands the worker's runs back: unacknowledged ones unspent,
-    acknowledged ones as interrupted attempts (no retry budget spent). A message the server cannot
+    to the queue without spending an attempt) and reports its outcome (`outcome`). The server keeps
+    the leases of acknowledged runs while the stream lives. A stream that ends by a crash, a proxy or
+    a network cut (or unanswered pings) hands its unacknowledged assignments back at once, unspent;
+    its acknowledged runs are parked: their leases are no longer kept, and unless a new stream (to
+    any server) resumes them with their claim tokens (`hello.held_runs`) before the leases expire,
+    the leader recovers them then, as it does a killed worker's. A worker that closes its side hands
+    its runs back at once (interrupted attempts, no retry budget spent). A message the server cannot
     take (an outcome without a live claim token, a result over the size limit) is answered by
     `rejected` and the stream goes on; a broken protocol (no hello first, a handler name breaking
     the naming rule, a credit grant over the worker's slots) ends it with INVALID_ARGUMENT naming
     the field.
+    """
+    OpenWorkerSession: _aio.UnaryUnaryMultiCallable[_workers_pb2.OpenWorkerSessionRequest, _workers_pb2.OpenWorkerSessionResponse]  # type: ignore[assignment]
+    """The unary fallback, where a bidirectional stream does not survive (a proxy that buffers or cuts
+    long streams): the same session as a stream's, opened by one call and served by polls. The
+    worker's `hello` in; the session's id and `welcome` out. Checked as a stream's hello
+    (INVALID_ARGUMENT naming `hello.<field>`). The session lives in the server process that opened
+    it: route one worker's calls to one process (a load balancer's affinity, or one connection).
+    """
+    PollWorkerSession: _aio.UnaryUnaryMultiCallable[_workers_pb2.PollWorkerSessionRequest, _workers_pb2.PollWorkerSessionResponse]  # type: ignore[assignment]
+    """One turn of a unary session: the worker's acks, outcomes and credit in (`batch`, taken as a
+    stream's `RequestBatch`: acks, then outcomes, then credit), the server's messages since the
+    last poll out (assignments, cancels, drain, rejected), waiting up to `wait` for one when none
+    is ready; keep a poll waiting (the ack timeout runs from when an assignment is ready, not from
+    when a poll takes it). A poll is the session's liveness (no pings), and so what keeps its runs'
+    leases extended: a session with no poll in flight for the open response's `poll_timeout` is
+    ended, its runs handed back as at a stream's end. A session this process does not hold (another
+    process opened it, it ended and was forgotten, or another key opened it) is NOT_FOUND on
+    `session_id`: open a new one. A session that ended answers its end's status (e.g. ABORTED,
+    UNAVAILABLE when the server is stopping) for a while, then NOT_FOUND. Polls may overlap (a long
+    poll waiting, a short one reporting outcomes): each message goes out in exactly one answer.
+    """
+    CloseWorkerSession: _aio.UnaryUnaryMultiCallable[_workers_pb2.CloseWorkerSessionRequest, _workers_pb2.CloseWorkerSessionResponse]  # type: ignore[assignment]
+    """Ends a unary session, as a worker closing its stream: unacknowledged assignments go back
+    unspent, acknowledged ones without an outcome as interrupted attempts. Report the outcomes
+    first (a poll with `wait` 0). Returns once the runs are handed back.
     """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -88,13 +146,60 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         """One worker's stream. The worker's first message is `hello`; the server answers `welcome`, then
         sends at most as many assignments as the worker granted credit (`credit`). The worker
         acknowledges each assignment (`ack`) within the welcome's `ack_timeout` (else the run goes back
-        to the queue without spending an attempt) and reports its outcome (`outcome`). The stream's end
-        (a crash, a proxy, a network cut) hands the worker's runs back: unacknowledged ones unspent,
-        acknowledged ones as interrupted attempts (no retry budget spent). A message the server cannot
+        to the queue without spending an attempt) and reports its outcome (`outcome`). The server keeps
+        the leases of acknowledged runs while the stream lives. A stream that ends by a crash, a proxy or
+        a network cut (or unanswered pings) hands its unacknowledged assignments back at once, unspent;
+        its acknowledged runs are parked: their leases are no longer kept, and unless a new stream (to
+        any server) resumes them with their claim tokens (`hello.held_runs`) before the leases expire,
+        the leader recovers them then, as it does a killed worker's. A worker that closes its side hands
+        its runs back at once (interrupted attempts, no retry budget spent). A message the server cannot
         take (an outcome without a live claim token, a result over the size limit) is answered by
         `rejected` and the stream goes on; a broken protocol (no hello first, a handler name breaking
         the naming rule, a credit grant over the worker's slots) ends it with INVALID_ARGUMENT naming
         the field.
+        """
+
+    @_abc_1.abstractmethod
+    def OpenWorkerSession(
+        self,
+        request: _workers_pb2.OpenWorkerSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workers_pb2.OpenWorkerSessionResponse, _abc.Awaitable[_workers_pb2.OpenWorkerSessionResponse]]:
+        """The unary fallback, where a bidirectional stream does not survive (a proxy that buffers or cuts
+        long streams): the same session as a stream's, opened by one call and served by polls. The
+        worker's `hello` in; the session's id and `welcome` out. Checked as a stream's hello
+        (INVALID_ARGUMENT naming `hello.<field>`). The session lives in the server process that opened
+        it: route one worker's calls to one process (a load balancer's affinity, or one connection).
+        """
+
+    @_abc_1.abstractmethod
+    def PollWorkerSession(
+        self,
+        request: _workers_pb2.PollWorkerSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workers_pb2.PollWorkerSessionResponse, _abc.Awaitable[_workers_pb2.PollWorkerSessionResponse]]:
+        """One turn of a unary session: the worker's acks, outcomes and credit in (`batch`, taken as a
+        stream's `RequestBatch`: acks, then outcomes, then credit), the server's messages since the
+        last poll out (assignments, cancels, drain, rejected), waiting up to `wait` for one when none
+        is ready; keep a poll waiting (the ack timeout runs from when an assignment is ready, not from
+        when a poll takes it). A poll is the session's liveness (no pings), and so what keeps its runs'
+        leases extended: a session with no poll in flight for the open response's `poll_timeout` is
+        ended, its runs handed back as at a stream's end. A session this process does not hold (another
+        process opened it, it ended and was forgotten, or another key opened it) is NOT_FOUND on
+        `session_id`: open a new one. A session that ended answers its end's status (e.g. ABORTED,
+        UNAVAILABLE when the server is stopping) for a while, then NOT_FOUND. Polls may overlap (a long
+        poll waiting, a short one reporting outcomes): each message goes out in exactly one answer.
+        """
+
+    @_abc_1.abstractmethod
+    def CloseWorkerSession(
+        self,
+        request: _workers_pb2.CloseWorkerSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workers_pb2.CloseWorkerSessionResponse, _abc.Awaitable[_workers_pb2.CloseWorkerSessionResponse]]:
+        """Ends a unary session, as a worker closing its stream: unacknowledged assignments go back
+        unspent, acknowledged ones without an outcome as interrupted attempts. Report the outcomes
+        first (a poll with `wait` 0). Returns once the runs are handed back.
         """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
