@@ -314,3 +314,15 @@ async def test_node_client_trigger_jobs(api: Harness, node_modules: None) -> Non
         "one": job.id,
     }
     assert await _runs(api) == 1201 + 1000 + 1
+
+
+async def test_triggering_an_upstream_in_a_batch_starts_a_flow_run_per_item(api: Harness) -> None:  # noqa: F811
+    upstream = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job("up")), metadata=api.admin)).job
+    down = echo_job("down", depends_on=[upstream.id])
+    await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=down), metadata=api.admin)
+    results = await _batch(api, [_item(upstream.id, f"f-{n}") for n in range(3)])
+    pool = api.server.api.control._pool
+    flows = await pool.fetch("SELECT id::text FROM flow_runs WHERE root_job_id = $1", uuid.UUID(upstream.id))
+    assert {row["id"] for row in flows} == {result.execution.run_id for result in results}, (
+        "a flow run's id is its run's"
+    )
