@@ -19,6 +19,7 @@ an entry, understood or not: one bad entry never stops the events after it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import enum
 import logging
@@ -333,19 +334,30 @@ class EventFilter:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """Events of one read that one filter admits, with their stream ids (in stream order)."""
+
+    ids: list[tuple[int, int]]
+    events: list[ExecutionEvent]
+
+
 class Subscription:
     """One subscriber's view of the stream: a catch-up from its cursor, then the live feed.
 
-    Iterate it (`async for event in subscription`). Live events wait in a bounded buffer that the
-    fan-out fills; when it is full the subscription ends with `SubscriberTooSlow`. Events are never
-    delivered twice: everything at or before the last id seen (delivered or filtered out) is skipped.
+    Iterate it (`async for event in subscription`), or take what is ready in batches
+    (`subscription.batches(limit)`). Live events wait in a bounded buffer that the fan-out fills
+    (never waiting for the subscriber); when it is full the subscription ends with
+    `SubscriberTooSlow`. Events are never delivered twice: everything at or before the last id seen
+    (delivered or filtered out) is skipped.
     """
 
     def __init__(self, fanout: EventFanout, event_filter: EventFilter, cursor: str | None, buffer: int) -> None:
         self._fanout = fanout
         self.filter = event_filter
         self._cursor = cursor
-        self._buffer: deque[ExecutionEvent] = deque()
+        self._buffer: deque[_Chunk] = deque()
+        self._buffered = 0  # events in `_buffer`
         self._limit = buffer
         self._wake = asyncio.Event()
         self._overflowed = False
@@ -358,16 +370,29 @@ class Subscription:
         """Where a resumed subscription would continue: the last stream id this one has seen."""
         return _format_id(self._last)
 
-    def _offer(self, event: ExecutionEvent, event_id: tuple[int, int]) -> bool:
-        """Buffer a live event (called by the reader); False when the subscriber overflowed."""
-        if event_id <= self._last or not self.filter.matches(event):
-            return True
-        if len(self._buffer) >= self._limit:
+    @property
+    def overflowed(self) -> bool:
+        """Whether the fan-out dropped this subscription for falling behind (it ends with
+        `SubscriberTooSlow` once what it was handed is delivered)."""
+        return self._overflowed
+
+    def _offer(self, chunk: _Chunk) -> bool:
+        """Buffer live events this subscription's filter admits (called by the reader, which never
+        waits here; `chunk` is shared with every subscriber of the same filter, never modified);
+        False when the subscriber overflowed."""
+        if chunk.ids[0] <= self._last:  # a catch-up gave some already
+            if chunk.ids[-1] <= self._last:
+                return True
+            start = bisect.bisect_right(chunk.ids, self._last)
+            chunk = _Chunk(chunk.ids[start:], chunk.events[start:])
+        if self._buffered + len(chunk.ids) > self._limit:
             self._overflowed = True
             self._buffer.clear()  # it ends now: free what it would never read
+            self._buffered = 0
             self._wake.set()
             return False
-        self._buffer.append(event)
+        self._buffer.append(chunk)
+        self._buffered += len(chunk.ids)
         self._wake.set()
         return True
 
@@ -379,16 +404,40 @@ class Subscription:
         return self._events()
 
     async def _events(self) -> AsyncIterator[ExecutionEvent]:
-        if self._cursor is not None:
-            async for event in self._catch_up(self._cursor):
+        # `cursor` moves a batch at a time, but the iteration ends (with it in the error) only
+        # after the batch's last event.
+        async for batch in self.batches(self._limit):
+            for event in batch:
                 yield event
+
+    async def batches(self, limit: int) -> AsyncIterator[list[ExecutionEvent]]:
+        """The events in order, as lists of at most `limit` (>= 1): each list holds what was ready
+        when it was taken (never empty; it may be shared with other subscribers: do not modify it).
+        `cursor` is the last event of the last list taken."""
+        if self._cursor is not None:
+            async for caught_up in self._catch_up(self._cursor, limit):
+                yield caught_up
         while True:
-            while self._buffer:
-                event = self._buffer.popleft()
-                event_id = stream_id(event.cursor)
-                if event_id > self._last:  # events the catch-up already gave are skipped
-                    self._last = event_id
-                    yield event
+            batch: list[ExecutionEvent] = []
+            while self._buffer and len(batch) < limit:
+                chunk = self._buffer.popleft()
+                ids = chunk.ids
+                # Events the catch-up already gave are skipped.
+                start = bisect.bisect_right(ids, self._last) if ids[0] <= self._last else 0
+                end = min(len(ids), start + limit - len(batch))
+                if end < len(ids):  # the rest waits for the next batch
+                    self._buffer.appendleft(_Chunk(ids[end:], chunk.events[end:]))
+                self._buffered -= end
+                if start == end:
+                    continue
+                self._last = ids[end - 1]
+                if not batch and start == 0 and end == len(ids):
+                    batch = chunk.events  # shared, as it is (the common case: one read's events)
+                else:
+                    batch = [*batch, *chunk.events[start:end]]
+            if batch:
+                yield batch
+                continue
             if self._overflowed:
                 raise SubscriberTooSlow(self.cursor)
             if self._closed:
@@ -396,7 +445,7 @@ class Subscription:
             self._wake.clear()
             await self._wake.wait()
 
-    async def _catch_up(self, cursor: str) -> AsyncIterator[ExecutionEvent]:
+    async def _catch_up(self, cursor: str, limit: int) -> AsyncIterator[list[ExecutionEvent]]:
         # Registered with the fan-out before this runs, so every event after the reader's position
         # reaches the buffer; this reads everything after `cursor` up to the stream's end now, which
         # is at or past that position: together, no gap. Pages keep each read bounded.
@@ -404,12 +453,20 @@ class Subscription:
         after = cursor
         while True:
             page = await self._fanout._read_after(after)
+            batch: list[ExecutionEvent] = []
             for event in page.events:
                 event_id = stream_id(event.cursor)
-                if event_id > self._last:
-                    self._last = event_id
-                    if self.filter.matches(event):
-                        yield event
+                if event_id > self._last and self.filter.matches(event):
+                    batch.append(event)
+                    if len(batch) == limit:
+                        self._last = event_id
+                        yield batch
+                        batch = []
+            if batch:
+                self._last = stream_id(batch[-1].cursor)
+                yield batch
+            if page.events:  # the events filtered out were seen too
+                self._last = max(self._last, stream_id(page.events[-1].cursor))
             if page.entries < CATCH_UP_PAGE:
                 return
             after = page.last  # past the page's last entry, understood or skipped
@@ -578,17 +635,30 @@ class EventFanout:
     async def _read_once(self) -> None:
         async with asyncio.timeout(self._block_ms / 1000 + self._timeout):
             reply: Any = await self._redis.xread({_KEYS.stream: self.position}, count=self._batch, block=self._block_ms)
+        read: list[tuple[tuple[int, int], ExecutionEvent]] = []
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
                 cursor = _text(entry_id)
                 event_id = stream_id(cursor)
                 self._position = event_id  # first: the reader moves past every entry, understood or not
                 try:
-                    event = ExecutionEvent.from_fields(cursor, fields or {})
+                    read.append((event_id, ExecutionEvent.from_fields(cursor, fields or {})))
                 except UndecodableEvent as error:
                     _SKIPS.skipped(error)
-                    continue
-                for subscription in list(self._subscribers):
-                    if not subscription._offer(event, event_id):
-                        self._subscribers.discard(subscription)
-                        self.dropped += 1
+        if not read:
+            return
+        # Each filter is matched once per read, however many subscribers share it; each subscriber
+        # then takes its events in one call (and one wake-up), as one shared chunk.
+        matched: dict[EventFilter, _Chunk | None] = {}
+        for subscription in list(self._subscribers):
+            event_filter = subscription.filter
+            if event_filter in matched:
+                chunk = matched[event_filter]
+            else:
+                admitted = [entry for entry in read if event_filter.matches(entry[1])]
+                chunk = matched[event_filter] = (
+                    _Chunk([entry[0] for entry in admitted], [entry[1] for entry in admitted]) if admitted else None
+                )
+            if chunk is not None and not subscription._offer(chunk):
+                self._subscribers.discard(subscription)
+                self.dropped += 1

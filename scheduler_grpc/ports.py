@@ -260,6 +260,10 @@ class RecoveryStore(Protocol):
         """Runs whose latest attempt is `queued` (older than `older_than`), by run id."""
         ...
 
+    async def abandon_expired(self, leases: Sequence[tuple[str, str]]) -> int:
+        """End the attempts of expired leases `(run_id, lease token)` `abandoned`, the next `queued`."""
+        ...
+
     async def stale_running_runs(self, *, grace: timedelta, limit: int) -> list[Queued]:
         """Runs `running` past their timeout plus `grace`."""
         ...

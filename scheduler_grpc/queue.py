@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import weakref
@@ -224,10 +225,17 @@ class Recovered:
     Attributes:
         requeued: Ids whose lease expired, back in ready with their priority.
         dead: Ids whose lease expired once too often, now in the dead set with reason "stalled".
+        tokens: The expired lease token of each requeued id (aligned with `requeued`): the claim
+            token of the attempt that lease held, for the scheduler to end it.
     """
 
     requeued: list[str]
     dead: list[str]
+    tokens: list[str] = dataclasses.field(default_factory=list)
+
+    def expired_leases(self) -> list[tuple[str, str]]:
+        """(run id, lease token) of each requeued item."""
+        return list(zip(self.requeued, self.tokens, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -897,8 +905,8 @@ class Queue:
             max_deliveries = self.max_stalls
         _check_max_stalls(max_deliveries, "max_deliveries")
         delay_ms = round(solo_retry_delay.total_seconds() * 1000)
-        requeued, dead = await self._run(self._recover, (limit, max_deliveries, STALLED, delay_ms))
-        return Recovered(requeued=_texts(requeued), dead=_texts(dead))
+        requeued, dead, tokens = await self._run(self._recover, (limit, max_deliveries, STALLED, delay_ms))
+        return Recovered(requeued=_texts(requeued), dead=_texts(dead), tokens=_texts(tokens))
 
     async def promote_due(self, limit: int = MAX_BATCH) -> list[str]:
         """Move up to `limit` delayed items whose due time passed (Redis clock) to ready, atomically.

@@ -578,6 +578,10 @@ class LeaderLoops:
                     log.warning(
                         "leases expired; runs requeued", extra={"queue": queue.name, "runs": len(recovered.requeued)}
                     )
+                    # Their attempts end now, not at the next claim: with no worker left to claim
+                    # them, they would read `running` for as long as none comes. (If this fails,
+                    # the next claim records them abandoned, as before.)
+                    await self._recovery.abandon_expired(recovered.expired_leases())
                 if recovered.dead:
                     try:
                         await self._record_stalled_dead(term, recovered.dead)

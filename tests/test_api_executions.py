@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -13,9 +14,19 @@ from redis.asyncio import Redis
 from scheduler_client.v1 import executions_pb2, executions_pb2_grpc, jobs_pb2
 
 from scheduler_grpc import events
-from scheduler_grpc.events import EventType, ExecutionEvent
+from scheduler_grpc.auth import Role
+from scheduler_grpc.events import (
+    EventFanout,
+    EventFilter,
+    EventType,
+    ExecutionEvent,
+    SubscriberTooSlow,
+    Subscription,
+    _Chunk,
+)
 from scheduler_grpc.keys import EventKeys
-from scheduler_grpc.services.executions import CURSOR_METADATA
+from scheduler_grpc.services import convert
+from scheduler_grpc.services.executions import CURSOR_METADATA, EventWire
 from tests.engine_helpers import eventually
 from tests.test_api_support import Harness, Metadata, api, echo_job, running_api  # noqa: F401 - `api` is a fixture
 
@@ -42,11 +53,20 @@ async def watch(harness: Harness, metadata: Metadata, **fields: object) -> tuple
     return call, dict(headers)[CURSOR_METADATA]
 
 
+def events_of(response: executions_pb2.WatchExecutionsResponse) -> list[executions_pb2.ExecutionEvent]:
+    """A response's events: a batch (`max_events_per_response`), or the one event of the original form."""
+    if response.events:
+        assert not response.HasField("event")
+        return list(response.events)
+    assert response.HasField("event")
+    return [response.event]
+
+
 async def take(call: WatchCall, count: int) -> list[executions_pb2.ExecutionEvent]:
-    received = []
+    received: list[executions_pb2.ExecutionEvent] = []
     async with asyncio.timeout(20):
         while len(received) < count:
-            received.append((await call.read()).event)  # type: ignore[union-attr]
+            received += events_of(await call.read())  # type: ignore[arg-type]
     return received
 
 
@@ -54,7 +74,7 @@ async def drain(call: WatchCall, into: list[executions_pb2.ExecutionEvent]) -> N
     """Read a stream until it ends (or raises), appending its events to `into`."""
     async with asyncio.timeout(20):
         async for response in call:
-            into.append(response.event)  # type: ignore[union-attr]
+            into += events_of(response)
 
 
 async def test_get_list_and_cancel(api: Harness) -> None:  # noqa: F811
@@ -150,6 +170,138 @@ async def test_a_resumed_stream_gets_exactly_the_missed_events(api: Harness, red
     resumed.cancel()
 
 
+async def test_a_batch_carries_the_ready_events_in_order_and_any_of_their_cursors_resumes_exactly(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+) -> None:
+    call, _ = await watch(api, api.viewer, max_events_per_response=100)
+    await events.publish(redis, burst(1, 250))  # one script call: the reader gets all 250 at once
+    responses = []
+    async with asyncio.timeout(20):
+        while sum(len(r.events) for r in responses) < 250:
+            responses.append(await call.read())
+    assert [len(r.events) for r in responses] == [100, 100, 50]  # what was ready, at most 100 each
+    assert not any(r.HasField("event") for r in responses)
+    batched = [event for response in responses for event in response.events]
+    published = await events.read_after(redis)
+    assert [e.attempt for e in batched] == list(range(1, 251))
+    assert [e.cursor for e in batched] == [e.cursor for e in published]
+    call.cancel()
+    # From any event's cursor (inside a batch, at a batch's end, the last), batched or one by one:
+    # exactly the events after it, then the live ones.
+    await events.publish(redis, burst(251, 5))
+    for index, size in [(0, 7), (56, 1000), (99, 0), (100, 3), (248, 100), (249, 0)]:
+        resumed, start = await watch(api, api.viewer, cursor=batched[index].cursor, max_events_per_response=size)
+        assert start == batched[index].cursor
+        rest = await take(resumed, 255 - (index + 1))
+        assert [e.attempt for e in rest] == list(range(index + 2, 256)), (index, size)
+        resumed.cancel()
+
+
+@pytest.mark.parametrize("batch", [0, 10])
+async def test_an_events_error_is_redacted_for_a_viewer_not_for_an_admin_watching_beside_it(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+    batch: int,
+) -> None:
+    """Each event is encoded once per redaction and shared: a viewer never gets the admin's bytes."""
+    error = "connect postgres://u:hunter2@db/x failed"
+    viewer, _ = await watch(api, api.viewer, max_events_per_response=batch)
+    admin, _ = await watch(api, api.admin, max_events_per_response=batch)
+    await events.publish(redis, burst(1, 3, error=error))
+    seen_by_viewer, seen_by_admin = await take(viewer, 3), await take(admin, 3)
+    assert [e.error for e in seen_by_admin] == [error] * 3
+    assert [e.error for e in seen_by_viewer] == ["connect postgres://u:<redacted>@db/x failed"] * 3
+    assert [e.cursor for e in seen_by_viewer] == [e.cursor for e in seen_by_admin]
+    viewer.cancel()
+    admin.cancel()
+
+
+def test_event_wire_encodes_each_event_once_and_joins_a_filters_batch_once() -> None:
+    wire = EventWire()
+    published = [replace(e, cursor=f"1700000000000-{e.attempt}", time=datetime(2026, 1, 1, tzinfo=UTC))
+                 for e in burst(1, 3, error="password=hunter2")]  # fmt: skip
+    one, other = EventFilter(), EventFilter(handler="test.echo")
+    response = wire.response(published, Role.ADMIN, batched=True, shared=one)
+    decoded = executions_pb2.WatchExecutionsResponse.FromString(response)
+    assert decoded == executions_pb2.WatchExecutionsResponse(events=[convert.event_to_proto(e) for e in published])
+    assert wire.response(list(published), Role.ADMIN, batched=True, shared=EventFilter()) is response
+    assert wire.response(published, Role.ADMIN, batched=True, shared=other) == response  # joined anew
+    assert wire.response(published, Role.ADMIN, batched=True, shared=other) is not response
+    viewer = executions_pb2.WatchExecutionsResponse.FromString(
+        wire.response(published, Role.VIEWER, batched=True, shared=one)
+    )
+    assert [e.error for e in viewer.events] == ["password=<redacted>"] * 3
+    single = executions_pb2.WatchExecutionsResponse.FromString(wire.response(published[1:2], Role.ADMIN, batched=False))
+    assert single == executions_pb2.WatchExecutionsResponse(event=convert.event_to_proto(published[1]))
+    assert wire.response(published[1:2], Role.ADMIN, batched=False) is wire.response(
+        published[1:2], Role.ADMIN, batched=False
+    )
+
+
+async def test_a_subscription_skips_what_its_catch_up_gave_splits_at_the_limit_and_overflows(redis: Redis) -> None:
+    """The buffer's bookkeeping, driven directly: chunks as the reader hands them over."""
+    published = [replace(e, cursor=f"1-{e.attempt}") for e in burst(1, 30)]
+
+    def chunk(first: int, last: int) -> _Chunk:
+        return _Chunk([(1, n) for n in range(first, last + 1)], published[first - 1 : last])
+
+    subscription = Subscription(EventFanout(redis), EventFilter(), None, buffer=10)
+    subscription._last = (1, 3)  # a catch-up gave events 1-3
+    assert subscription._offer(chunk(1, 3))  # all given already: nothing buffered
+    assert subscription._offer(chunk(1, 6))  # 4-6 buffered
+    assert subscription._offer(chunk(7, 12))
+    batches = subscription.batches(4)
+    taken = [await anext(batches) for _ in range(3)]
+    assert [[e.attempt for e in batch] for batch in taken] == [[4, 5, 6, 7], [8, 9, 10, 11], [12]]
+    assert subscription.cursor == "1-12"
+    whole = chunk(13, 15)
+    assert subscription._offer(whole)
+    assert await anext(batches) is whole.events  # one read's events, shared as they are
+    assert subscription._offer(chunk(16, 25))  # exactly full
+    assert not subscription._offer(chunk(26, 26))  # one more: dropped, its buffer freed
+    assert subscription.overflowed
+    with pytest.raises(SubscriberTooSlow) as caught:
+        await anext(batches)
+    assert caught.value.cursor == "1-15"  # the last event it was given
+
+
+@pytest.mark.parametrize("batch", [0, 10])
+async def test_a_flow_run_watch_gets_only_its_runs_events_batched_or_not(
+    api: Harness,  # noqa: F811
+    redis: Redis,
+    batch: int,
+) -> None:
+    root = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job("root")), metadata=api.admin)).job
+    child = echo_job("root-child")
+    child.depends_on.append(root.id)
+    await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=child), metadata=api.admin)
+    ours, theirs = [
+        (await api.jobs.TriggerJob(jobs_pb2.TriggerJobRequest(id=root.id), metadata=api.operator)).execution
+        for _ in range(2)
+    ]
+    call, _ = await watch(api, api.viewer, flow_run_id=ours.run_id, max_events_per_response=batch)
+
+    def event(run: executions_pb2.Execution, attempt: int) -> ExecutionEvent:
+        return ExecutionEvent(EventType.STARTED, run.id, run.run_id, run.job_id, attempt, handler="test.echo")
+
+    # One read: the other flow run's events in between are left out of the batch, not sent empty.
+    await events.publish(redis, [event(theirs, 1), event(ours, 2), event(theirs, 3), event(ours, 4), event(theirs, 5)])
+    await events.publish(redis, [event(theirs, 6)])
+    await events.publish(redis, [event(ours, 7)])
+    got = await take(call, 3)
+    assert [(e.run_id, e.attempt) for e in got] == [(ours.run_id, 2), (ours.run_id, 4), (ours.run_id, 7)]
+    call.cancel()
+
+
+async def test_a_negative_batch_size_is_refused(api: Harness) -> None:  # noqa: F811
+    request = executions_pb2.WatchExecutionsRequest(max_events_per_response=-1)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.executions.WatchExecutions(request, metadata=api.viewer).read()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (caught.value.details() or "").startswith("max_events_per_response:")
+
+
 async def test_resuming_while_events_keep_coming_loses_and_repeats_nothing(
     api: Harness,  # noqa: F811
     redis: Redis,
@@ -236,23 +388,29 @@ async def test_a_cancelled_client_is_unsubscribed_at_once(api: Harness) -> None:
     await eventually(gone, within=5, interval=0.01)
 
 
+@pytest.mark.parametrize("batch", [0, 100])
 async def test_a_slow_subscriber_is_ended_with_its_resume_cursor(
-    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool
+    redis_url: str, database_url: str, redis: Redis, pool: asyncpg.Pool, batch: int
 ) -> None:
+    """A subscriber that reads nothing is dropped once its buffer is full, without holding up the
+    one beside it; its stream ends with RESOURCE_EXHAUSTED after what was already on its way, and
+    its cursor resumes exactly. One event per message or batched (`batch`), alike."""
     async with running_api(redis_url, database_url, pool, SCHEDULER_WATCH_BUFFER="200") as harness:
         # A connection that does not grow its flow-control window, so the transport fills quickly.
         slow_channel = grpc.aio.insecure_channel(harness.server.address, options=[("grpc.http2.bdp_probe", 0)])
         slow_harness = Harness(harness.server, slow_channel)
-        slow, _ = await watch(slow_harness, harness.viewer)
-        fast, _ = await watch(harness, harness.viewer)
+        slow, _ = await watch(slow_harness, harness.viewer, max_events_per_response=batch)
+        fast, _ = await watch(harness, harness.viewer, max_events_per_response=batch)
         # Far more than the transport and the 200-event buffer hold while the slow client reads
-        # nothing; the fast one reads each chunk before the next is published.
+        # nothing; the fast one reads each chunk before the next is published, each within 5 s.
         fast_got = []
         for first in range(1, 3001, 100):
             await events.publish(redis, burst(first, 100, error="x" * 400))
-            fast_got += await take(fast, 100)
+            async with asyncio.timeout(5):
+                fast_got += await take(fast, 100)
         assert [e.attempt for e in fast_got] == list(range(1, 3001))  # the slow one held nobody back
         assert harness.server.api.fanout.subscriber_count == 1  # the slow one was dropped
+        assert harness.server.api.fanout.dropped == 1
         got: list[executions_pb2.ExecutionEvent] = []
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await drain(slow, got)
@@ -263,7 +421,7 @@ async def test_a_slow_subscriber_is_ended_with_its_resume_cursor(
         assert got
         assert cursor == got[-1].cursor
         assert len(got) < 3000
-        resumed, _ = await watch(harness, harness.viewer, cursor=cursor)
+        resumed, _ = await watch(harness, harness.viewer, cursor=cursor, max_events_per_response=batch)
         rest = await take(resumed, 3000 - len(got))
         assert [e.attempt for e in got + rest] == list(range(1, 3001))
         resumed.cancel()

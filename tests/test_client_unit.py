@@ -90,7 +90,9 @@ class FakeJobs(jobs_pb2_grpc.JobServiceServicer):
 
 
 class FakeExecutions(executions_pb2_grpc.ExecutionServiceServicer):
-    """Watch: breaks the stream with RESOURCE_EXHAUSTED, then UNAVAILABLE, then ends it."""
+    """Watch: breaks the stream with RESOURCE_EXHAUSTED, then UNAVAILABLE, then ends it; the events
+    of each connection in one batch if asked (`max_events_per_response`), unless the watched job is
+    "old" (a server older than batching)."""
 
     def __init__(self) -> None:
         self.cursors: list[str] = []
@@ -102,8 +104,12 @@ class FakeExecutions(executions_pb2_grpc.ExecutionServiceServicer):
             await asyncio.sleep(30)
             return
         start = int(request.cursor.split("-")[0]) if request.cursor else 0
-        for n in range(start + 1, min(start + 3, 6)):
-            yield _event(n)
+        numbers = range(start + 1, min(start + 3, 6))
+        if request.max_events_per_response > 0 and request.job_ids != ["old"]:
+            yield executions_pb2.WatchExecutionsResponse(events=[_event(n).event for n in numbers])
+        else:
+            for n in numbers:
+                yield _event(n)
         if start == 0:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too slow; resume from cursor")
         if start == 2:
@@ -184,10 +190,12 @@ async def test_unreachable_server_is_unavailable() -> None:
         assert down.value.code is grpc.StatusCode.UNAVAILABLE
 
 
-async def test_watch_resumes_from_the_last_cursor(fake: tuple[str, FakeJobs, FakeExecutions]) -> None:
+@pytest.mark.parametrize("job", ["j1", "old"])
+async def test_watch_resumes_from_the_last_cursor(fake: tuple[str, FakeJobs, FakeExecutions], job: str) -> None:
+    """Batched or not (an older server), each event is yielded on its own and resumed after exactly."""
     target, _, executions = fake
     async with SchedulerClient.connect(target, token=TOKEN) as client:
-        events = client.watch_executions(job_ids=["j1"], reconnect_delay=0.01)
+        events = client.watch_executions(job_ids=[job], reconnect_delay=0.01)
         cursors = [event.cursor async for event in events]
     # 1, 2, RESOURCE_EXHAUSTED -> resume after 2: 3, 4, UNAVAILABLE -> resume after 4: 5, end.
     assert cursors == ["1-0", "2-0", "3-0", "4-0", "5-0"]

@@ -59,11 +59,13 @@ def skipped() -> float:
     )
 
 
+@pytest.mark.parametrize("batch", [0, 100])  # one event per response, or batches
 async def test_watchers_keep_receiving_events_after_entries_they_do_not_understand(
     api: Harness,  # noqa: F811
     redis: Redis,
+    batch: int,
 ) -> None:
-    live, _ = await watch(api, api.viewer)
+    live, _ = await watch(api, api.viewer, max_events_per_response=batch)
     await events.publish(redis, burst(1, 2))
     before = (await events.read_after(redis))[-1].cursor  # after event 2
     assert [e.attempt for e in await take(live, 2)] == [1, 2]
@@ -74,7 +76,7 @@ async def test_watchers_keep_receiving_events_after_entries_they_do_not_understa
     assert [e.attempt for e in await take(live, 2)] == [3, 4]
     assert skipped() - counted == 8
     # A watcher resuming from before the bad entries (the catch-up's path) gets the same events.
-    resumed, _ = await watch(api, api.viewer, cursor=before)
+    resumed, _ = await watch(api, api.viewer, cursor=before, max_events_per_response=batch)
     assert [e.attempt for e in await take(resumed, 2)] == [3, 4]
     # And both go on with later events: nothing is stuck on the bad entries.
     await events.publish(redis, burst(5, 1))

@@ -99,16 +99,19 @@ async def test_unary_calls_with_a_bearer_token(api: Harness) -> None:  # noqa: F
     assert "Unauthenticated" in refused
 
 
-async def test_a_server_stream(api: Harness) -> None:  # noqa: F811
+@pytest.mark.parametrize("batch", [0, 10])  # one event per response (the default), or batches
+async def test_a_server_stream(api: Harness, batch: int) -> None:  # noqa: F811
     token = await login(api)
     created = await call(api, "scheduler.v1.JobService/CreateJob",
                          {"job": {"name": "watched", "handler": "test.echo"}}, token)  # fmt: skip
     # Resume from the start of the event stream, so the event is there whenever the stream opens.
+    request = {"cursor": "0-0", "jobIds": [created["job"]["id"]], "maxEventsPerResponse": batch}
     watch = asyncio.create_task(
         grpcurl(api, "scheduler.v1.ExecutionService/WatchExecutions", token=token, check=False,
-                flags=["-max-time", "3", "-d", json.dumps({"cursor": "0-0", "jobIds": [created["job"]["id"]]})])
+                flags=["-max-time", "3", "-d", json.dumps(request)])
     )  # fmt: skip
     await call(api, "scheduler.v1.JobService/TriggerJob", {"id": created["job"]["id"]}, token)
     output = await watch
     assert "EVENT_TYPE_CREATED" in output, output
     assert created["job"]["id"] in output
+    assert ('"events": [' in output) == bool(batch), output

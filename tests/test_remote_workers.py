@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -44,6 +45,7 @@ from tests.api_helpers import free_port
 from tests.conftest import ROOT
 from tests.engine_helpers import Role as RoleProcess
 from tests.engine_helpers import eventually, make_settings
+from tests.test_api_server import make_certificates
 from tests.test_api_support import FAST_HASHER
 
 QUEUE = "remote"
@@ -1188,4 +1190,54 @@ async def test_runs_still_running_when_a_server_stops_are_resumed_on_another_ser
             if stop is None:
                 await stopping.__aexit__(None, None, None)
     finally:
+        await client.aclose()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
+async def test_an_sdk_worker_serves_runs_over_mutual_tls(
+    redis_url: str, database_url: str, pool: asyncpg.Pool, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    """TLS and mTLS as for the rest of the API: the worker's stream rides the server's own port."""
+    files = await asyncio.to_thread(make_certificates, tmp_path)
+    settings = make_settings(
+        redis_url, database_url, SCHEDULER_GRPC_PORT="0", SCHEDULER_HTTP_ENABLED="false",
+        SCHEDULER_SHUTDOWN_GRACE="1s", SCHEDULER_TLS_CERT=str(files["server.pem"]),
+        SCHEDULER_TLS_KEY=str(files["server.key"]), SCHEDULER_TLS_CLIENT_CA=str(files["ca.pem"]),
+    )  # fmt: skip
+    client = redis_client(redis_url)
+    registry = default_registry(HandlerSettings())
+    registry.register(Declared())
+    try:
+        async with serve(settings, client, pool, hasher=FAST_HASHER) as running:
+            deployment = Deployment(running, Control(redis, pool, registry), pool, redis, "")
+            deployment.worker_key = await deployment.key(Role.WORKER)
+            runs = await deployment.runs(20)
+            trusted = grpc.ssl_channel_credentials(
+                root_certificates=files["ca.pem"].read_bytes(),
+                private_key=files["client.key"].read_bytes(),
+                certificate_chain=files["client.pem"].read_bytes(),
+            )
+            worker = sdk_worker(deployment, tls=trusted)
+            worker.handler("remote.noop")(_noop)
+            async with serving(worker):
+
+                async def drained() -> bool:
+                    return await deployment.counts(runs) == {"succeeded": 20}
+
+                await eventually(drained, within=30)
+            # Without a client certificate the handshake fails: no stream, whatever the key.
+            anonymous = Worker(
+                deployment.target, deployment.worker_key, queue=QUEUE, reconnect_max=0.2,
+                tls=grpc.ssl_channel_credentials(root_certificates=files["ca.pem"].read_bytes()),
+            )  # fmt: skip
+            anonymous.handler("remote.noop")(_noop)
+            task = asyncio.create_task(anonymous.run())
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(1.5):
+                    await anonymous.connected.wait()
+            anonymous.stop()
+            async with asyncio.timeout(10):
+                await task
+    finally:
+        await registry.aclose()
         await client.aclose()

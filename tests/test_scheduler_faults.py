@@ -568,3 +568,37 @@ async def test_reconcile_settles_runs_redis_dead_lettered_but_postgresql_has_ope
     assert (await queue.states([stalled.run_id]))[stalled.run_id] is ItemState.DEAD
     assert await _latest_status(pool, requeued.run_id) == "queued"
     assert (await queue.states([requeued.run_id]))[requeued.run_id] is ItemState.READY
+
+
+async def test_the_leader_ends_an_attempt_whose_lease_expired_without_waiting_for_a_claim(
+    control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    """A worker that vanished (killed, or a remote worker whose parked runs nobody resumed) leaves
+    its attempt `running`; once the leader finds its lease expired, the attempt reads `abandoned`
+    and the run's next attempt `queued`, with no worker around to claim it (issue 23: nothing stays
+    `running` past its lease plus the visibility timeout)."""
+    _, current = await _terms(pool)
+    loops = LeaderLoops(redis, pool, LoopSettings(max_stalls=5))
+    job = await control.create_job(JobSpec(name="vanishing", handler="test.echo"))
+    [run] = await control.trigger_job(job.id)
+    queue = Queue(redis, "default")
+    [lease] = await queue.dequeue("vanished-worker", timedelta(milliseconds=1))
+    runs = RunRepository(pool)
+    [claim] = await runs.claim([(run.run_id, lease.token)], "vanished-worker")
+
+    async def ended() -> bool:
+        await loops._recover(current)
+        return await _latest_status(pool, run.run_id) == "queued"
+
+    await eventually(ended, within=5)
+    rows = await pool.fetch("SELECT attempt, status, error FROM job_executions WHERE run_id = $1 ORDER BY attempt",
+                            run.run_id)  # fmt: skip
+    assert [(r["attempt"], r["status"]) for r in rows] == [(1, "abandoned"), (2, "queued")]
+    assert rows[0]["error"].startswith("worker lost")
+    # The next worker claims the queued attempt; a late resend for the old lease changes nothing.
+    [again] = await queue.dequeue("next-worker", timedelta(seconds=30))
+    [second] = await runs.claim([(run.run_id, again.token)], "next-worker")
+    assert (second.attempt, second.execution_id != claim.execution_id) == (2, True)
+    recovery = RecoveryRepository(pool)
+    assert await recovery.abandon_expired([(run.run_id, lease.token)]) == 0
+    assert await _latest_status(pool, run.run_id) == "running"

@@ -31,6 +31,8 @@ const PROTO_ROOT = process.env.SCHEDULER_PROTOS || path.resolve(__dirname, '..',
 const PROTO_FILES = ['auth', 'jobs', 'executions', 'queue', 'cluster', 'users', 'limits', 'workers'].map((name) => `scheduler/v1/${name}.proto`);
 const SERVICES = ['AuthService', 'JobService', 'ExecutionService', 'QueueService', 'ClusterService', 'UserService', 'LimitService'];
 const RESUMABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.RESOURCE_EXHAUSTED]);
+// WatchExecutionsRequest.max_events_per_response of watchExecutions (the server's cap).
+const WATCH_BATCH = 1000;
 
 let cachedPackage = null;
 
@@ -186,10 +188,12 @@ class SchedulerClient {
    * when it breaks with UNAVAILABLE or RESOURCE_EXHAUSTED (after `maxReconnects` failures in a row
    * without an event, the error is thrown). `onOpen(call)` is called with each new call.
    *
-   * @param {object} request WatchExecutionsRequest: { job_ids, types, handler, cursor }
+   * @param {object} request WatchExecutionsRequest: { job_ids, types, handler, cursor, flow_run_id }
    */
   async *watchExecutions(request = {}, { maxReconnects = 10, reconnectDelayMs = 100, onOpen = null } = {}) {
-    const current = { job_ids: [], types: [], handler: '', cursor: '', ...request };
+    // Batched (max_events_per_response): the server sends what is ready in one message; yielded
+    // here one event at a time, each with its own cursor.
+    const current = { job_ids: [], types: [], handler: '', cursor: '', max_events_per_response: WATCH_BATCH, ...request };
     let failures = 0;
     let delay = reconnectDelayMs;
     for (;;) {
@@ -199,8 +203,12 @@ class SchedulerClient {
         for await (const response of call) {
           failures = 0;
           delay = reconnectDelayMs;
-          if (response.event.cursor) current.cursor = response.event.cursor;
-          yield response.event;
+          // `event`: a server older than batching (it ignores max_events_per_response).
+          const events = response.events && response.events.length ? response.events : [response.event];
+          for (const event of events) {
+            if (event.cursor) current.cursor = event.cursor;
+            yield event;
+          }
         }
         return; // the server ended the stream
       } catch (error) {

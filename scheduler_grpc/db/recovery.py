@@ -19,6 +19,7 @@ from scheduler_grpc import outputs
 from scheduler_grpc.db.attempts import latest_attempt
 from scheduler_grpc.db.executions import (
     COLUMNS,
+    LOST_WORKER_ERROR,
     SNAPSHOT_COLUMNS,
     DeadRun,
     Queryable,
@@ -32,6 +33,7 @@ from scheduler_grpc.db.executions import (
     snapshot_of_run,
 )
 from scheduler_grpc.db.leadership import assert_current_term
+from scheduler_grpc.db.runs import end_and_continue
 from scheduler_grpc.executions import Execution, ExecutionStatus
 
 _FENCED_IDLE_LIMIT = "SET LOCAL idle_in_transaction_session_timeout = '1s'"
@@ -88,6 +90,17 @@ class RecoveryRepository:
             limit,
         )
         return [queued_from_row(row) for row in rows]
+
+    async def abandon_expired(self, leases: Sequence[tuple[str, str]]) -> int:
+        """End the attempts whose leases the queue found expired, `(run_id, lease token)`: each still
+        `running` under that claim token is recorded `abandoned` (its worker is gone) and its run
+        gets the next attempt, `queued`, as a worker that lost its lease records it. So a run whose
+        worker vanished does not read `running` until some worker claims it again (with none
+        connected, that could be never). Token-conditional, so safe from any term and to resend:
+        a claim that took the run since, under a new token, is untouched. Returns how many ended."""
+        return await end_and_continue(
+            self._pool, leases, ExecutionStatus.ABANDONED, LOST_WORKER_ERROR, timedelta(0), by_run=True
+        )
 
     async def stale_running_runs(self, *, grace: timedelta, limit: int) -> list[Queued]:
         """Runs `running` for longer than their job's timeout plus `grace`: their worker is gone."""

@@ -393,7 +393,7 @@ class RunRepository:
         Returns:
             How many attempts were handed back.
         """
-        return await self._end_and_continue(items, ExecutionStatus.INTERRUPTED, reason, delay)
+        return await end_and_continue(self._pool, items, ExecutionStatus.INTERRUPTED, reason, delay)
 
     async def unclaim(self, items: Sequence[tuple[str, str]]) -> dict[str, ExecutionStatus]:
         """Undo the claims of reserved attempts `(execution_id, claim_token)` that never started.
@@ -445,45 +445,55 @@ class RunRepository:
         attempt, `queued`: whoever holds the run's queue item now claims that attempt, and if Redis
         lost the item altogether, reconcile enqueues it again.
         """
-        return await self._end_and_continue(items, ExecutionStatus.ABANDONED, LOST_WORKER_ERROR, timedelta(0))
+        return await end_and_continue(self._pool, items, ExecutionStatus.ABANDONED, LOST_WORKER_ERROR, timedelta(0))
 
-    async def _end_and_continue(
-        self, items: Sequence[tuple[str, str]], status: ExecutionStatus, error: str, delay: timedelta
-    ) -> int:
-        """End attempts `(execution_id, claim_token)` still `running` under their token with `status`
-        (`cancelled` instead where a cancel was requested) and give each run its next attempt,
-        `queued`, due after `delay`, with the same snapshot. Returns how many attempts ended."""
-        if not items:
-            return 0
-        rows = await self._pool.fetch(
-            f"""
-            WITH gone AS (
-                UPDATE job_executions e
-                SET status = CASE WHEN e.cancel_requested_at IS NULL THEN $3 ELSE 'cancelled' END,
-                    finished_at = now(), error = CASE WHEN e.cancel_requested_at IS NULL THEN $4 ELSE $5 END,
-                    -- A reserved attempt ended before its expected start (its lease lost while
-                    -- held) did not start later than now.
-                    started_at = least(e.started_at, now())
-                FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
-                WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
-                RETURNING e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, e.trace_context,
-                          e.limit_keys, {snapshot("e")}
-            ), next AS (
-                INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                            priority, trace_context, limit_keys, {SNAPSHOT_COLUMNS})
-                SELECT uuid_v7(), g.run_id, g.job_id, g.scheduled_for, g.attempt + 1, 'queued', 'retry',
-                       now() + $6::interval, g.priority, g.trace_context, g.limit_keys, {snapshot("g")}
-                FROM gone g WHERE g.status = $3
-                ON CONFLICT DO NOTHING
-                RETURNING id
-            )
-            SELECT (SELECT count(*) FROM gone) AS ended
-            """,
-            ids([execution_id for execution_id, _ in items]),
-            [token for _, token in items],
-            status.value,
-            outputs.bound_error(error),
-            CANCELLED_ERROR,
-            delay,
+
+async def end_and_continue(
+    pool: Queryable,
+    items: Sequence[tuple[str, str]],
+    status: ExecutionStatus,
+    error: str,
+    delay: timedelta,
+    *,
+    by_run: bool = False,
+) -> int:
+    """End attempts `(execution_id, claim_token)` still `running` under their token with `status`
+    (`cancelled` instead where a cancel was requested) and give each run its next attempt,
+    `queued`, due after `delay`, with the same snapshot. Returns how many attempts ended.
+
+    With `by_run`, items are `(run_id, claim_token)`: the run's attempt running under that token
+    (a token is unique per delivery, so it names one attempt)."""
+    if not items:
+        return 0
+    rows = await pool.fetch(
+        f"""
+        WITH gone AS (
+            UPDATE job_executions e
+            SET status = CASE WHEN e.cancel_requested_at IS NULL THEN $3 ELSE 'cancelled' END,
+                finished_at = now(), error = CASE WHEN e.cancel_requested_at IS NULL THEN $4 ELSE $5 END,
+                -- A reserved attempt ended before its expected start (its lease lost while
+                -- held) did not start later than now.
+                started_at = least(e.started_at, now())
+            FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
+            WHERE e.{"run_id" if by_run else "id"} = r.id AND e.claim_token = r.token AND e.status = 'running'
+            RETURNING e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, e.trace_context,
+                      e.limit_keys, {snapshot("e")}
+        ), next AS (
+            INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
+                                        priority, trace_context, limit_keys, {SNAPSHOT_COLUMNS})
+            SELECT uuid_v7(), g.run_id, g.job_id, g.scheduled_for, g.attempt + 1, 'queued', 'retry',
+                   now() + $6::interval, g.priority, g.trace_context, g.limit_keys, {snapshot("g")}
+            FROM gone g WHERE g.status = $3
+            ON CONFLICT DO NOTHING
+            RETURNING id
         )
-        return int(rows[0]["ended"])
+        SELECT (SELECT count(*) FROM gone) AS ended
+        """,
+        ids([execution_id for execution_id, _ in items]),
+        [token for _, token in items],
+        status.value,
+        outputs.bound_error(error),
+        CANCELLED_ERROR,
+        delay,
+    )
+    return int(rows[0]["ended"])

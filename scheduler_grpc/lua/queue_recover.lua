@@ -4,8 +4,9 @@
 -- KEYS[19]=grr KEYS[20]=kpark KEYS[21]=kqueued KEYS[22]=held KEYS[23]=holds
 -- ARGV[1]=most items to move ARGV[2]=max deliveries (max_stalls) ARGV[3]=dead-letter reason (e.g.
 -- 'stalled') ARGV[4]=ms a solo delivery that stalled waits before the next one
--- Returns: {requeued ids, dead-lettered ids}: items whose lease deadline passed (Redis clock), oldest
--- deadline first. Their lease is cleared, so the stale holder's ack/nack/extend fail from now on.
+-- Returns: {requeued ids, dead-lettered ids, the requeued ids' expired lease tokens (aligned with
+-- them)}: items whose lease deadline passed (Redis clock), oldest deadline first. The tokens let the
+-- scheduler end the attempts those leases held in PostgreSQL (their claim tokens). Their lease is cleared, so the stale holder's ack/nack/extend fail from now on.
 -- An item is dead-lettered only when its deliveries passed max and this was a solo delivery (its
 -- token ends in 's': it ran alone on its worker, see queue_dequeue), so a worker's death is charged
 -- to the item that ran alone on it, not to the items that merely shared it with a poison one. The
@@ -33,7 +34,7 @@ local expired = redis.call('ZRANGE', processing_key, '-inf', string.format('%.0f
   'LIMIT', 0, tonumber(ARGV[1]))
 local max_deliveries = tonumber(ARGV[2])
 
-local requeued, dead = {}, {}
+local requeued, dead, tokens = {}, {}, {}
 local woke = false
 for _, id in ipairs(expired) do
   local token = redis.call('HGET', lease_key, id) or ''
@@ -56,6 +57,7 @@ for _, id in ipairs(expired) do
     redis.call('ZADD', delayed_key, string.format('%.0f', now + tonumber(ARGV[4])), id)
     redis.call('SADD', solo_key, id)
     requeued[#requeued + 1] = id
+    tokens[#tokens + 1] = token
   else
     local priority = tonumber(redis.call('HGET', priority_key, id) or '0')
     if make_ready(id, priority) then
@@ -65,9 +67,10 @@ for _, id in ipairs(expired) do
       redis.call('SADD', solo_key, id)
     end
     requeued[#requeued + 1] = id
+    tokens[#tokens + 1] = token
   end
 end
 if woke then
   redis.call('ZADD', marker_key, 0, 'ready')
 end
-return {requeued, dead}
+return {requeued, dead, tokens}

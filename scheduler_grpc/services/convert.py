@@ -8,7 +8,6 @@ which field of its message is wrong.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -628,25 +627,19 @@ def event_types(values: Sequence[int], field: str = "types") -> frozenset[EventT
     return frozenset(types)
 
 
-@functools.lru_cache(maxsize=4096)
-def event_response(event: ExecutionEvent) -> executions_pb2.WatchExecutionsResponse:
-    """The stream message of an event; cached because every subscriber of a burst sends the same ones.
-
-    The result is shared: callers must not modify it.
-    """
-    return executions_pb2.WatchExecutionsResponse(
-        event=executions_pb2.ExecutionEvent(
-            cursor=event.cursor,
-            type=_EVENT_TYPE[event.type],
-            execution_id=event.execution_id,
-            run_id=event.run_id,
-            job_id=event.job_id,
-            attempt=event.attempt,
-            handler=event.handler,
-            worker_id=event.worker_id,
-            error=event.error,
-            event_time=timestamp(event.time),
-        )
+def event_to_proto(event: ExecutionEvent) -> executions_pb2.ExecutionEvent:
+    """An event as its message (the stream encodes each one once: `services.executions.EventWire`)."""
+    return executions_pb2.ExecutionEvent(
+        cursor=event.cursor,
+        type=_EVENT_TYPE[event.type],
+        execution_id=event.execution_id,
+        run_id=event.run_id,
+        job_id=event.job_id,
+        attempt=event.attempt,
+        handler=event.handler,
+        worker_id=event.worker_id,
+        error=event.error,
+        event_time=timestamp(event.time),
     )
 
 

@@ -277,13 +277,19 @@ def register(server: grpc.aio.Server, service: ServiceDescriptor, servicer: obje
         handlers[method.name] = kind(
             _guard(getattr(servicer, method.name)),
             request_deserializer=_deserializer(request_class),
-            response_serializer=response_class.SerializeToString,
+            response_serializer=_serialize if method.server_streaming else response_class.SerializeToString,
         )
     # Generic handlers only, not also `add_registered_method_handlers` as generated code does:
     # grpc.aio keeps one pending call request per registered method and waits on all of them for
     # every call (grpc/grpc#43461), which cost ~100 us per call with our ~40 methods. A generic
     # handler is looked up in a dict by method name: the same answer for ~25 us.
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+def _serialize(response: Message | bytes) -> bytes:
+    """A stream's response: a message, or the wire bytes of one, encoded once and shared by many
+    streams (WatchExecutions, `services.executions.EventWire`)."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 class GenericOnly:

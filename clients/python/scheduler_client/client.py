@@ -75,6 +75,8 @@ _LIMITS = _PKG + "LimitService/"
 
 CURSOR_METADATA = "x-scheduler-cursor"
 """Initial metadata of WatchExecutions: the cursor the subscription starts at (sent once it is live)."""
+WATCH_BATCH = 1000
+"""`WatchExecutionsRequest.max_events_per_response` of `watch_executions` (the server's cap)."""
 
 # Watch reconnects on these codes: a restarted or draining server, or a subscriber that fell behind.
 _RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -996,6 +998,9 @@ class SchedulerClient:
             handler=handler or "",
             cursor=cursor or "",
             flow_run_id=flow_run_id or "",
+            # Batched: the server sends what is ready in one message (its cap applies); yielded
+            # here one event at a time, each with its own cursor.
+            max_events_per_response=WATCH_BATCH,
         )
         failures = 0
         delay = reconnect_delay
@@ -1014,9 +1019,11 @@ class SchedulerClient:
                     subscribed.set()
                 async for response in call:
                     failures, delay = 0, reconnect_delay
-                    if response.event.cursor:
-                        request.cursor = response.event.cursor
-                    yield response.event
+                    # `event`: a server older than batching (it ignores `max_events_per_response`).
+                    for event in response.events or (response.event,):
+                        if event.cursor:
+                            request.cursor = event.cursor
+                        yield event
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _RESUMABLE or failures >= max_reconnects:
                     raise from_rpc_error(exc) from exc

@@ -250,24 +250,28 @@ class ExecutionEvent(_message.Message):
     def __init__(self, cursor: _Optional[str] = ..., type: _Optional[_Union[EventType, str]] = ..., execution_id: _Optional[str] = ..., run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., handler: _Optional[str] = ..., worker_id: _Optional[str] = ..., error: _Optional[str] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WatchExecutionsRequest(_message.Message):
-    __slots__ = ("job_ids", "types", "handler", "cursor", "flow_run_id")
+    __slots__ = ("job_ids", "types", "handler", "cursor", "flow_run_id", "max_events_per_response")
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     TYPES_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     FLOW_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_EVENTS_PER_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     job_ids: _containers.RepeatedScalarFieldContainer[str]
     types: _containers.RepeatedScalarFieldContainer[EventType]
     handler: str
     cursor: str
     flow_run_id: str
-    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., types: _Optional[_Iterable[_Union[EventType, str]]] = ..., handler: _Optional[str] = ..., cursor: _Optional[str] = ..., flow_run_id: _Optional[str] = ...) -> None: ...
+    max_events_per_response: int
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., types: _Optional[_Iterable[_Union[EventType, str]]] = ..., handler: _Optional[str] = ..., cursor: _Optional[str] = ..., flow_run_id: _Optional[str] = ..., max_events_per_response: _Optional[int] = ...) -> None: ...
 
 class WatchExecutionsResponse(_message.Message):
-    __slots__ = ("event",)
+    __slots__ = ("event", "events")
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     event: ExecutionEvent
-    def __init__(self, event: _Optional[_Union[ExecutionEvent, _Mapping]] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[ExecutionEvent]
+    def __init__(self, event: _Optional[_Union[ExecutionEvent, _Mapping]] = ..., events: _Optional[_Iterable[_Union[ExecutionEvent, _Mapping]]] = ...) -> None: ...
 
 class FlowNode(_message.Message):
     __slots__ = ("job_id", "job_name", "upstream_job_ids", "trigger_rule", "run_id", "execution_id", "state")

@@ -112,6 +112,7 @@ class ExecutionServiceServicer:
         """Streams execution events as they happen. Each event carries a cursor; reconnect with the last
         cursor seen to get every later event (within the stream's retention) and none twice. A
         subscriber too slow to keep up is ended with RESOURCE_EXHAUSTED and can resume from its cursor.
+        With `max_events_per_response` each response carries the events ready when it is sent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

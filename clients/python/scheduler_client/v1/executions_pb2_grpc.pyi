@@ -45,6 +45,7 @@ class ExecutionServiceStub:
     """Streams execution events as they happen. Each event carries a cursor; reconnect with the last
     cursor seen to get every later event (within the stream's retention) and none twice. A
     subscriber too slow to keep up is ended with RESOURCE_EXHAUSTED and can resume from its cursor.
+    With `max_events_per_response` each response carries the events ready when it is sent.
     """
     GetFlowRun: _grpc.UnaryUnaryMultiCallable[_executions_pb2.GetFlowRunRequest, _executions_pb2.GetFlowRunResponse]
     """Reads a flow run (job dependencies) with every node of it and the node's state."""
@@ -86,6 +87,7 @@ class ExecutionServiceAsyncStub(ExecutionServiceStub):
     """Streams execution events as they happen. Each event carries a cursor; reconnect with the last
     cursor seen to get every later event (within the stream's retention) and none twice. A
     subscriber too slow to keep up is ended with RESOURCE_EXHAUSTED and can resume from its cursor.
+    With `max_events_per_response` each response carries the events ready when it is sent.
     """
     GetFlowRun: _aio.UnaryUnaryMultiCallable[_executions_pb2.GetFlowRunRequest, _executions_pb2.GetFlowRunResponse]  # type: ignore[assignment]
     """Reads a flow run (job dependencies) with every node of it and the node's state."""
@@ -148,6 +150,7 @@ class ExecutionServiceServicer(metaclass=_abc_1.ABCMeta):
         """Streams execution events as they happen. Each event carries a cursor; reconnect with the last
         cursor seen to get every later event (within the stream's retention) and none twice. A
         subscriber too slow to keep up is ended with RESOURCE_EXHAUSTED and can resume from its cursor.
+        With `max_events_per_response` each response carries the events ready when it is sent.
         """
 
     @_abc_1.abstractmethod
