@@ -275,3 +275,14 @@ async def test_triggering_an_upstream_in_a_batch_starts_a_flow_run_per_item(api:
     assert {row["id"] for row in flows} == {result.execution.run_id for result in results}, (
         "a flow run's id is its run's"
     )
+
+
+async def test_concurrent_calls_with_the_same_request_ids_make_each_run_once(api: Harness) -> None:  # noqa: F811
+    job = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job()), metadata=api.admin)).job
+    items = [_item(job.id, f"same-{n}") for n in range(200)]
+    first, second, third = await asyncio.gather(_batch(api, items), _batch(api, items), _batch(api, items[::-1]))
+    ids = [result.execution.id for result in first]
+    assert [result.execution.id for result in second] == ids
+    assert [result.execution.id for result in third] == ids[::-1]
+    assert len(set(ids)) == 200
+    assert await _runs(api) == 200
