@@ -18,6 +18,14 @@ no prober, no worker: the runs stay queued); it prints RPCs/s, p50/p99 and the C
 server and of this client (`--json`: one JSON line: rps, p50_ms, p99_ms, errors, calls, CPU per
 call). `--method HealthCheck` does the same with health Check calls: the floor of a call (gRPC and
 the interceptors, no store) on the same machine in the same conditions.
+
+`--method BatchTriggerJobs` (issue 25's figure) creates one `test.echo` job and has `--callers`
+concurrent callers call BatchTriggerJobs back to back for `--seconds`, each call `--items` items
+with a request id of its own (every item a new run); the figure is the runs recorded in PostgreSQL
+per second (counted there at the end). Its floor, measured first on the same PostgreSQL: the raw
+INSERT of the same runs (`INSERT ... SELECT FROM unnest`, `--items` rows per statement, `--callers`
+connections, the job's snapshot and a request id each: the rows the RPC writes, without its
+idempotency and missed-slot checks, events, enqueue or gRPC), in rows/s; the table is emptied after it.
 """
 
 from __future__ import annotations
@@ -34,8 +42,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +55,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from floors import postgres_pid, tree_cpu_seconds  # noqa: E402
 from scheduler_client.v1 import (  # noqa: E402
     auth_pb2,
     auth_pb2_grpc,
@@ -57,6 +67,7 @@ from scheduler_client.v1 import (  # noqa: E402
     queue_pb2_grpc,
 )
 
+from scheduler_grpc.db.executions import SNAPSHOT, new_execution_id, snapshot  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
 from scheduler_grpc.embedded import embedded_servers, free_port  # noqa: E402
@@ -160,6 +171,120 @@ async def trigger_load(args: argparse.Namespace, target: str, server_pid: int) -
         print(f"codes: {dict(codes)}; CPU per call: server {figures['server_cpu_us_per_call']} us, "
               f"this client {figures['client_cpu_us_per_call']} us")  # fmt: skip
     return 1 if BAD_CODES & codes.keys() else 0
+
+
+async def raw_insert_floor(database_url: str, job_id: str, callers: int, rows: int, seconds: float) -> float:
+    """Rows/s of the bare INSERT of manual runs of `job_id`, `rows` per statement from `callers`
+    connections for `seconds`; the rows are deleted afterwards."""
+    columns = ", ".join(SNAPSHOT)
+    sql = f"""
+        INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at, priority,
+                                    request_id, {columns})
+        SELECT u.id, u.id, j.id, u.slot, 1, 'queued', 'manual', now(), j.priority, u.request_id, {snapshot("j")}
+        FROM unnest($1::uuid[], $2::timestamptz[], $4::text[]) AS u(id, slot, request_id) JOIN jobs j ON j.id = $3
+    """  # fmt: skip
+    pool = await create_pool(database_url, size=callers, connect_timeout=timedelta(seconds=5))
+    inserted = 0
+    try:
+        stop = time.perf_counter() + seconds
+        base = datetime.now(UTC)
+        job = uuid.UUID(job_id)
+
+        async def caller(i: int) -> None:
+            nonlocal inserted
+            n = 0
+            while time.perf_counter() < stop:
+                slots = [base + timedelta(microseconds=(n + k) * callers + i) for k in range(rows)]
+                ids = [new_execution_id() for _ in range(rows)]
+                await pool.execute(sql, ids, slots, job, [f"floor-{i}-{n + k}" for k in range(rows)])
+                n += rows
+                inserted += rows
+
+        began = time.perf_counter()
+        await asyncio.gather(*(caller(i) for i in range(callers)))
+        elapsed = time.perf_counter() - began
+        await pool.execute("TRUNCATE job_executions CASCADE")
+    finally:
+        await pool.close()
+    return inserted / elapsed
+
+
+async def batch_trigger_load(args: argparse.Namespace, target: str, server_pid: int, database_url: str) -> int:
+    """`--method BatchTriggerJobs`: the raw INSERT floor, then `--callers` concurrent callers of
+    `--items` items each, back to back for `--seconds`; runs/s counted in PostgreSQL."""
+    channel = grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])
+    try:
+        login = await auth_pb2_grpc.AuthServiceStub(channel).Login(
+            auth_pb2.LoginRequest(username="admin", password="admin123"), timeout=10
+        )
+        token = (("authorization", f"Bearer {login.token}"),)
+        stub = jobs_pb2_grpc.JobServiceStub(channel)
+        job = (
+            await stub.CreateJob(
+                jobs_pb2.CreateJobRequest(job=jobs_pb2.Job(name=f"bench-{os.getpid()}", handler="test.echo")),
+                metadata=token,
+                timeout=10,
+            )
+        ).job
+        floor = await raw_insert_floor(database_url, job.id, args.callers, args.items, min(args.seconds, 5.0))
+        latencies: list[float] = []
+        codes: collections.Counter[str] = collections.Counter()
+        items_ok = 0
+        stop = time.perf_counter() + args.seconds
+        prefix = uuid.uuid4().hex[:8]
+
+        async def caller(i: int) -> None:
+            nonlocal items_ok
+            n = 0
+            while time.perf_counter() < stop:
+                request = jobs_pb2.BatchTriggerJobsRequest(
+                    requests=[
+                        jobs_pb2.TriggerJobRequest(id=job.id, request_id=f"{prefix}-{i}-{n + k}")
+                        for k in range(args.items)
+                    ]
+                )
+                n += args.items
+                began = time.perf_counter()
+                try:
+                    answer = await stub.BatchTriggerJobs(request, metadata=token, timeout=60)
+                    codes["OK"] += 1
+                    items_ok += sum(1 for result in answer.results if result.code == 0)
+                except grpc.aio.AioRpcError as error:
+                    codes[error.code().name] += 1
+                latencies.append(time.perf_counter() - began)
+
+        pool = await create_pool(database_url, size=1, connect_timeout=timedelta(seconds=5))
+        try:
+            postgres = await postgres_pid(pool)
+            pg_before = tree_cpu_seconds(postgres) if postgres else 0.0
+            began, cpu_before = time.perf_counter(), cpu_seconds(server_pid)
+            await asyncio.gather(*(caller(i) for i in range(args.callers)))
+            elapsed, server_cpu = time.perf_counter() - began, cpu_seconds(server_pid) - cpu_before
+            pg_cpu = tree_cpu_seconds(postgres) - pg_before if postgres else None
+            recorded = int(await pool.fetchval("SELECT count(*) FROM job_executions WHERE trigger = 'manual'"))
+        finally:
+            await pool.close()
+    finally:
+        await channel.close()
+    figures = {
+        "method": args.method, "callers": args.callers, "items": args.items, "seconds": round(elapsed, 2),
+        "calls": len(latencies), "errors": len(latencies) - codes["OK"], "items_ok": items_ok,
+        "runs_recorded": recorded, "runs_per_s": round(recorded / elapsed, 1),
+        "raw_insert_rows_per_s": round(floor, 1),
+        "p50_ms": round(percentile(latencies, 0.5) * 1000, 2), "p99_ms": round(percentile(latencies, 0.99) * 1000, 2),
+        "server_cpu_us_per_run": round(server_cpu / max(recorded, 1) * 1e6, 1),
+        "postgres_cpu_us_per_run": None if pg_cpu is None else round(pg_cpu / max(recorded, 1) * 1e6, 1),
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(figures), flush=True)
+    else:
+        print(f"BatchTriggerJobs of {args.items} items from {args.callers} concurrent callers for {elapsed:.1f}s: "
+              f"{figures['runs_per_s']:,.0f} runs/s recorded ({recorded} runs, {items_ok} items OK), "
+              f"call p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms; raw INSERT floor "
+              f"{floor:,.0f} rows/s; CPU per run: server {figures['server_cpu_us_per_run']} us, "
+              f"PostgreSQL {figures['postgres_cpu_us_per_run']} us; "
+              f"codes {dict(codes)}")  # fmt: skip
+    return 1 if BAD_CODES & codes.keys() or recorded != items_ok else 0
 
 
 async def load(args: argparse.Namespace, target: str, metrics_port: int, server_pid: int) -> int:
@@ -287,6 +412,8 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> i
     try:
         target = f"127.0.0.1:{port}"
         await wait_serving(target, server)
+        if args.method == "BatchTriggerJobs":
+            return await batch_trigger_load(args, target, server.pid, database_url)
         if args.method in {"TriggerJob", "HealthCheck"}:
             return await trigger_load(args, target, server.pid)
         return await load(args, target, metrics_port, server.pid)
@@ -301,7 +428,10 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--streams", type=int, default=1_000)
     parser.add_argument("--channels", type=int, default=1)
-    parser.add_argument("--method", choices=("GetQueueStats", "TriggerJob", "HealthCheck"), default="GetQueueStats")
+    parser.add_argument(
+        "--method", choices=("GetQueueStats", "TriggerJob", "HealthCheck", "BatchTriggerJobs"), default="GetQueueStats"
+    )
+    parser.add_argument("--items", type=int, default=1000, help="BatchTriggerJobs: items per call")
     parser.add_argument("--callers", type=int, default=50, help="TriggerJob: concurrent callers")
     parser.add_argument("--seconds", type=float, default=10.0, help="TriggerJob: how long they call")
     parser.add_argument("--json", action="store_true", help="TriggerJob/HealthCheck: print one JSON line of figures")

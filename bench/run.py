@@ -89,6 +89,15 @@ MEASUREMENTS = (
         "TriggerJob from 50 concurrent callers on one channel, one server process",
     ),
     Measurement(
+        "bulk-trigger",
+        "api_load_bench.py",
+        ("--method", "BatchTriggerJobs", "--callers", "10", "--items", "1000", "--seconds", "10", "--json"),
+        ("--method", "BatchTriggerJobs", "--callers", "10", "--items", "1000", "--seconds", "2", "--json"),
+        180,
+        "BatchTriggerJobs of 1,000 items (a request id each) from 10 concurrent callers, one server process; "
+        "runs counted in PostgreSQL; floor: the raw INSERT of the same rows, 10 connections, just before",
+    ),
+    Measurement(
         "timer-floor",
         "floors.py",
         ("timer", "--timers", "1000", "--seconds", "10"),
@@ -369,6 +378,26 @@ ROWS = (
         "no-op gRPC p99",
     ),
     Row(
+        "BatchTriggerJobs: runs recorded/s (10 callers, 1,000 items per call)",
+        ("bulk-trigger", "runs_per_s"),
+        "/s",
+        ("≥", 20000),
+        floor_of("bulk-trigger", "raw_insert_rows_per_s"),
+        "raw INSERT…SELECT FROM unnest rows/s",
+    ),
+    Row(
+        "BatchTriggerJobs: server CPU per run",
+        ("bulk-trigger", "server_cpu_us_per_run"),
+        "µs",
+        None,
+    ),
+    Row(
+        "BatchTriggerJobs: PostgreSQL CPU per run",
+        ("bulk-trigger", "postgres_cpu_us_per_run"),
+        "µs",
+        None,
+    ),
+    Row(
         "lateness p50 (1,000 per-second cron, 60 s)",
         ("lateness", "lateness_p50_ms"),
         "ms",
@@ -535,6 +564,8 @@ Floors (measured in the same run, on the same servers, right before or beside th
   raw Lua dequeue      one Lua script: ZPOPMIN 50 from a sorted set + ZADD them to another, one caller
   raw UPDATE…FROM unnest  `UPDATE t SET status, finished_at FROM unnest($1::bigint[])`, 50 rows/statement, 4 connections
   no-op gRPC           a grpc.aio server (own process) with a no-op unary method, 50 concurrent callers, one channel
+  raw INSERT…SELECT FROM unnest  the rows BatchTriggerJobs writes (a job's snapshot, a request id each), 1,000 per
+                       statement from 10 connections, without its checks, events, enqueue or gRPC
   1,000 timers/s       1,000 uvloop call_at timers due at each whole second for 10 s: (ran - due)
   SELECT now() round trip  the least any statement of a scan tick costs, same pool, same moment
   10,000 ÷ drain rate  the burst cannot all start sooner than the worker can run 10,000 executions
@@ -648,6 +679,10 @@ def notes(results: dict[str, Any]) -> list[str]:
         out.append(f"failover: {failover.get('kill9_rounds')} kill -9 and {failover.get('sigterm_rounds')} SIGTERM"
                    f" rounds, leader TTL {failover.get('leader_ttl_s')} s, checker violations:"
                    f" {failover.get('violations') or 'none'}")  # fmt: skip
+    if bulk := figures.get("bulk-trigger"):
+        out.append(f"bulk-trigger: {bulk.get('runs_recorded')} runs recorded from {bulk.get('calls')} calls "
+                   f"({bulk.get('errors')} failed), call p50 {bulk.get('p50_ms')} ms, "
+                   f"p99 {bulk.get('p99_ms')} ms")  # fmt: skip
     if drain := figures.get("drain"):
         out.append(f"drain: {drain.get('runs')} runs in {drain.get('drain_seconds', float('nan')):.1f} s")
     return out

@@ -187,6 +187,7 @@ METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "/scheduler.v1.JobService/PauseJob": _O,
     "/scheduler.v1.JobService/ResumeJob": _O,
     "/scheduler.v1.JobService/TriggerJob": _O,
+    "/scheduler.v1.JobService/BatchTriggerJobs": _O,
     "/scheduler.v1.JobService/PreviewSchedule": _V,
     "/scheduler.v1.JobService/BackfillJob": _A,
     "/scheduler.v1.JobService/BatchPauseJobs": _O,

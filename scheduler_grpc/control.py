@@ -10,9 +10,9 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 
@@ -37,22 +37,23 @@ from scheduler_grpc.db.search import DeadLetter as DeadLetter  # noqa: PLC0414 -
 from scheduler_grpc.db.search import SearchQueries
 from scheduler_grpc.db.search import Series as Series  # noqa: PLC0414 - re-exported: the charts' aggregates
 from scheduler_grpc.dispatch import Queues, cancel_runs, dispatch_committed, enqueue_runs
-from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from scheduler_grpc.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, SchedulerError
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
-from scheduler_grpc.flows import FlowRun
-from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, validate_job
+from scheduler_grpc.flows import FlowRun, check_references
+from scheduler_grpc.jobs import Job, JobSpec, JobStatus, PayloadValidator, check_json, validate_job
 from scheduler_grpc.limit_sync import Definitions, LimitSync
 from scheduler_grpc.queue import MAX_BATCH, DeadPage, Queue, QueueStats
 from scheduler_grpc.queue import DeadItem as DeadItem  # noqa: PLC0414 - re-exported: what dead-letter pages hold
 from scheduler_grpc.queue_depth import Sample as Sample  # noqa: PLC0414 - re-exported: depth samples
 from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.schedule import CronSchedule, FireTime, fire_times
-from scheduler_grpc.trigger_batch import TriggerBatcher
+from scheduler_grpc.trigger_batch import BulkRequest, TriggerBatcher
 
 if TYPE_CHECKING:
     from scheduler_grpc.control_users import UserAdmin
 
 MAX_REQUEST_ID_LENGTH = 128
+MAX_TRIGGER_ITEMS = 1000  # items of one BatchTriggerJobs call (one statement's rows)
 MAX_BACKFILL_SLOTS = 1000
 # An update without an expected version merges onto the job as read; if someone else writes in
 # between, the merge is redone on the new version ("last writer wins", not ABORTED).
@@ -61,6 +62,16 @@ DEFAULT_MISFIRE_GRACE = timedelta(seconds=60)  # SCHEDULER_MISFIRE_GRACE's defau
 DEFAULT_READ_TIMEOUT = timedelta(seconds=5)  # the console's list and overview reads
 # Queue objects kept for the queue names requests mention (a few KB each; any valid name is asked).
 QUEUE_CACHE_SIZE = 512
+
+
+@dataclass(frozen=True)
+class TriggerItem:
+    """One run asked for by `Control.trigger_many`: the job's id, the request id making it
+    idempotent, and a payload instead of the job's (None: the job's)."""
+
+    job_id: str
+    request_id: str | None = None
+    payload: dict[str, Any] | None = None
 
 
 def _is_uuid(value: str) -> bool:
@@ -321,6 +332,96 @@ class Control:
         if result.outcome is TriggerOutcome.MISSED:  # a clock far behind the scheduler's
             raise FailedPrecondition(f"id: now lies inside a range of missed slots of job {job_id}; retry later")
         return result
+
+    async def trigger_many(self, items: Sequence[TriggerItem]) -> list[Execution | SchedulerError]:
+        """Many manual runs in one call (BatchTriggerJobs): one per item, each as `trigger_execution`
+        would make it, with its own `request_id` and, optionally, a payload instead of its job's.
+
+        Every item is validated first (nothing is written when one is invalid); then the runs are
+        made in one statement (`TriggerBatcher.trigger_all`), enqueued and announced together.
+
+        Returns:
+            Per item, in order: its run's first attempt (new, or the one an earlier request with its
+            `request_id` made), or the error it alone would have raised (`NotFound`: no such job;
+            `FailedPrecondition`: now lies in a missed range; `Aborted`: kept colliding).
+
+        Raises:
+            InvalidArgument: no items or more than `MAX_TRIGGER_ITEMS` (`requests`), or an invalid
+                item, named with its index (`requests[3].id`, `requests[3].request_id`,
+                `requests[3].payload.url`); a request id repeated for one job is invalid too.
+        """
+        if not items:
+            raise InvalidArgument("requests", "at least one item")
+        if len(items) > MAX_TRIGGER_ITEMS:
+            raise InvalidArgument("requests", f"at most {MAX_TRIGGER_ITEMS} items per call")
+        requests: list[BulkRequest] = []
+        seen: dict[tuple[str, str], int] = {}
+        job_ids: dict[str, str] = {}  # as given -> canonical (calls tend to name a few jobs many times)
+        for index, item in enumerate(items):
+            job_id = job_ids.get(item.job_id, "")
+            if not job_id:
+                try:
+                    job_id = job_ids[item.job_id] = str(uuid.UUID(item.job_id))
+                except (ValueError, AttributeError, TypeError):
+                    raise InvalidArgument(f"requests[{index}].id", f"{item.job_id!r:.80} is not a valid id") from None
+            try:
+                request_id = _check_request_id(item.request_id)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"requests[{index}].request_id", exc.message) from None
+            if request_id is not None:
+                first = seen.setdefault((job_id, request_id), index)
+                if first != index:
+                    raise InvalidArgument(
+                        f"requests[{index}].request_id", f"repeats requests[{first}]'s for the same job"
+                    )
+            if item.payload is not None:
+                check_json(item.payload, f"requests[{index}].payload")
+            requests.append(BulkRequest(job_id, request_id, item.payload))
+        requests = await self._validated_payloads(requests)
+        results = await self._triggers.trigger_all(requests)
+        answers: list[Execution | SchedulerError] = []
+        for request, result in zip(requests, results, strict=True):
+            if result.execution is not None:
+                answers.append(result.execution)
+            elif result.outcome is TriggerOutcome.NO_JOB:
+                answers.append(NotFound(f"job {request.job_id} not found"))
+            elif result.outcome is TriggerOutcome.MISSED:
+                missed = f"id: now lies inside a range of missed slots of job {request.job_id}; retry later"
+                answers.append(FailedPrecondition(missed))
+            else:
+                answers.append(Aborted("the trigger kept colliding with other runs; retry"))
+        return answers
+
+    async def _validated_payloads(self, requests: list[BulkRequest]) -> list[BulkRequest]:
+        """`requests` with each payload override checked against its job's handler, as a job's own
+        payload is (`validate_job`), and normalised. A job that does not exist is left to the insert,
+        which answers NOT_FOUND for it alone.
+
+        Raises:
+            InvalidArgument: naming `requests[<index>].payload...`.
+        """
+        overriding = {request.job_id for request in requests if request.payload is not None}
+        if not overriding:
+            return requests
+        handlers = await self._jobs.handlers_of(sorted(overriding))
+        checked: list[BulkRequest] = []
+        for index, request in enumerate(requests):
+            if request.payload is None or request.job_id not in handlers:
+                checked.append(request)
+                continue
+            handler, _queue = handlers[request.job_id]
+            try:
+                check_references(request.payload)
+                if self._in_process_queue is not None and handler not in self._handlers:
+                    payload = self._handlers.validate_remote(handler, request.payload)
+                else:
+                    payload = self._handlers.validate(handler, request.payload)
+            except InvalidArgument as exc:
+                field = exc.field if exc.field.startswith("payload") else "payload"
+                message = exc.message if field == exc.field else f"{exc.field}: {exc.message}"
+                raise InvalidArgument(f"requests[{index}].{field}", message) from None
+            checked.append(replace(request, payload=payload))
+        return checked
 
     async def backfill_range(self, job_id: str, start: datetime, end: datetime) -> list[Execution]:
         """One run per slot of a cron job's schedule in [start, end) that has none yet (trigger

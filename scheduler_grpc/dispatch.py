@@ -119,7 +119,16 @@ async def dispatch_new_runs(redis: Redis, queues: Queues, runs: Sequence[Queued]
     """
     if not runs:
         return 0
-    await events.publish(redis, created_events(runs))
+    now = now or datetime.now(UTC)
+    # Encoded straight from the runs, at one time for the batch, and without reading the stream ids
+    # back: ~2 us per run less than `publish(created_events(runs))` (a BatchTriggerJobs call has 1,000).
+    stamp = now.isoformat()
+    encoded = [
+        events.encode_fields(EventType.CREATED, run.run_id, run.run_id, run.job_id, 1, handler=run.handler,
+                             worker_id="", error="", time=stamp)
+        for run in runs
+    ]  # fmt: skip
+    await events.publish_encoded(redis, encoded, ids=False)
     return await enqueue_runs(queues, runs, now)
 
 

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from scheduler_grpc import stores, tracing
 from scheduler_grpc.db.executions import Queued, TriggerOutcome, TriggerRequest, TriggerResult
@@ -47,6 +47,15 @@ MAX_COLLISIONS: Final = 5  # fresh slots tried for one request before giving up 
 BATCH_TIMEOUT: Final = timedelta(seconds=30)  # one batch's statement (the dispatch after it has its own bound)
 
 Dispatch = Callable[[Sequence[Queued]], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class BulkRequest:
+    """One run asked for by a BatchTriggerJobs call: a job (a UUID), its request id and payload."""
+
+    job_id: str
+    request_id: str | None = None
+    payload: dict[str, Any] | None = None  # validated against the job's handler
 
 
 @dataclass(eq=False)
@@ -140,6 +149,61 @@ class TriggerBatcher:
         finally:
             span.end()
 
+    async def trigger_all(self, requests: Sequence[BulkRequest]) -> list[TriggerResult]:
+        """Manual runs for the requests of ONE call (BatchTriggerJobs), in one statement of their own:
+        such a call is a batch already, so it does not queue behind the TriggerJob calls' batches.
+        Requests must be valid (`job_id` a UUID, payloads checked) and distinct per (job, request_id).
+
+        Requests whose slot collided are tried again with fresh slots, `MAX_COLLISIONS` times in all;
+        one still colliding after that comes back COLLIDED. A statement error that may come from a
+        request's data (a job deleted between the statement's read and its insert) makes it run once
+        more; a second one is raised, and nothing of it was committed.
+
+        Returns:
+            One result per request, in their order: CREATED (enqueued, or left to the leader's
+            reconcile if Redis failed the enqueue), REPEATED, NO_JOB, MISSED or COLLIDED.
+        """
+        if not tracing.enabled:
+            return await self._trigger_all(requests, None)
+        span = tracing.start("run.trigger", attributes={"scheduler.trigger_count": len(requests)})
+        try:
+            return await self._trigger_all(requests, tracing.traceparent(span))
+        except BaseException as exc:
+            tracing.span_error(span, repr(exc))
+            raise
+        finally:
+            span.end()
+
+    async def _trigger_all(self, requests: Sequence[BulkRequest], trace_context: str | None) -> list[TriggerResult]:
+        results: list[TriggerResult | None] = [None] * len(requests)
+        todo = list(range(len(requests)))
+        for attempt in range(MAX_COLLISIONS):
+            asked = [requests[i] for i in todo]
+            slots = self._slots(len(asked))
+            batch = [
+                TriggerRequest(r.job_id, slot, r.request_id, trace_context, r.payload)
+                for r, slot in zip(asked, slots, strict=True)
+            ]
+            async with asyncio.timeout(BATCH_TIMEOUT.total_seconds()):
+                try:
+                    answers = await self._executions.trigger_now(batch)
+                except Exception as exc:
+                    if attempt > 0 or not stores.is_request_error(exc):
+                        raise
+                    answers = await self._executions.trigger_now(batch)
+            created = [answer.run for answer in answers if answer.run is not None]
+            if created:
+                try:
+                    await self._dispatch(created)
+                except Exception:  # committed: the leader's reconcile enqueues them (see `_execute`)
+                    log.exception("dispatching triggered runs failed after their commit", extra={"runs": len(created)})
+            for i, answer in zip(todo, answers, strict=True):
+                results[i] = answer
+            todo = [i for i, answer in zip(todo, answers, strict=True) if answer.outcome is TriggerOutcome.COLLIDED]
+            if not todo:
+                break
+        return [result for result in results if result is not None]
+
     def _slot(self) -> datetime:
         """Now, but never the same microsecond twice in this process."""
         now = datetime.now(UTC)
@@ -147,6 +211,12 @@ class TriggerBatcher:
             now = self._last_slot + timedelta(microseconds=1)
         self._last_slot = now
         return now
+
+    def _slots(self, count: int) -> list[datetime]:
+        """`count` slots as `_slot` hands them out, reading the clock once."""
+        first = self._slot()
+        self._last_slot = first + timedelta(microseconds=count - 1)
+        return [first + timedelta(microseconds=n) for n in range(count)]
 
     def _pump(self) -> None:
         while self._pending and self._in_flight < self._max_in_flight:

@@ -41,6 +41,7 @@ _FILE_TIERS = {
     "test_console_browser.py": "browser",
     "test_chaos.py": "chaos",
     "test_client_node.py": "node",
+    "test_client_node_bulk.py": "node",
     "test_remote_worker_node.py": "node",
 }
 _ENGINE_FILES = {"test_topology.py"}  # `scheduler-grpc up` with its own embedded servers

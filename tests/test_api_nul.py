@@ -147,6 +147,9 @@ def valid_requests(known: Known) -> dict[str, Callable[[str], Message]]:
             update_mask=field_mask_pb2.FieldMask(paths=_mask(path)),
         ),
         "TriggerJob": lambda _: jobs_pb2.TriggerJobRequest(id=job.id, request_id=uuid.uuid4().hex),
+        "BatchTriggerJobs": lambda _: jobs_pb2.BatchTriggerJobsRequest(
+            requests=[jobs_pb2.TriggerJobRequest(id=job.id, request_id=uuid.uuid4().hex)]
+        ),
         "PreviewSchedule": lambda _: jobs_pb2.PreviewScheduleRequest(
             schedule=jobs_pb2.Schedule(cron="*/5 * * * *", time_zone="UTC"), count=3
         ),

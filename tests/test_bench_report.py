@@ -149,3 +149,20 @@ def test_limits_bench_windows_and_drain_rate() -> None:
     assert module.max_in_window([0.0, 0.5, 1.0, 1.5]) == 2  # half-open: 1.0 is not in [0, 1)
     assert module.max_in_window([]) == 0
     assert module.drain_rate([1.0, 2.0], 10) is None
+
+
+def test_bulk_trigger_rows_judge_runs_per_second_beside_the_raw_insert_floor(harness: ModuleType) -> None:
+    figures = {"runs_per_s": 21000.0, "raw_insert_rows_per_s": 30000.0, "server_cpu_us_per_run": 40.0,
+               "postgres_cpu_us_per_run": 30.0, "runs_recorded": 210000, "calls": 210, "errors": 0}  # fmt: skip
+    rows = by_figure(harness.build_rows({"bulk-trigger": {"figures": figures, "error": ""}}))
+    runs = rows["BatchTriggerJobs: runs recorded/s (10 callers, 1,000 items per call)"]
+    assert runs["result"] == "pass"
+    assert runs["ratio"] == pytest.approx(0.7)
+    assert runs["target"] == "≥ 20,000 /s"
+    assert rows["BatchTriggerJobs: server CPU per run"]["value"] == 40.0
+    slow = by_figure(harness.build_rows({"bulk-trigger": {"figures": {**figures, "runs_per_s": 5000.0}, "error": ""}}))
+    assert slow["BatchTriggerJobs: runs recorded/s (10 callers, 1,000 items per call)"]["result"] == "MISS"
+    assert any(
+        note.startswith("bulk-trigger: 210000 runs recorded")
+        for note in harness.notes({"bulk-trigger": {"figures": figures}})
+    )

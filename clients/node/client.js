@@ -19,12 +19,14 @@
  * carrying the gRPC status code (`code`, a number, and `codeName`, e.g. 'NOT_FOUND').
  */
 
+const crypto = require('node:crypto');
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 
 const DEFAULT_ADDRESS = '127.0.0.1:50051';
 const DEFAULT_TIMEOUT_MS = 10000;
+const MAX_TRIGGER_ITEMS = 1000; // items of one BatchTriggerJobs call at most
 const PROTO_ROOT = process.env.SCHEDULER_PROTOS || path.resolve(__dirname, '..', '..', 'protos');
 const PROTO_FILES = ['auth', 'jobs', 'executions', 'queue', 'cluster', 'users', 'limits', 'workers'].map((name) => `scheduler/v1/${name}.proto`);
 const SERVICES = ['AuthService', 'JobService', 'ExecutionService', 'QueueService', 'ClusterService', 'UserService', 'LimitService'];
@@ -136,8 +138,45 @@ class SchedulerClient {
     await this.call('JobService', 'DeleteJob', { id });
   }
 
-  async triggerJob(id, requestId = '') {
-    return (await this.call('JobService', 'TriggerJob', { id, request_id: requestId })).execution;
+  /** Run a job now; `payload` (an object) replaces the job's for this run. */
+  async triggerJob(id, requestId = '', payload = null) {
+    const request = { id, request_id: requestId };
+    if (payload !== null && payload !== undefined) request.payload = toStruct(payload);
+    return (await this.call('JobService', 'TriggerJob', request)).execution;
+  }
+
+  /**
+   * Many runs at once (BatchTriggerJobs, in calls of MAX_TRIGGER_ITEMS): one per item, a job id or
+   * `{ id, requestId, payload }` (a request id is generated when missing, so a retry runs nothing
+   * twice). Resolves with one result per item, in order: `{ execution }`, or `{ error }` (a
+   * SchedulerClientError: e.g. NOT_FOUND for a job that does not exist; the other items ran).
+   * Rejects with INVALID_ARGUMENT naming an invalid item by its index (`requests[1042].payload.n`);
+   * nothing of that item's call ran (calls before it did).
+   */
+  async batchTriggerJobs(items, { timeoutMs = this.timeoutMs } = {}) {
+    const requests = items.map((item) => {
+      const { id, requestId = '', payload = null } = typeof item === 'string' ? { id: item } : item;
+      const request = { id, request_id: requestId || crypto.randomUUID() };
+      if (payload !== null && payload !== undefined) request.payload = toStruct(payload);
+      return request;
+    });
+    const results = [];
+    for (let offset = 0; offset < requests.length; offset += MAX_TRIGGER_ITEMS) {
+      let response;
+      try {
+        response = await this.call('JobService', 'BatchTriggerJobs',
+          { requests: requests.slice(offset, offset + MAX_TRIGGER_ITEMS) }, { timeoutMs });
+      } catch (error) {
+        const found = /^requests\[(\d+)\]/.exec(error.message);
+        if (offset === 0 || error.code !== grpc.status.INVALID_ARGUMENT || found === null) throw error;
+        const message = `requests[${Number(found[1]) + offset}]${error.message.slice(found[0].length)}`;
+        throw new SchedulerClientError(error.code, message);
+      }
+      for (const result of response.results) {
+        results.push(result.code === 0 ? { execution: result.execution } : { error: new SchedulerClientError(result.code, result.message) });
+      }
+    }
+    return results;
   }
 
   async getExecution(id) {
@@ -251,6 +290,7 @@ function fromTimestamp(stamp) {
 module.exports = {
   DEFAULT_ADDRESS,
   DEFAULT_TIMEOUT_MS,
+  MAX_TRIGGER_ITEMS,
   SchedulerClient,
   SchedulerClientError,
   loadPackage,

@@ -108,6 +108,18 @@ def new_execution_id() -> uuid.UUID:
     )
 
 
+def new_execution_ids(count: int) -> list[str]:
+    """`count` ids as `new_execution_id` makes them, as 32 hex digits (asyncpg's uuid codec parses
+    them in C): one clock read and one `os.urandom` for all, a third of the CPU of `count` calls."""
+    high = ((time.time_ns() // 1_000_000) << 80) | (0x7 << 76) | (0b10 << 62)
+    raw = os.urandom(10 * count)
+    ids: list[str] = []
+    for start in range(0, 10 * count, 10):
+        random = int.from_bytes(raw[start : start + 10], "big")
+        ids.append(f"{high | (((random >> 62) & 0xFFF) << 64) | (random & _LOW_62):032x}")
+    return ids
+
+
 def execution_from_row(row: asyncpg.Record) -> Execution:
     return Execution(
         id=str(row["id"]),
@@ -199,6 +211,7 @@ class TriggerRequest:
     slot: datetime
     request_id: str | None = None
     trace_context: str | None = None  # the `traceparent` of the span that asked for the run (tracing on)
+    payload: dict[str, Any] | None = None  # the run's payload instead of the job's (validated), if any
 
 
 class TriggerOutcome(enum.Enum):

@@ -16,6 +16,7 @@ import asyncpg
 
 from scheduler_grpc.db.executions import (
     COLUMNS,
+    SNAPSHOT,
     SNAPSHOT_COLUMNS,
     Advance,
     PlannedSlot,
@@ -30,6 +31,7 @@ from scheduler_grpc.db.executions import (
     key_error_of,
     keys_of,
     new_execution_id,
+    new_execution_ids,
     queued_from_row,
     resolved_limit_keys,
     snapshot,
@@ -43,6 +45,10 @@ log = logging.getLogger(__name__)
 # `dead` at once when its limit keys cannot be resolved (it never blocks a key), else `queued`.
 _STATUS = "CASE WHEN jsonb_typeof(resolved) = 'string' THEN 'dead' ELSE 'queued' END"
 _FINISHED = "CASE WHEN jsonb_typeof(resolved) = 'string' THEN now() END"
+# A manual run's snapshot of its job `j`, with the payload its request `r` gave instead, if any.
+_SNAPSHOT_OVERRIDDEN = ", ".join(
+    "coalesce(r.payload, j.payload) AS payload" if column == "payload" else f"j.{column}" for column in SNAPSHOT
+)
 
 
 class FiringRepository:
@@ -281,12 +287,13 @@ class FiringRepository:
         return await self._pool.fetch(
             f"""
             WITH r AS (
-                -- $6 is empty (NULLs) when tracing is off.
-                SELECT * FROM unnest($1::integer[], $2::uuid[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[])
-                    AS r(ord, id, job_id, slot, request_id, trace_context)
+                -- $6 is empty (NULLs) when tracing is off, $7 when no request overrides its payload.
+                SELECT * FROM unnest($1::integer[], $2::uuid[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[],
+                                     $7::jsonb[])
+                    AS r(ord, id, job_id, slot, request_id, trace_context, payload)
             ), eligible AS (
-                SELECT r.id, r.job_id, r.slot, r.request_id, r.trace_context, j.priority, {snapshot("j")},
-                       {resolved_limit_keys("j.limits", "j.payload")} AS resolved
+                SELECT r.id, r.job_id, r.slot, r.request_id, r.trace_context, j.priority, {_SNAPSHOT_OVERRIDDEN},
+                       {resolved_limit_keys("j.limits", "coalesce(r.payload, j.payload)")} AS resolved
                 FROM r JOIN jobs j ON j.id = r.job_id
                 WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
                     SELECT 1 FROM (
@@ -315,9 +322,10 @@ class FiringRepository:
             ORDER BY r.ord
             """,
             list(range(len(requests))),
-            [new_execution_id() for _ in requests],
-            [uuid.UUID(request.job_id) for request in requests],
+            new_execution_ids(len(requests)),
+            [request.job_id for request in requests],  # UUID text: asyncpg encodes it without a UUID object
             [request.slot for request in requests],
             [request.request_id for request in requests],
             [request.trace_context for request in requests] if any(r.trace_context for r in requests) else [],
+            [request.payload for request in requests] if any(r.payload is not None for r in requests) else [],
         )

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import enum
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -244,6 +245,13 @@ class JobRepository:
         if row is None:
             raise NotFound(f"job {job_id} not found")
         return job_from_row(row)
+
+    async def handlers_of(self, job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """The handler and queue of each job of `job_ids` (UUIDs) that exists, by id."""
+        rows = await self._pool.fetch(
+            "SELECT id::text, handler, queue FROM jobs WHERE id = ANY($1::uuid[])", [uuid.UUID(i) for i in job_ids]
+        )
+        return {row["id"]: (row["handler"], row["queue"]) for row in rows}
 
     async def get_by_name(self, name: str) -> Job:
         row = await self._pool.fetchrow(f"SELECT {_API_COLUMNS} FROM jobs WHERE name = $1", name)

@@ -516,27 +516,45 @@ def schedule_policies(message: jobs_pb2.Schedule, path: str = "schedule") -> tup
 # -- executions and events --------------------------------------------------------------------------
 
 
+def _set_time(field: timestamp_pb2.Timestamp, value: datetime) -> None:
+    """`timestamp(value)` written into `field` in place (no message made and copied)."""
+    delta = value - _EPOCH
+    field.seconds = delta.days * 86_400 + delta.seconds
+    field.nanos = delta.microseconds * 1000
+
+
 def execution_to_proto(execution: Execution) -> executions_pb2.Execution:
+    # Only the fields that are set, times written in place: an unset field passed as None or "" to
+    # the constructor cost as much as a set one, and a Timestamp made to be copied in twice that
+    # (2 us instead of 4 for a new run; a BatchTriggerJobs answer has 1,000).
     message = executions_pb2.Execution(
         id=execution.id,
         run_id=execution.run_id,
         job_id=execution.job_id,
-        schedule_time=timestamp(execution.scheduled_for),
         attempt=execution.attempt,
         state=_EXECUTION_STATE[execution.status],
         trigger=_TRIGGER[execution.trigger],
-        due_time=timestamp(execution.due_at),
         priority=execution.priority,
-        worker_id=execution.worker_id or "",
-        create_time=timestamp(execution.created_at),
-        start_time=timestamp(execution.started_at),
-        end_time=timestamp(execution.finished_at),
-        error=execution.error or "",
-        missed_through=timestamp(execution.missed_through),
-        missed_count=execution.missed_count or 0,
-        flow_run_id=execution.flow_run_id or "",
-        trace_id=execution.trace_id or "",
     )
+    _set_time(message.schedule_time, execution.scheduled_for)
+    _set_time(message.due_time, execution.due_at)
+    _set_time(message.create_time, execution.created_at)
+    if execution.worker_id:
+        message.worker_id = execution.worker_id
+    if execution.started_at is not None:
+        _set_time(message.start_time, execution.started_at)
+    if execution.finished_at is not None:
+        _set_time(message.end_time, execution.finished_at)
+    if execution.error:
+        message.error = execution.error
+    if execution.missed_through is not None:
+        _set_time(message.missed_through, execution.missed_through)
+    if execution.missed_count:
+        message.missed_count = execution.missed_count
+    if execution.flow_run_id:
+        message.flow_run_id = execution.flow_run_id
+    if execution.trace_id:
+        message.trace_id = execution.trace_id
     if execution.blocked_by is not None:
         why = execution.blocked_by
         message.blocked_by.CopyFrom(

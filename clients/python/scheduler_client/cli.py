@@ -42,11 +42,13 @@ from scheduler_client.client import (
     FLOW_RUN_STATE,
     JOB_STATE,
     LIMIT_KIND,
+    MAX_TRIGGER_ITEMS,
     MISFIRE_POLICY,
     ROLE,
     TRIGGER_RULE,
     USER_STATE,
     SchedulerClient,
+    TriggerItem,
     parse_limit_ref,
     to_datetime,
 )
@@ -476,9 +478,101 @@ async def _flow_started(ctx: Context, run_id: str) -> None:
     print(f"Flow run {flow.id} started ({flow.node_count} jobs): schedctl flows get {flow.id}", flush=True)
 
 
+def read_trigger_items(source: str) -> list[tuple[int, dict[str, Any]]]:
+    """The items of `jobs trigger --items FILE` (`-`: standard input): one JSON object per line,
+    `{"job": "<id or name>", "payload": {...}, "request_id": "..."}` (payload and request_id
+    optional), with their line numbers; blank lines are skipped."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).expanduser().read_text()
+    except OSError as exc:
+        raise UsageError(f"--items: cannot read {source}: {exc.strerror}") from None
+    items: list[tuple[int, dict[str, Any]]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"--items: line {number}: not valid JSON: {exc}") from None
+        if not isinstance(item, dict) or not isinstance(item.get("job"), str) or not item["job"]:
+            raise UsageError(f'--items: line {number}: expected an object with "job" (an id or name)')
+        unknown = set(item) - {"job", "payload", "request_id"}
+        if unknown:
+            raise UsageError(f"--items: line {number}: unknown key {sorted(unknown)[0]!r} (job, payload, request_id)")
+        if item.get("payload") is not None and not isinstance(item["payload"], dict):
+            raise UsageError(f"--items: line {number}: payload must be a JSON object")
+        if item.get("request_id") is not None and not isinstance(item["request_id"], str):
+            raise UsageError(f"--items: line {number}: request_id must be a string")
+        items.append((number, item))
+    if not items:
+        raise UsageError(f"--items: no items in {source}")
+    return items
+
+
+async def _trigger_many(ctx: Context) -> int:
+    """`jobs trigger JOB --count N` or `jobs trigger --items FILE`: BatchTriggerJobs calls of up to
+    1,000 items; one line per item that failed (stderr), exit 1 if any did."""
+    args = ctx.args
+    if args.items is not None:
+        lines = read_trigger_items(args.items)
+        ids = {ref: await ctx.job_id(ref) for ref in dict.fromkeys(item["job"] for _, item in lines)}
+        items = [TriggerItem(ids[item["job"]], item.get("request_id"), item.get("payload")) for _, item in lines]
+        where = [f"line {number}" for number, _ in lines]
+    else:
+        job_id = await ctx.job_id(args.job)
+        items = [
+            TriggerItem(job_id, f"{args.request_id}-{n}" if args.request_id else None, args.payload)
+            for n in range(1, args.count + 1)
+        ]
+        where = [f"run {n}" for n in range(1, args.count + 1)]
+    try:
+        results = await ctx.client.batch_trigger_jobs(items)
+    except InvalidArgument as error:
+        found = re.match(r"requests\[(\d+)\]\.?(\S*): (.*)", error.message, re.DOTALL)
+        if found is None or int(found[1]) >= len(where):
+            raise
+        field, text = found[2], found[3]
+        if args.items is None:  # every run has the flags' values: name the flag
+            inside = field.removeprefix("payload").lstrip(".")
+            flag = {"id": "JOB", "request_id": "--request-id"}.get(field, "--payload")
+            field = f"{flag}: {inside}" if flag == "--payload" and inside else flag
+        raise UsageError(
+            f"{where[int(found[1])]}: {field}: {text}" if field else f"{where[int(found[1])]}: {text}"
+        ) from None
+    failed = [
+        (place, result)
+        for place, result in zip(where, results, strict=True)
+        if not isinstance(result, executions_pb2.Execution)
+    ]
+    if ctx.json:
+        show.print_json({"results": [
+            {"execution": show.message_dict(result)} if isinstance(result, executions_pb2.Execution)
+            else {"error": {"code": result.code_name, "message": result.message}}
+            for result in results
+        ]})  # fmt: skip
+    else:
+        subject = args.job if args.items is None else f"{len(items)} items of {args.items}"
+        print(f"Triggered {subject}: {len(results) - len(failed)} runs" + (f", {len(failed)} failed" if failed else ""))
+    for place, problem in failed:
+        assert isinstance(problem, SchedulerClientError)
+        sys.stderr.write(f"{PROG}: {place}: {problem.code_name}: {' '.join(problem.message.split())}\n")
+    return EXIT_FAILURE if failed else 0
+
+
 async def cmd_jobs_trigger(ctx: Context) -> int:
     args = ctx.args
-    execution = await ctx.client.trigger_job(await ctx.job_id(args.job), request_id=args.request_id)
+    if args.items is not None:
+        if args.job is not None or args.count != 1 or args.payload is not None or args.request_id or args.wait:
+            raise UsageError("--items: give JOB, --count, --payload, --request-id and --wait per item or not at all")
+        return await _trigger_many(ctx)
+    if args.job is None:
+        raise UsageError("JOB: required (or --items FILE)")
+    if args.count != 1:
+        if args.wait:
+            raise UsageError("--wait: only for one run (not with --count)")
+        return await _trigger_many(ctx)
+    execution = await ctx.client.trigger_job(await ctx.job_id(args.job), request_id=args.request_id,
+                                             payload=args.payload)  # fmt: skip
     run_id = execution.run_id or execution.id
     if args.wait:
         if not ctx.json:
@@ -1218,9 +1312,17 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "delete":
             sub.add_argument("--detach-dependents", action="store_true",
                              help="delete it even if other jobs depend on it (they lose that upstream)")  # fmt: skip
-    trigger = command(job_commands, "trigger", "run a job now", cmd_jobs_trigger)
-    trigger.add_argument("job", metavar="JOB", help="job id or name")
-    trigger.add_argument("--request-id", help="idempotency key: the same id never runs the job twice")
+    trigger = command(job_commands, "trigger", "run a job now (or many runs of jobs at once)", cmd_jobs_trigger)
+    trigger.add_argument("job", metavar="JOB", nargs="?", help="job id or name")
+    trigger.add_argument("--request-id", help="idempotency key: the same id never runs the job twice (with --count "
+                         "N: ID-1 ... ID-N)")  # fmt: skip
+    trigger.add_argument("--payload", type=parse_payload, metavar="JSON",
+                         help="the run's payload instead of the job's: JSON, @file.json or - (stdin)")  # fmt: skip
+    trigger.add_argument("--count", type=positive_int, default=1, metavar="N",
+                         help=f"N runs of JOB, in calls of {MAX_TRIGGER_ITEMS:,} (BatchTriggerJobs)")  # fmt: skip
+    trigger.add_argument("--items", metavar="FILE",
+                         help='runs from a JSON lines file (- for stdin), one per line: {"job": ID or NAME, '
+                              '"payload": {...}, "request_id": "..."} (payload and request_id optional)')  # fmt: skip
     trigger.add_argument(
         "--wait",
         action="store_true",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,14 @@ from google.protobuf import duration_pb2, field_mask_pb2, struct_pb2, timestamp_
 from google.protobuf.message import Message
 
 from scheduler_client import __version__
-from scheduler_client.errors import DeadlineExceeded, InvalidArgument, NotFound, from_rpc_error
+from scheduler_client.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    SchedulerClientError,
+    error_for,
+    from_rpc_error,
+)
 from scheduler_client.v1 import auth_pb2, cluster_pb2, executions_pb2, jobs_pb2, limits_pb2, queue_pb2, users_pb2
 
 __all__ = [
@@ -39,6 +47,7 @@ __all__ = [
     "RUN_FINAL_STATES",
     "Page",
     "SchedulerClient",
+    "TriggerItem",
     "enum_label",
     "to_datetime",
 ]
@@ -231,6 +240,31 @@ def _struct(value: Mapping[str, Any], what: str) -> struct_pb2.Struct:
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"{what}: not representable as JSON: {exc}") from None
     return struct
+
+
+MAX_TRIGGER_ITEMS = 1000
+"""Items of one BatchTriggerJobs call at most (`batch_trigger_jobs` splits longer lists)."""
+_ITEM_INDEX = re.compile(r"^requests\[(\d+)\]")
+_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+@dataclass(frozen=True)
+class TriggerItem:
+    """One run for `SchedulerClient.batch_trigger_jobs`: the job's id, the request id that makes it
+    idempotent (generated when None), and a payload replacing the job's for this run (None: the job's)."""
+
+    job_id: str
+    request_id: str | None = None
+    payload: Mapping[str, Any] | None = None
+
+
+def _trigger_request(item: TriggerItem | str, index: int) -> jobs_pb2.TriggerJobRequest:
+    if isinstance(item, str):
+        item = TriggerItem(item)
+    request = jobs_pb2.TriggerJobRequest(id=item.job_id, request_id=item.request_id or str(uuid.uuid4()))
+    if item.payload is not None:
+        request.payload.CopyFrom(_struct(item.payload, f"requests[{index}].payload"))
+    return request
 
 
 def to_datetime(stamp: timestamp_pb2.Timestamp) -> datetime | None:
@@ -685,16 +719,63 @@ class SchedulerClient:
         return await self._call(_JOBS + "BatchDeleteJobs", request, jobs_pb2.BatchDeleteJobsResponse, rpc_timeout)
 
     async def trigger_job(
-        self, job_id: str, *, request_id: str | None = None, rpc_timeout: float | None = None
+        self,
+        job_id: str,
+        *,
+        request_id: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        rpc_timeout: float | None = None,
     ) -> executions_pb2.Execution:
-        """Run a job now. The same `request_id` never runs it twice (one is generated if not given)."""
-        response = await self._call(
-            _JOBS + "TriggerJob",
-            jobs_pb2.TriggerJobRequest(id=job_id, request_id=request_id or str(uuid.uuid4())),
-            jobs_pb2.TriggerJobResponse,
-            rpc_timeout,
-        )
+        """Run a job now. The same `request_id` never runs it twice (one is generated if not given);
+        `payload` replaces the job's for this run (checked against its handler)."""
+        request = jobs_pb2.TriggerJobRequest(id=job_id, request_id=request_id or str(uuid.uuid4()))
+        if payload is not None:
+            request.payload.CopyFrom(_struct(payload, "payload"))
+        response = await self._call(_JOBS + "TriggerJob", request, jobs_pb2.TriggerJobResponse, rpc_timeout)
         return response.execution
+
+    async def batch_trigger_jobs(
+        self, items: Iterable[TriggerItem | str], *, rpc_timeout: float | None = None
+    ) -> list[executions_pb2.Execution | SchedulerClientError]:
+        """Run many jobs now (or one job many times): one run per item, in BatchTriggerJobs calls of
+        at most `MAX_TRIGGER_ITEMS` items. An item is a `TriggerItem` or a job id; an item without a
+        `request_id` gets a generated one.
+
+        Returns:
+            Per item, in order: its run's first attempt, or the error TriggerJob would have raised for
+            it alone (`NotFound` for a job that does not exist, ...); the other items ran.
+
+        Raises:
+            InvalidArgument: an invalid item, named by its index among `items` (`requests[1042].payload.n`);
+                nothing of its call of `MAX_TRIGGER_ITEMS` was run (calls before it were).
+        """
+        requests = [_trigger_request(item, index) for index, item in enumerate(items)]
+        results: list[executions_pb2.Execution | SchedulerClientError] = []
+        for offset in range(0, len(requests), MAX_TRIGGER_ITEMS):
+            chunk = requests[offset : offset + MAX_TRIGGER_ITEMS]
+            try:
+                response = await self._call(
+                    _JOBS + "BatchTriggerJobs",
+                    jobs_pb2.BatchTriggerJobsRequest(requests=chunk),
+                    jobs_pb2.BatchTriggerJobsResponse,
+                    rpc_timeout,
+                )
+            except InvalidArgument as exc:
+                if offset == 0:
+                    raise
+                found = _ITEM_INDEX.match(exc.message)
+                if found is None:
+                    raise
+                message = f"requests[{int(found[1]) + offset}]{exc.message[found.end() :]}"
+                raise InvalidArgument(message, exc.code) from exc
+            for result in response.results:
+                if result.code == 0:
+                    results.append(result.execution)
+                else:
+                    results.append(
+                        error_for(_STATUS_BY_NUMBER.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
+                    )
+        return results
 
     async def preview_schedule(
         self,

@@ -255,18 +255,42 @@ class ResumeJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
 
 class TriggerJobRequest(_message.Message):
-    __slots__ = ("id", "request_id")
+    __slots__ = ("id", "request_id", "payload")
     ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     id: str
     request_id: str
-    def __init__(self, id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    payload: _struct_pb2.Struct
+    def __init__(self, id: _Optional[str] = ..., request_id: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class TriggerJobResponse(_message.Message):
     __slots__ = ("execution",)
     EXECUTION_FIELD_NUMBER: _ClassVar[int]
     execution: _executions_pb2.Execution
     def __init__(self, execution: _Optional[_Union[_executions_pb2.Execution, _Mapping]] = ...) -> None: ...
+
+class BatchTriggerJobsRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[TriggerJobRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[TriggerJobRequest, _Mapping]]] = ...) -> None: ...
+
+class BatchTriggerJobsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[TriggerJobResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[TriggerJobResult, _Mapping]]] = ...) -> None: ...
+
+class TriggerJobResult(_message.Message):
+    __slots__ = ("execution", "code", "message")
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    execution: _executions_pb2.Execution
+    code: int
+    message: str
+    def __init__(self, execution: _Optional[_Union[_executions_pb2.Execution, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class FireTime(_message.Message):
     __slots__ = ("fire_time", "local_time", "dst_effect")

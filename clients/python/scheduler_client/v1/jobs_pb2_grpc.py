@@ -75,6 +75,11 @@ class JobServiceStub:
                 request_serializer=scheduler_dot_v1_dot_jobs__pb2.TriggerJobRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_jobs__pb2.TriggerJobResponse.FromString,
                 _registered_method=True)
+        self.BatchTriggerJobs = channel.unary_unary(
+                '/scheduler.v1.JobService/BatchTriggerJobs',
+                request_serializer=scheduler_dot_v1_dot_jobs__pb2.BatchTriggerJobsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_jobs__pb2.BatchTriggerJobsResponse.FromString,
+                _registered_method=True)
         self.PreviewSchedule = channel.unary_unary(
                 '/scheduler.v1.JobService/PreviewSchedule',
                 request_serializer=scheduler_dot_v1_dot_jobs__pb2.PreviewScheduleRequest.SerializeToString,
@@ -162,6 +167,17 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchTriggerJobs(self, request, context):
+        """Runs jobs now, one run per item of `requests` (at most 1000; one job may appear many times),
+        each as TriggerJob would, with its own `request_id` and `payload`. An invalid item is
+        INVALID_ARGUMENT naming it (`requests[3].payload.n`) and nothing is created; otherwise every
+        item gets a result of its own (a run, or the error TriggerJob would have answered, such as
+        NOT_FOUND for a job that does not exist) and the new runs are recorded in one statement.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PreviewSchedule(self, request, context):
         """The next fire times of a cron expression and time zone, exactly as the scheduler would fire
         them, each marked when daylight-saving time shifted or repeated it. Creates nothing.
@@ -243,6 +259,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.TriggerJob,
                     request_deserializer=scheduler_dot_v1_dot_jobs__pb2.TriggerJobRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_jobs__pb2.TriggerJobResponse.SerializeToString,
+            ),
+            'BatchTriggerJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchTriggerJobs,
+                    request_deserializer=scheduler_dot_v1_dot_jobs__pb2.BatchTriggerJobsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_jobs__pb2.BatchTriggerJobsResponse.SerializeToString,
             ),
             'PreviewSchedule': grpc.unary_unary_rpc_method_handler(
                     servicer.PreviewSchedule,
@@ -487,6 +508,33 @@ class JobService:
             '/scheduler.v1.JobService/TriggerJob',
             scheduler_dot_v1_dot_jobs__pb2.TriggerJobRequest.SerializeToString,
             scheduler_dot_v1_dot_jobs__pb2.TriggerJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchTriggerJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.JobService/BatchTriggerJobs',
+            scheduler_dot_v1_dot_jobs__pb2.BatchTriggerJobsRequest.SerializeToString,
+            scheduler_dot_v1_dot_jobs__pb2.BatchTriggerJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,13 @@ class JobServiceStub:
     """Schedules a paused job again from now on (slots passed while paused are not caught up)."""
     TriggerJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.TriggerJobRequest, _jobs_pb2.TriggerJobResponse]
     """Runs a job now, outside its schedule. The same `request_id` never runs it twice."""
+    BatchTriggerJobs: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.BatchTriggerJobsRequest, _jobs_pb2.BatchTriggerJobsResponse]
+    """Runs jobs now, one run per item of `requests` (at most 1000; one job may appear many times),
+    each as TriggerJob would, with its own `request_id` and `payload`. An invalid item is
+    INVALID_ARGUMENT naming it (`requests[3].payload.n`) and nothing is created; otherwise every
+    item gets a result of its own (a run, or the error TriggerJob would have answered, such as
+    NOT_FOUND for a job that does not exist) and the new runs are recorded in one statement.
+    """
     PreviewSchedule: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.PreviewScheduleRequest, _jobs_pb2.PreviewScheduleResponse]
     """The next fire times of a cron expression and time zone, exactly as the scheduler would fire
     them, each marked when daylight-saving time shifted or repeated it. Creates nothing.
@@ -88,6 +95,13 @@ class JobServiceAsyncStub(JobServiceStub):
     """Schedules a paused job again from now on (slots passed while paused are not caught up)."""
     TriggerJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.TriggerJobRequest, _jobs_pb2.TriggerJobResponse]  # type: ignore[assignment]
     """Runs a job now, outside its schedule. The same `request_id` never runs it twice."""
+    BatchTriggerJobs: _aio.UnaryUnaryMultiCallable[_jobs_pb2.BatchTriggerJobsRequest, _jobs_pb2.BatchTriggerJobsResponse]  # type: ignore[assignment]
+    """Runs jobs now, one run per item of `requests` (at most 1000; one job may appear many times),
+    each as TriggerJob would, with its own `request_id` and `payload`. An invalid item is
+    INVALID_ARGUMENT naming it (`requests[3].payload.n`) and nothing is created; otherwise every
+    item gets a result of its own (a run, or the error TriggerJob would have answered, such as
+    NOT_FOUND for a job that does not exist) and the new runs are recorded in one statement.
+    """
     PreviewSchedule: _aio.UnaryUnaryMultiCallable[_jobs_pb2.PreviewScheduleRequest, _jobs_pb2.PreviewScheduleResponse]  # type: ignore[assignment]
     """The next fire times of a cron expression and time zone, exactly as the scheduler would fire
     them, each marked when daylight-saving time shifted or repeated it. Creates nothing.
@@ -172,6 +186,19 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.TriggerJobResponse, _abc.Awaitable[_jobs_pb2.TriggerJobResponse]]:
         """Runs a job now, outside its schedule. The same `request_id` never runs it twice."""
+
+    @_abc_1.abstractmethod
+    def BatchTriggerJobs(
+        self,
+        request: _jobs_pb2.BatchTriggerJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.BatchTriggerJobsResponse, _abc.Awaitable[_jobs_pb2.BatchTriggerJobsResponse]]:
+        """Runs jobs now, one run per item of `requests` (at most 1000; one job may appear many times),
+        each as TriggerJob would, with its own `request_id` and `payload`. An invalid item is
+        INVALID_ARGUMENT naming it (`requests[3].payload.n`) and nothing is created; otherwise every
+        item gets a result of its own (a run, or the error TriggerJob would have answered, such as
+        NOT_FOUND for a job that does not exist) and the new runs are recorded in one statement.
+        """
 
     @_abc_1.abstractmethod
     def PreviewSchedule(
