@@ -69,6 +69,11 @@ _STOP_REASONS: Final = {
 # worker that sends bad messages without reading the answers loses its stream.
 OUTBOX_SLACK: Final = 256
 ASSIGNMENT_BATCH: Final = 500  # most assignments in one message
+# A fetch leases at most this share of the slots: a busy worker's credit comes back all at once (its
+# no-op handlers end together), and a fetch of all of it would move the whole window in lockstep
+# (lease, claim, send, run, report, then lease again); in halves, one half's lease and claim overlap
+# the other half's round trip to the worker.
+FETCH_SHARE: Final = 2
 
 
 @dataclass(eq=False)
@@ -126,6 +131,7 @@ class Session:
         self._tracker = self.worker._shared.tracker
         self._slot_free = self.worker._shared.slot_free
         self.worker._shared.capacity = self._capacity
+        self._fetch_most = max(1, hello.slots // FETCH_SHARE)
         self._credit = 0
         self._credit_changed = asyncio.Event()
         self._sent_live = 0  # assignments sent whose handler call has not returned
@@ -302,9 +308,10 @@ class Session:
     # -- credit bounds the fetch -----------------------------------------------------------------------
 
     def _capacity(self) -> int:
-        # Credit not yet spent, less the runs leased or claimed that have not been sent yet.
+        # Credit not yet spent, less the runs leased or claimed that have not been sent yet; at most
+        # a share of the slots per fetch (FETCH_SHARE).
         unsent = self._tracker.count(State.LEASED) + self._tracker.running - self._sent_live
-        return self._credit - max(unsent, 0)
+        return min(self._credit - max(unsent, 0), self._fetch_most)
 
     # -- a run's round trip (RemoteHandler.run) --------------------------------------------------------
 
