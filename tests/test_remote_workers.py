@@ -288,6 +288,33 @@ async def test_assignments_never_exceed_credit_and_unacknowledged_ones_go_back_u
     assert await deployment.attempts(runs) == 1
 
 
+async def test_only_the_unacknowledged_assignments_go_back_after_the_ack_timeout(deployment: Deployment) -> None:
+    """One timer watches the oldest unacknowledged assignment: acks in any order (the oldest first
+    here) leave the others' deadlines as they were, and acknowledged ones stay with the worker."""
+    runs = await deployment.runs(6)
+    async with raw(deployment) as open_stream:
+        stream = open_stream()
+        stream.send(hello=hello(slots=6))
+        await stream.receive_kind("welcome")
+        stream.send(credit=workers_pb2.Credit(grant=6))
+        assigned = [(await stream.receive_kind("assignment")).assignment for _ in range(6)]
+        acked, unacked = assigned[0::2], assigned[1::2]
+        for each in acked:
+            stream.send(ack=workers_pb2.Ack(execution_id=each.execution_id, claim_token=each.claim_token))
+        cancels = {(await stream.receive_kind("cancel")).cancel.execution_id for _ in range(3)}
+        assert cancels == {each.execution_id for each in unacked}
+        for each in acked:  # held past the ack timeout, still theirs to report
+            stream.send(outcome=workers_pb2.Outcome(execution_id=each.execution_id, claim_token=each.claim_token))
+
+        async def settled() -> bool:
+            return await deployment.counts(runs) == {"succeeded": 3, "queued": 3}
+
+        await eventually(settled, within=10)
+        assert await deployment.attempts(runs) == 1  # the unacknowledged ones went back unspent
+        stream.close()
+        await stream.rest()
+
+
 async def test_an_assignment_unacknowledged_when_its_stream_ends_comes_again_as_the_same_attempt(
     deployment: Deployment,
 ) -> None:

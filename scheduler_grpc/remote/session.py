@@ -76,14 +76,20 @@ ASSIGNMENT_BATCH: Final = 500  # most assignments in one message
 FETCH_SHARE: Final = 2
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Pending:
-    """An assignment sent and not reported yet."""
+    """An assignment sent and not reported yet: `outcome` gets its report, or `NotAcknowledged`
+    when it goes back unacknowledged (`_AckTimedOut` past `ack_by`, the loop's time)."""
 
     token: str
-    acked: asyncio.Future[None]
     outcome: asyncio.Future[OutcomeReport]
+    ack_by: float
+    acked: bool = False
     cancelled: bool = False
+
+
+class _AckTimedOut(NotAcknowledged):
+    """Not acknowledged within the ack timeout (the worker is told so by a cancel)."""
 
 
 class Session:
@@ -136,6 +142,10 @@ class Session:
         self._credit_changed = asyncio.Event()
         self._sent_live = 0  # assignments sent whose handler call has not returned
         self._pending: dict[str, _Pending] = {}  # by execution id
+        # The unacknowledged ones, in the order sent (so by `ack_by`), watched by one timer for
+        # the oldest rather than a timeout per assignment.
+        self._unacked: dict[str, _Pending] = {}
+        self._ack_timer: asyncio.TimerHandle | None = None
         self._outbox: collections.deque[Outbound | object] = collections.deque()
         self._outbox_ready = asyncio.Event()
         self._stop = asyncio.Event()
@@ -180,9 +190,11 @@ class Session:
 
     async def _close(self, worker: asyncio.Task[None]) -> None:
         self._closing = True
-        unacked = [p for p in self._pending.values() if not p.acked.done()]
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+        unacked = [p for p in self._pending.values() if not p.acked and not p.outcome.done()]
         for pending in unacked:
-            pending.acked.set_exception(NotAcknowledged("the stream ended before the assignment was acknowledged"))
+            pending.outcome.set_exception(NotAcknowledged("the stream ended before the assignment was acknowledged"))
         self._stop.set()
         self._credit_changed.set()
         try:
@@ -275,8 +287,9 @@ class Session:
         if pending is None or pending.token != claim_token:
             self._send(CancelOrder(execution_id, "not acknowledged in time; the run went back to the queue"))
             return
-        if not pending.acked.done():
-            pending.acked.set_result(None)
+        if not pending.acked:
+            pending.acked = True
+            self._unacked.pop(execution_id, None)  # (gone already if its ack timeout just passed)
 
     def on_outcome(self, report: OutcomeReport) -> None:
         """An assignment's end; one without a live assignment of this stream is answered `Rejected`."""
@@ -297,8 +310,9 @@ class Session:
             except outputs.Unstorable as exc:
                 self._send(Rejected(report.execution_id, "INVALID_ARGUMENT", "outcome.value", str(exc)))
                 report = OutcomeReport(report.execution_id, report.claim_token, Failed(f"result refused: {exc}"))
-        if not pending.acked.done():
-            pending.acked.set_result(None)  # an outcome acknowledges too
+        if not pending.acked:  # an outcome acknowledges too
+            pending.acked = True
+            self._unacked.pop(report.execution_id, None)
         if not pending.outcome.done():
             pending.outcome.set_result(report)
 
@@ -323,9 +337,12 @@ class Session:
         if self._closing:
             raise NotAcknowledged("the stream is ending")
         loop = asyncio.get_running_loop()
-        pending = _Pending(ctx.claim_token, loop.create_future(), loop.create_future())
+        pending = _Pending(ctx.claim_token, loop.create_future(), loop.time() + self._ack_timeout.total_seconds())
         self._credit -= 1
         self._pending[ctx.execution_id] = pending
+        self._unacked[ctx.execution_id] = pending
+        if self._ack_timer is None:
+            self._ack_timer = loop.call_at(pending.ack_by, self._ack_deadlines)
         self._sent_live += 1
         try:
             self._send(Assignment(
@@ -334,20 +351,18 @@ class Session:
                 deadline=datetime.now(UTC) + ctx.timeout, scheduled_for=ctx.scheduled_for,
             ))  # fmt: skip
             try:
-                async with asyncio.timeout(self._ack_timeout.total_seconds()):
-                    await pending.acked
-            except TimeoutError:
+                report = await pending.outcome
+            except _AckTimedOut:
                 self._drop(ctx.execution_id, pending)
                 self._send(CancelOrder(ctx.execution_id, "not acknowledged in time; the run went back to the queue"))
                 raise NotAcknowledged() from None
             except NotAcknowledged:
                 self._drop(ctx.execution_id, pending)
                 raise
-            report = await pending.outcome
         except asyncio.CancelledError:
             if self._pending.get(ctx.execution_id) is pending:
                 pending.cancelled = True
-                if pending.acked.done():
+                if pending.acked:
                     # Stays pending (its slot busy on the worker) until the worker reports its end.
                     pass
                 else:
@@ -368,9 +383,27 @@ class Session:
                 return "timed out"
         return "cancelled"
 
+    def _ack_deadlines(self) -> None:
+        """The ack timer: the assignments past their ack timeout go back (`_AckTimedOut`); then
+        the timer is set for the oldest one left."""
+        self._ack_timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        unacked = self._unacked
+        while unacked:
+            execution_id, pending = next(iter(unacked.items()))
+            if pending.ack_by > now:
+                self._ack_timer = loop.call_at(pending.ack_by, self._ack_deadlines)
+                return
+            del unacked[execution_id]
+            if not pending.outcome.done():
+                pending.outcome.set_exception(_AckTimedOut())
+
     def _drop(self, execution_id: str, pending: _Pending) -> None:
         if self._pending.get(execution_id) is pending:
             del self._pending[execution_id]
+        if self._unacked.get(execution_id) is pending:
+            del self._unacked[execution_id]
         # A credit never spent on a delivered assignment is not given back: the worker's own count
         # frees that slot when it hears of the end (a cancel, or the stream's end).
 
