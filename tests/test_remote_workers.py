@@ -172,6 +172,22 @@ async def test_the_python_sdk_drains_runs_each_succeeding_exactly_once(deploymen
     assert results == len(runs)
 
 
+def test_the_sdk_reads_a_payload_as_json_with_integral_numbers_as_ints() -> None:
+    from google.protobuf import struct_pb2
+    from google.protobuf.json_format import MessageToDict
+    from scheduler_client.worker import _json
+
+    sent = {"n": 5, "neg": -3, "big": 2.0**60, "f": 1.5, "s": "x", "t": True, "none": None, "empty": {}, "list": [],
+            "nested": [1, {"b": False, "deep": [[2.5, "y"]]}]}  # fmt: skip
+    payload = struct_pb2.Struct()
+    payload.update(sent)
+    read = {key: _json(value) for key, value in payload.fields.items()}
+    assert read == sent
+    assert isinstance(read["n"], int)
+    assert isinstance(read["big"], float)  # beyond 2**53: not exact as an int, left a float
+    assert read == MessageToDict(payload)  # the same JSON the generic conversion gives
+
+
 # -- a raw stream client ---------------------------------------------------------------------------
 
 
