@@ -76,12 +76,12 @@ MEASUREMENTS = (
     Measurement(
         "remote",
         "remote_bench.py",
-        ("--runs", "20000", "--rounds", "2"),
+        ("--runs", "20000", "--rounds", "3"),
         ("--runs", "2000"),
         420,
         "20,000 runs of a no-op remote handler drained by one Python SDK worker process (200 slots) through "
         "one server process, full history; floor: 20,000 test.echo runs drained by one in-process worker "
-        "(concurrency 200) in the same run; in-process then remote, twice, the best of each",
+        "(concurrency 200) in the same run; in-process then remote, three times, the best of each",
     ),
     Measurement(
         "grpc-floor",
