@@ -71,9 +71,10 @@ OUTBOX_SLACK: Final = 256
 ASSIGNMENT_BATCH: Final = 500  # most assignments in one message
 # A fetch leases at most this share of the slots: a busy worker's credit comes back all at once (its
 # no-op handlers end together), and a fetch of all of it would move the whole window in lockstep
-# (lease, claim, send, run, report, then lease again); in halves, one half's lease and claim overlap
-# the other half's round trip to the worker.
-FETCH_SHARE: Final = 2
+# (lease, claim, send, run, report, then lease again); in parts, one part's lease and claim overlap
+# the others' round trips to the worker. Measured (200 slots, no-op handlers, shared 2-core host):
+# thirds ~10 % faster than halves, quarters no faster than thirds.
+FETCH_SHARE: Final = 3
 
 
 @dataclass(eq=False, slots=True)
