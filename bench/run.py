@@ -72,6 +72,17 @@ MEASUREMENTS = (
         "the same drain with OpenTelemetry on in the worker (every run with a trace, spans exported over "
         "OTLP/gRPC to a sink in the bench process)",
     ),
+    # Issue 23: one remote Python SDK worker through one server process, beside the in-process drain.
+    Measurement(
+        "remote",
+        "remote_bench.py",
+        ("--runs", "20000", "--rounds", "3"),
+        ("--runs", "2000"),
+        420,
+        "20,000 runs of a no-op remote handler drained by one Python SDK worker process (200 slots) through "
+        "one server process, full history; floor: 20,000 test.echo runs drained by one in-process worker "
+        "(concurrency 200) in the same run; in-process then remote, three times, the best of each",
+    ),
     Measurement(
         "grpc-floor",
         "floors.py",
@@ -354,6 +365,30 @@ ROWS = (
         "the drain, tracing off",
     ),
     Row(
+        "remote worker drain: executions/s (20,000 runs, 1 server + 1 Python SDK worker)",
+        ("remote", "remote_executions_per_s"),
+        "/s",
+        ("ratio≥", 0.5),
+        floor_of("remote", "inprocess_executions_per_s"),
+        "in-process drain, same run",
+    ),
+    Row(
+        "remote worker drain: server CPU per execution",
+        ("remote", "remote_server_cpu_us"),
+        "µs",
+        None,
+        floor_of("remote", "inprocess_worker_cpu_us"),
+        "in-process worker µs/execution",
+    ),
+    Row(
+        "remote worker drain: SDK worker CPU per execution",
+        ("remote", "remote_sdk_cpu_us"),
+        "µs",
+        None,
+        floor_of("remote", "inprocess_worker_cpu_us"),
+        "in-process worker µs/execution",
+    ),
+    Row(
         "TriggerJob RPCs/s (50 clients)",
         ("trigger", "rpcs_per_s"),
         "/s",
@@ -570,6 +605,8 @@ Floors (measured in the same run, on the same servers, right before or beside th
   SELECT now() round trip  the least any statement of a scan tick costs, same pool, same moment
   10,000 ÷ drain rate  the burst cannot all start sooner than the worker can run 10,000 executions
   the drain, tracing off  the drain row above (same run): the ratio is the cost of tracing on
+  in-process drain, worker  remote rows: 20,000 test.echo runs drained by one in-process worker (concurrency 200),
+                       same run, same servers (its executions/s; its CPU per execution)
   no-op gRPC fan-out   a no-op grpc.aio server pushing as many tiny messages to as many streams (same client code)
   bare uvloop process  a Python process whose loop wakes every 100 ms and does nothing
   failover             no floor: the time includes the wait for the next whole-second slot (0-1 s)
@@ -683,6 +720,11 @@ def notes(results: dict[str, Any]) -> list[str]:
         out.append(f"bulk-trigger: {bulk.get('runs_recorded')} runs recorded from {bulk.get('calls')} calls "
                    f"({bulk.get('errors')} failed), call p50 {bulk.get('p50_ms')} ms, "
                    f"p99 {bulk.get('p99_ms')} ms")  # fmt: skip
+    if remote := figures.get("remote"):
+        rounds = remote.get("rounds") or []
+        ratios = ", ".join(f"{r.get('remote_ratio', float('nan')):.2f}" for r in rounds if isinstance(r, dict))
+        out.append(f"remote: {remote.get('runs')} runs per drain, {len(rounds)} round(s), remote ÷ in-process by"
+                   f" round: {ratios or '—'}")  # fmt: skip
     if drain := figures.get("drain"):
         out.append(f"drain: {drain.get('runs')} runs in {drain.get('drain_seconds', float('nan')):.1f} s")
     return out

@@ -166,3 +166,20 @@ def test_bulk_trigger_rows_judge_runs_per_second_beside_the_raw_insert_floor(har
         note.startswith("bulk-trigger: 210000 runs recorded")
         for note in harness.notes({"bulk-trigger": {"figures": figures}})
     )
+
+
+def test_the_remote_drain_row_is_judged_on_its_ratio_to_the_in_process_drain(harness: ModuleType) -> None:
+    figures = {"remote_executions_per_s": 3000.0, "inprocess_executions_per_s": 8000.0, "remote_server_cpu_us": 120.0,
+               "remote_sdk_cpu_us": 35.0, "inprocess_worker_cpu_us": 60.0, "runs": 20000,
+               "rounds": [{"remote_ratio": 0.375}]}  # fmt: skip
+    results = {"remote": {"figures": figures, "error": ""}}
+    rows = by_figure(harness.build_rows(results))
+    drain = rows["remote worker drain: executions/s (20,000 runs, 1 server + 1 Python SDK worker)"]
+    assert drain["ratio"] == pytest.approx(0.375)
+    assert drain["result"] == "MISS"  # under 0.5x the in-process drain
+    assert drain["target"] == "≥ 0.5× floor"  # noqa: RUF001
+    assert rows["remote worker drain: server CPU per execution"]["ratio"] == pytest.approx(2)
+    assert rows["remote worker drain: SDK worker CPU per execution"]["floor"] == pytest.approx(60)
+    figures["remote_executions_per_s"] = 4400.0
+    assert by_figure(harness.build_rows(results))[drain["figure"]]["result"] == "pass"
+    assert "remote: 20000 runs per drain, 1 round(s), remote ÷ in-process by round: 0.38" in harness.notes(results)

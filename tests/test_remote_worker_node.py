@@ -192,7 +192,7 @@ async def test_a_lost_stream_is_reconnected_and_the_node_worker_resumes_its_runs
         remote = deployment.server.api.remote
         assert remote is not None
         (session,) = [s for s in remote.sessions if s.id == first]
-        await eventually(lambda: _true(all(p.acked.done() for p in session._pending.values())))  # its ack read
+        await eventually(lambda: _true(all(p.acked for p in session._pending.values())))  # its ack read
         # The server ends this stream (as it does for a worker that misses two pings): the run is
         # parked, the handler goes on, and the new stream resumes it under its claim token.
         session.fail(Aborted("ended by the test"))
@@ -241,7 +241,7 @@ async def test_a_silently_cut_node_worker_reports_what_finished_meanwhile_once_r
         await worker.line("connected")
         gated = {await worker.line("gated") for _ in runs}
         [session] = remote.sessions
-        await eventually(lambda: _true(all(p.acked.done() for p in session._pending.values())))  # acks read
+        await eventually(lambda: _true(all(p.acked for p in session._pending.values())))  # acks read
         proxy.blackhole()
         await worker.line("disconnected")  # the SDK's watchdog
         await eventually(lambda: _true(not remote.sessions), within=10)  # the server's pings: parked

@@ -183,6 +183,22 @@ async def test_the_python_sdk_drains_runs_each_succeeding_exactly_once(deploymen
     assert results == len(runs)
 
 
+def test_the_sdk_reads_a_payload_as_json_with_integral_numbers_as_ints() -> None:
+    from google.protobuf import struct_pb2
+    from google.protobuf.json_format import MessageToDict
+    from scheduler_client.worker import _json
+
+    sent = {"n": 5, "neg": -3, "big": 2.0**60, "f": 1.5, "s": "x", "t": True, "none": None, "empty": {}, "list": [],
+            "nested": [1, {"b": False, "deep": [[2.5, "y"]]}]}  # fmt: skip
+    payload = struct_pb2.Struct()
+    payload.update(sent)
+    read = {key: _json(value) for key, value in payload.fields.items()}
+    assert read == sent
+    assert isinstance(read["n"], int)
+    assert isinstance(read["big"], float)  # beyond 2**53: not exact as an int, left a float
+    assert read == MessageToDict(payload)  # the same JSON the generic conversion gives
+
+
 # -- a raw stream client ---------------------------------------------------------------------------
 
 
@@ -297,6 +313,33 @@ async def test_assignments_never_exceed_credit_and_unacknowledged_ones_go_back_u
         await eventually(drained, within=30)
     assert await deployment.counts(runs) == {"succeeded": 30}
     assert await deployment.attempts(runs) == 1
+
+
+async def test_only_the_unacknowledged_assignments_go_back_after_the_ack_timeout(deployment: Deployment) -> None:
+    """One timer watches the oldest unacknowledged assignment: acks in any order (the oldest first
+    here) leave the others' deadlines as they were, and acknowledged ones stay with the worker."""
+    runs = await deployment.runs(6)
+    async with raw(deployment) as open_stream:
+        stream = open_stream()
+        stream.send(hello=hello(slots=6))
+        await stream.receive_kind("welcome")
+        stream.send(credit=workers_pb2.Credit(grant=6))
+        assigned = [(await stream.receive_kind("assignment")).assignment for _ in range(6)]
+        acked, unacked = assigned[0::2], assigned[1::2]
+        for each in acked:
+            stream.send(ack=workers_pb2.Ack(execution_id=each.execution_id, claim_token=each.claim_token))
+        cancels = {(await stream.receive_kind("cancel")).cancel.execution_id for _ in range(3)}
+        assert cancels == {each.execution_id for each in unacked}
+        for each in acked:  # held past the ack timeout, still theirs to report
+            stream.send(outcome=workers_pb2.Outcome(execution_id=each.execution_id, claim_token=each.claim_token))
+
+        async def settled() -> bool:
+            return await deployment.counts(runs) == {"succeeded": 3, "queued": 3}
+
+        await eventually(settled, within=10)
+        assert await deployment.attempts(runs) == 1  # the unacknowledged ones went back unspent
+        stream.close()
+        await stream.rest()
 
 
 async def test_an_assignment_unacknowledged_when_its_stream_ends_comes_again_as_the_same_attempt(
@@ -974,7 +1017,7 @@ async def test_a_resume_with_a_stale_or_foreign_claim_token_is_refused_for_that_
         remote = deployment.server.api.remote
         assert remote is not None
         [session] = remote.sessions
-        await eventually(lambda: _true(all(p.acked.done() for p in session._pending.values())))  # acks in
+        await eventually(lambda: _true(all(p.acked for p in session._pending.values())))  # acks in
         first.call.cancel()  # the stream is lost with three acknowledged runs
         foreign = held[0].claim_token  # another run's token
         second = open_stream()
@@ -1067,7 +1110,7 @@ async def test_runs_resume_on_another_server_process(
                 remote = deployment.server.api.remote
                 assert remote is not None
                 [session] = remote.sessions
-                await eventually(lambda: _true(all(p.acked.done() for p in session._pending.values())))
+                await eventually(lambda: _true(all(p.acked for p in session._pending.values())))
                 new = RawStream(channel, deployment.worker_key)
                 new.send(hello=workers_pb2.Hello(
                     handlers=[workers_pb2.HandlerInfo(name="remote.noop")], slots=2, sdk="raw", queue=QUEUE,

@@ -85,18 +85,30 @@ _STOP_REASONS: Final = {
 # worker that sends bad messages without reading the answers loses its stream.
 OUTBOX_SLACK: Final = 256
 ASSIGNMENT_BATCH: Final = 500  # most assignments in one message
+# A fetch leases at most this share of the slots: a busy worker's credit comes back all at once (its
+# no-op handlers end together), and a fetch of all of it would move the whole window in lockstep
+# (lease, claim, send, run, report, then lease again); in parts, one part's lease and claim overlap
+# the others' round trips to the worker. Measured (200 slots, no-op handlers, shared 2-core host):
+# thirds ~10 % faster than halves, quarters no faster than thirds.
+FETCH_SHARE: Final = 3
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Pending:
-    """An assignment sent and not reported yet."""
+    """An assignment sent and not reported yet: `outcome` gets its report, or `NotAcknowledged`
+    when it goes back unacknowledged (`_AckTimedOut` past `ack_by`, the loop's time)."""
 
     token: str
     run_id: str
-    acked: asyncio.Future[None]
     outcome: asyncio.Future[OutcomeReport]
+    ack_by: float
+    acked: bool = False
     cancelled: bool = False
     parked: bool = False  # let go: no cancel is sent, nothing is recorded
+
+
+class _AckTimedOut(NotAcknowledged):
+    """Not acknowledged within the ack timeout (the worker is told so by a cancel)."""
 
 
 class Session:
@@ -149,10 +161,15 @@ class Session:
         self._tracker = self.worker._shared.tracker
         self._slot_free = self.worker._shared.slot_free
         self.worker._shared.capacity = self._capacity
+        self._fetch_most = max(1, hello.slots // FETCH_SHARE)
         self._credit = 0
         self._credit_changed = asyncio.Event()
         self._sent_live = 0  # assignments sent whose handler call has not returned
         self._pending: dict[str, _Pending] = {}  # by execution id
+        # The unacknowledged ones, in the order sent (so by `ack_by`), watched by one timer for
+        # the oldest rather than a timeout per assignment.
+        self._unacked: dict[str, _Pending] = {}
+        self._ack_timer: asyncio.TimerHandle | None = None
         self._adopting: dict[str, _Pending] = {}  # resumed runs whose task has not taken them yet
         self._resumed: list[str] = []
         self._refused: list[Rejected] = []
@@ -233,8 +250,7 @@ class Session:
                 continue
             attempt = Attempt(Lease(claim.run_id, token, b"", 0, 0, deadline))
             attempt.claim = claim
-            pending = _Pending(token, claim.run_id, loop.create_future(), loop.create_future())
-            pending.acked.set_result(None)
+            pending = _Pending(token, claim.run_id, loop.create_future(), loop.time(), acked=True)
             self._pending[claim.execution_id] = self._adopting[claim.execution_id] = pending
             self._resumed.append(claim.execution_id)
             adopted.append(attempt)
@@ -255,7 +271,7 @@ class Session:
             pending = self._pending.get(execution_id)
             if pending is None or pending.token != token:
                 continue
-            del self._pending[execution_id]
+            self._drop(execution_id, pending)
             pending.parked = True
             run = tracker.get(pending.run_id)
             if run is not None and run.token == token and tracker.request_stop(run, Stop.PARK):
@@ -286,10 +302,12 @@ class Session:
     async def _close(self, worker: asyncio.Task[None]) -> None:
         self._closing = True
         # Acknowledged: parked, let go as they are for a new stream to resume (or their leases to expire).
-        parked = [pending.run_id for pending in self._pending.values() if pending.acked.done()]
-        unacked = [p for p in self._pending.values() if not p.acked.done()]
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+        parked = [pending.run_id for pending in self._pending.values() if pending.acked]
+        unacked = [p for p in self._pending.values() if not p.acked and not p.outcome.done()]
         for pending in unacked:
-            pending.acked.set_exception(NotAcknowledged("the stream ended before the assignment was acknowledged"))
+            pending.outcome.set_exception(NotAcknowledged("the stream ended before the assignment was acknowledged"))
         for pending in self._pending.values():
             pending.parked = True
         self._pending.clear()
@@ -390,8 +408,9 @@ class Session:
         if pending is None or pending.token != claim_token:
             self._send(CancelOrder(execution_id, "not acknowledged in time; the run went back to the queue"))
             return
-        if not pending.acked.done():
-            pending.acked.set_result(None)
+        if not pending.acked:
+            pending.acked = True
+            self._unacked.pop(execution_id, None)  # (gone already if its ack timeout just passed)
 
     def on_outcome(self, report: OutcomeReport) -> None:
         """An assignment's end; one without a live assignment of this stream is answered `Rejected`."""
@@ -412,8 +431,9 @@ class Session:
             except outputs.Unstorable as exc:
                 self._send(Rejected(report.execution_id, "INVALID_ARGUMENT", "outcome.value", str(exc)))
                 report = OutcomeReport(report.execution_id, report.claim_token, Failed(f"result refused: {exc}"))
-        if not pending.acked.done():
-            pending.acked.set_result(None)  # an outcome acknowledges too
+        if not pending.acked:  # an outcome acknowledges too
+            pending.acked = True
+            self._unacked.pop(report.execution_id, None)
         if not pending.outcome.done():
             pending.outcome.set_result(report)
 
@@ -423,9 +443,10 @@ class Session:
     # -- credit bounds the fetch -----------------------------------------------------------------------
 
     def _capacity(self) -> int:
-        # Credit not yet spent, less the runs leased or claimed that have not been sent yet.
+        # Credit not yet spent, less the runs leased or claimed that have not been sent yet; at most
+        # a share of the slots per fetch (FETCH_SHARE).
         unsent = self._tracker.count(State.LEASED) + self._tracker.running - self._sent_live
-        return self._credit - max(unsent, 0)
+        return min(self._credit - max(unsent, 0), self._fetch_most)
 
     # -- a run's round trip (RemoteHandler.run) --------------------------------------------------------
 
@@ -448,9 +469,14 @@ class Session:
         if self._closing:
             raise NotAcknowledged("the stream is ending")
         loop = asyncio.get_running_loop()
-        pending = _Pending(ctx.claim_token, ctx.run_id, loop.create_future(), loop.create_future())
+        pending = _Pending(
+            ctx.claim_token, ctx.run_id, loop.create_future(), loop.time() + self._ack_timeout.total_seconds()
+        )
         self._credit -= 1
         self._pending[ctx.execution_id] = pending
+        self._unacked[ctx.execution_id] = pending
+        if self._ack_timer is None:
+            self._ack_timer = loop.call_at(pending.ack_by, self._ack_deadlines)
         self._sent_live += 1
         try:
             self._send(Assignment(
@@ -459,16 +485,14 @@ class Session:
                 deadline=datetime.now(UTC) + ctx.timeout, scheduled_for=ctx.scheduled_for,
             ))  # fmt: skip
             try:
-                async with asyncio.timeout(self._ack_timeout.total_seconds()):
-                    await pending.acked
-            except TimeoutError:
+                report = await pending.outcome
+            except _AckTimedOut:
                 self._drop(ctx.execution_id, pending)
                 self._send(CancelOrder(ctx.execution_id, "not acknowledged in time; the run went back to the queue"))
                 raise NotAcknowledged() from None
             except NotAcknowledged:
                 self._drop(ctx.execution_id, pending)
                 raise
-            report = await pending.outcome
         except asyncio.CancelledError:
             self._cancelled(ctx, pending)
             raise
@@ -480,7 +504,7 @@ class Session:
         """The task of a sent assignment was cancelled: the worker is told (unless parked)."""
         if self._pending.get(ctx.execution_id) is pending and not pending.parked:
             pending.cancelled = True
-            if not pending.acked.done():
+            if not pending.acked:
                 self._drop(ctx.execution_id, pending)
             # (An acknowledged one stays pending, its slot busy on the worker, until it reports its end.)
             self._send(CancelOrder(ctx.execution_id, self._cancel_reason(ctx.run_id)))
@@ -495,9 +519,27 @@ class Session:
                 return "timed out"
         return "cancelled"
 
+    def _ack_deadlines(self) -> None:
+        """The ack timer: the assignments past their ack timeout go back (`_AckTimedOut`); then
+        the timer is set for the oldest one left."""
+        self._ack_timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        unacked = self._unacked
+        while unacked:
+            execution_id, pending = next(iter(unacked.items()))
+            if pending.ack_by > now:
+                self._ack_timer = loop.call_at(pending.ack_by, self._ack_deadlines)
+                return
+            del unacked[execution_id]
+            if not pending.outcome.done():
+                pending.outcome.set_exception(_AckTimedOut())
+
     def _drop(self, execution_id: str, pending: _Pending) -> None:
         if self._pending.get(execution_id) is pending:
             del self._pending[execution_id]
+        if self._unacked.get(execution_id) is pending:
+            del self._unacked[execution_id]
         # A credit never spent on a delivered assignment is not given back: the worker's own count
         # frees that slot when it hears of the end (a cancel, or the stream's end).
 
