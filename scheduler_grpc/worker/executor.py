@@ -48,11 +48,12 @@ class Executor:
         now = datetime.now(UTC).isoformat()
         shared.outbox.add([shared.event(EventType.STARTED, run.claim, now=now) for run in ready])
         deadlines: dict[timedelta, Deadline] = {}
+        admissions: dict[str, int] = {}
         for run in runs:
             shared.tracker.claimed(run)
             if run.claim.limits:
                 for name in {limit.limit for limit in run.claim.limits}:
-                    metrics.LIMIT_ADMISSIONS.labels(name).inc()
+                    admissions[name] = admissions.get(name, 0) + 1
             if run.reserved:
                 assert run.claim.clock is not None  # a claim with reservations reads the clock
                 run.due = replied + max((run.claim.started_at - run.claim.clock).total_seconds(), 0.0)
@@ -65,6 +66,8 @@ class Executor:
                 deadline = deadlines[timeout] = Deadline(timeout.total_seconds(), count)
             run.deadline = deadline
             self._spawn(run, self._execute_traced(run) if tracing.enabled else self._execute(run))
+        for name, count in admissions.items():  # one labelled child per limit and batch, not per run
+            metrics.LIMIT_ADMISSIONS.labels(name).inc(count)
         self.observe_starts([run.claim for run in ready])
 
     def _spawn(self, run: Attempt, body: Coroutine[Any, Any, None]) -> None:
