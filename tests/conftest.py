@@ -155,13 +155,37 @@ def database_url(servers: ServerUrls) -> Iterator[str]:
 
 
 _TABLES = ("job_executions", "jobs", "leader_state", "api_keys", "users", "limits")
+# The tables `TRUNCATE _TABLES CASCADE` empties: _TABLES and every table referencing one of them,
+# transitively (the foreign keys PostgreSQL's CASCADE follows).
+_CASCADE = """
+WITH RECURSIVE closure(rel) AS (
+    SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relname = ANY($1::text[])
+    UNION
+    SELECT con.conrelid FROM pg_constraint con JOIN closure ON con.confrelid = closure.rel WHERE con.contype = 'f'
+)
+SELECT relname FROM pg_class WHERE oid IN (SELECT rel FROM closure) ORDER BY relname
+"""
+
+
+async def empty_tables(pool: asyncpg.Pool) -> None:
+    """Empty every table of the schema but its migrations, as `TRUNCATE _TABLES CASCADE` does, but
+    only those holding a row: a TRUNCATE recreates each table's and index's files whether or not they
+    hold anything (50-150 ms for these ~50 relations on a loaded 2-core machine, before each of ~530
+    tests), while most tests leave most tables empty."""
+    tables = [row["relname"] for row in await pool.fetch(_CASCADE, list(_TABLES))]
+    if not tables:
+        return
+    used = await pool.fetchrow("SELECT " + ", ".join(f'EXISTS (SELECT FROM "{t}") AS "{t}"' for t in tables))
+    assert used is not None
+    if dirty := [table for table in tables if used[table]]:
+        await pool.execute(f"TRUNCATE {', '.join(dirty)} CASCADE")
 
 
 @pytest.fixture
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     """A pool on the session database, emptied before the test."""
     pool = await create_pool(database_url, size=10, connect_timeout=_TIMEOUT)
-    await pool.execute(f"TRUNCATE {', '.join(_TABLES)} CASCADE")
+    await empty_tables(pool)
     try:
         yield pool
     finally:
