@@ -178,6 +178,12 @@ class Control:
         self._limit_keys = LimitKeyControl(self._limits, LimitKeyQueries(pool, timeout=read_timeout), self._queues)
 
     @property
+    def in_process_queue(self) -> str | None:
+        """The in-process workers' queue, where a job may name only this server's handlers (a
+        remote worker's handler must be on another queue); None: no handler but this process's."""
+        return self._in_process_queue
+
+    @property
     def bulk(self) -> BulkControl:
         """Bulk actions on executions and jobs, by ids or filter (`control_bulk`)."""
         return self._bulk

@@ -156,13 +156,68 @@ def database_url(servers: ServerUrls) -> Iterator[str]:
 
 
 _TABLES = ("job_executions", "jobs", "leader_state", "api_keys", "users", "limits")
+# The tables `TRUNCATE _TABLES CASCADE` empties (_TABLES and every table referencing one of them,
+# transitively: the foreign keys PostgreSQL's CASCADE follows), each with the tables it references.
+_CASCADE = """
+WITH RECURSIVE closure(rel) AS (
+    SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relname = ANY($1::text[])
+    UNION
+    SELECT con.conrelid FROM pg_constraint con JOIN closure ON con.confrelid = closure.rel WHERE con.contype = 'f'
+)
+SELECT c.relname, array(SELECT DISTINCT con.confrelid::regclass::text FROM pg_constraint con
+                        WHERE con.conrelid = c.oid AND con.contype = 'f' AND con.confrelid <> c.oid) AS parents
+FROM pg_class c WHERE c.oid IN (SELECT rel FROM closure) ORDER BY c.relname
+"""
+# A table holding at most this many rows is emptied by DELETE, else by TRUNCATE.
+_FEW_ROWS = 1000
+_empty_order: list[str] = []
+
+
+async def _tables_children_first(pool: asyncpg.Pool) -> list[str]:
+    """The tables `TRUNCATE _TABLES CASCADE` empties, each after every table referencing it (read
+    once: the schema does not change during a session)."""
+    if not _empty_order:
+        parents = {row["relname"]: set(row["parents"]) for row in await pool.fetch(_CASCADE, list(_TABLES))}
+        while parents:
+            leaves = sorted(t for t in parents if not any(t in others for others in parents.values()))
+            assert leaves, f"a cycle of foreign keys among {sorted(parents)}"
+            _empty_order.extend(leaves)
+            for table in leaves:
+                del parents[table]
+    return _empty_order
+
+
+async def empty_tables(pool: asyncpg.Pool) -> None:
+    """Leave every table `TRUNCATE _TABLES CASCADE` empties empty, at a fraction of its cost.
+
+    A TRUNCATE recreates the files of every table and index it names, rows or not (30-150 ms for
+    these ~50 relations on the loaded 2-core machine, before each of ~530 tests), while a test
+    leaves most tables empty and the others with a few rows. So: one statement counts each table's
+    rows (up to `_FEW_ROWS` + 1); tables holding none are left alone; if those holding rows hold
+    few, they are emptied by DELETE (children first: ~1 ms), else by TRUNCATE ... CASCADE as before.
+    """
+    tables = await _tables_children_first(pool)
+    if not tables:
+        return
+    limit = _FEW_ROWS + 1
+    counts = await pool.fetchrow(
+        "SELECT " + ", ".join(f'(SELECT count(*) FROM (SELECT FROM "{t}" LIMIT {limit}) x) AS "{t}"' for t in tables)
+    )
+    assert counts is not None
+    dirty = [table for table in tables if counts[table]]
+    if not dirty:
+        return
+    if all(counts[table] <= _FEW_ROWS for table in dirty):
+        await pool.execute("; ".join(f'DELETE FROM "{table}"' for table in dirty))
+    else:
+        await pool.execute(f"TRUNCATE {', '.join(dirty)} CASCADE")
 
 
 @pytest.fixture
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     """A pool on the session database, emptied before the test."""
     pool = await create_pool(database_url, size=10, connect_timeout=_TIMEOUT)
-    await pool.execute(f"TRUNCATE {', '.join(_TABLES)} CASCADE")
+    await empty_tables(pool)
     try:
         yield pool
     finally:

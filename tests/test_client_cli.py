@@ -74,6 +74,18 @@ async def api(roles: Roles, redis: aioredis.Redis, pool: asyncpg.Pool) -> Api:
     return await start_api(roles, redis)
 
 
+@pytest.fixture
+async def unscheduled_api(roles: Roles, redis: aioredis.Redis, pool: asyncpg.Pool) -> Api:
+    """A worker and the server: for tests whose runs are all triggered (no cron job, no scheduler)."""
+    return await start_api(roles, redis, scheduler=False)
+
+
+@pytest.fixture
+async def server_api(roles: Roles, redis: aioredis.Redis, pool: asyncpg.Pool) -> Api:
+    """The server process alone: for tests that run nothing."""
+    return await start_api(roles, redis, scheduler=False, workers=0)
+
+
 def test_cli_walk_through(api: Api, tmp_path: Path) -> None:
     config = tmp_path / "schedctl"
     cli = Schedctl(api.target, config)
@@ -238,7 +250,8 @@ def _login(api: Api, tmp_path: Path) -> Schedctl:
     return cli
 
 
-def test_trigger_wait_waits_for_the_run_through_its_retries(api: Api, tmp_path: Path) -> None:
+def test_trigger_wait_waits_for_the_run_through_its_retries(unscheduled_api: Api, tmp_path: Path) -> None:
+    api = unscheduled_api
     cli = _login(api, tmp_path)
     # (Four test.fail calls in all: a fifth with these failures would open its circuit breaker.)
     # The first attempt fails, its retry succeeds: the run succeeded, exit 0.
@@ -258,7 +271,8 @@ def test_trigger_wait_waits_for_the_run_through_its_retries(api: Api, tmp_path: 
     assert "(retry budget of 1 spent)" in last["error"]
 
 
-def test_whole_numbers_print_as_integers(api: Api, tmp_path: Path) -> None:
+def test_whole_numbers_print_as_integers(unscheduled_api: Api, tmp_path: Path) -> None:
+    api = unscheduled_api
     cli = _login(api, tmp_path)
     payload = '{"n": 42, "ratio": 1.5, "list": [1, 2.5, -3], "nested": {"zero": 0}}'
     cli.ok("jobs", "create", "--name", "numbers", "--handler", "test.echo", "--payload", payload)
@@ -293,7 +307,8 @@ def test_watch_and_depends_on_show_job_names(api: Api, tmp_path: Path) -> None:
     assert re.search(r"^job:\s+tick$", cli.ok("executions", "get", execution), re.MULTILINE)
 
 
-def test_dlq_requeue_names_the_runs_not_in_the_queue(api: Api, tmp_path: Path) -> None:
+def test_dlq_requeue_names_the_runs_not_in_the_queue(unscheduled_api: Api, tmp_path: Path) -> None:
+    api = unscheduled_api
     cli = _login(api, tmp_path)
     unknown = "00000000-0000-4000-8000-000000000000"
     assert cli.fails("dlq", "requeue", unknown, code=1) == (
@@ -314,7 +329,8 @@ def test_dlq_requeue_names_the_runs_not_in_the_queue(api: Api, tmp_path: Path) -
     assert json.loads(result.stdout) == {"runIds": [], "notFound": [unknown]}
 
 
-def test_api_field_errors_name_the_flag(api: Api, tmp_path: Path) -> None:
+def test_api_field_errors_name_the_flag(server_api: Api, tmp_path: Path) -> None:
+    api = server_api
     cli = _login(api, tmp_path)
     create = ["jobs", "create", "--name", "bad", "--handler", "test.echo"]
     cron = cli.fails(*create, "--cron", "61 * * * *", code=2)

@@ -226,7 +226,7 @@ async def test_a_forbid_job_never_runs_twice_at_once_after_both_schedulers_pause
     roles.start("worker")
     await wait_until_ready(redis, workers=1)
     job = await control.create_job(
-        JobSpec(name="forbids", handler="test.delay", payload={"seconds": 5}, schedule_kind=ScheduleKind.CRON,
+        JobSpec(name="forbids", handler="test.delay", payload={"seconds": 3}, schedule_kind=ScheduleKind.CRON,
                 cron="* * * * * *", concurrency_policy=ConcurrencyPolicy.FORBID)
     )  # fmt: skip
 

@@ -279,7 +279,8 @@ async def test_two_schedulers_and_a_paused_leader_fire_every_slot_exactly_once(
     async def slots_so_far() -> int:
         return int(await pool.fetchval("SELECT count(*) FROM job_executions WHERE job_id = $1", job.id))
 
-    await eventually(lambda: _at_least(slots_so_far, 15), within=40)
+    # A few slots in steady state first (the first leader fires them on time).
+    await eventually(lambda: _at_least(slots_so_far, 5), within=40)
     zombie = await eventually(leader, within=5)
     zombie.signal(signal.SIGSTOP)
     paused_at = time.monotonic()
@@ -299,7 +300,10 @@ async def test_two_schedulers_and_a_paused_leader_fire_every_slot_exactly_once(
         return any('"stepped down"' in line for line in zombie.log_lines())
 
     await eventually(zombie_stepped_down, within=10)
-    await eventually(lambda: _at_least(slots_so_far, 60), within=90)
+    # Slots after its wake-up: fired by the new leader while the zombie is back as a standby (a
+    # duplicate or a hole here is what a zombie acting on its stale view would leave).
+    stepped_down_at = await slots_so_far()
+    await eventually(lambda: _at_least(slots_so_far, stepped_down_at + 5), within=30)
     await control.pause_job(job.id)
     rows = await pool.fetch(
         "SELECT scheduled_for, attempt, status FROM job_executions WHERE job_id = $1 ORDER BY scheduled_for", job.id
@@ -307,7 +311,7 @@ async def test_two_schedulers_and_a_paused_leader_fire_every_slot_exactly_once(
     slots = [row["scheduled_for"] for row in rows]
     assert len(slots) == len(set(slots)), "a slot fired twice"
     assert all(b - a == timedelta(seconds=1) for a, b in itertools.pairwise(slots)), "a slot was lost"
-    assert len(slots) >= 55
+    assert len(slots) >= 5 + 3 + 5
     assert takeover < 2.0 + 1.5, f"crash failover took {takeover:.2f}s"
     print(f"crash failover (SIGSTOP of the leader -> standby leads): {takeover:.2f}s")
 

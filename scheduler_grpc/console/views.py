@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 from urllib.parse import urlencode
@@ -213,14 +213,67 @@ async def jobs(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _handler_names(console: Console) -> list[str]:
-    return [str(entry["name"]) for entry in console.api.handlers.describe() if entry.get("enabled")]
+@dataclass(frozen=True)
+class RemoteHandler:
+    """A handler live remote workers serve (their heartbeats), for the job form's choices.
+
+    Attributes:
+        name: The handler's name, as a job names it.
+        queues: The queues those workers take runs from (a job of it must be on one of them).
+        workers: How many live remote workers serve it.
+    """
+
+    name: str
+    queues: tuple[str, ...]
+    workers: int
+
+
+@dataclass(frozen=True)
+class HandlerChoices:
+    """What the job form offers for its handler: this server's enabled handlers (name and
+    description) and the handlers live remote workers serve (None: unknown, Redis did not answer).
+    The field stays free text: a job may name a remote handler no worker serves yet."""
+
+    builtin: list[tuple[str, str]]
+    remote: list[RemoteHandler] | None
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues remote workers serve now (the queue field's suggestions)."""
+        return sorted({queue for handler in self.remote or [] for queue in handler.queues})
+
+
+async def _handler_choices(console: Console) -> HandlerChoices:
+    builtin = [
+        (str(entry["name"]), str(entry.get("description") or ""))
+        for entry in console.api.handlers.describe()
+        if entry.get("enabled")
+    ]
+    workers = await _stores_down_safe(console.api.cluster.workers())
+    if workers is None:
+        return HandlerChoices(builtin, None)
+    served: dict[str, list[str]] = {}
+    for worker in workers:
+        if worker.remote:
+            for name in worker.handlers:
+                served.setdefault(name, []).append(worker.queue)
+    remote = [
+        RemoteHandler(name, tuple(sorted(set(queues))), len(queues))
+        for name, queues in sorted(served.items())
+        if name not in console.api.handlers  # a hello naming a built-in handler is refused anyway
+    ]
+    return HandlerChoices(builtin, remote)
 
 
 def _field_errors(exc: InvalidArgument) -> dict[str, str]:
-    """The form field an error belongs to (a handler's payload field errors go on the payload box)."""
-    if exc.field.startswith("payload."):
-        return {"payload": f"{exc.field}: {exc.message}"}
+    """The form field an error belongs to: its own, or the form field it is part of (a handler's
+    payload field errors go on the payload box, `depends_on[2]` on the upstreams), named in the
+    message. An error of no form field keeps its name: the form's summary shows every error."""
+    if exc.field in forms.FIELDS:
+        return {exc.field: exc.message}
+    for field in forms.FIELDS:
+        if exc.field.startswith((f"{field}.", f"{field}[")):
+            return {field: f"{exc.field}: {exc.message}"}
     return {exc.field: exc.message}
 
 
@@ -228,6 +281,8 @@ async def _job_form(
     request: web.Request, job_id: str | None, values: dict[str, str], errors: dict[str, str], status: int = 200
 ) -> web.StreamResponse:
     console = _console(request)
+    choices = await _handler_choices(console)
+    in_process_queue = console.api.control.in_process_queue
     return await render(
         request,
         "job_form.html",
@@ -236,9 +291,11 @@ async def _job_form(
             "values": values,
             "errors": errors,
             "choices": forms.CHOICES,
-            # The job's own handler stays selectable even if disabled here, so an edit never
-            # silently switches it to another (validation then names it if it is refused).
-            "handlers": sorted({*_handler_names(console), *([values["handler"]] if values.get("handler") else [])}),
+            # Suggestions only: the handler field is free text, so a job's own handler (disabled
+            # here, or a remote one nobody serves now) is shown as it is and never switched.
+            "handler_choices": choices,
+            "in_process_queue": in_process_queue,
+            "queue_choices": sorted({*([in_process_queue] if in_process_queue else []), *choices.queues}),
             "version": values.get("version", ""),
         },
         status=status,
