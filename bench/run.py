@@ -520,7 +520,7 @@ ROWS = (
         "1,000 watchers: delay p99 (event → receipt)",
         ("watch", "delay_p99_ms"),
         "ms",
-        None,
+        ("<", 1000),
         floor_of("watch", "fanout_delay_p99_ms"),
         "no-op gRPC fan-out p99",
     ),
