@@ -42,9 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import grpc
 import uvloop
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis.asyncio import Redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "clients" / "python"))
 
+from api_load_bench import wait_serving  # noqa: E402
 from benchlib import servers  # noqa: E402
 from floors import postgres_pid, proc_cpu_seconds, tree_cpu_seconds, valkey_pid  # noqa: E402
 
@@ -87,23 +86,6 @@ async def queue_runs(pool: asyncpg.Pool, queues: Queues, job_id: str, runs: int)
         slots = [base + timedelta(microseconds=i) for i in range(start, min(start + BATCH, runs))]
         made = await FiringRepository(pool).trigger(job_id, Trigger.BACKFILL, slots)
         await enqueue_runs(queues, made)
-
-
-async def wait_serving(target: str, process: asyncio.subprocess.Process) -> None:
-    async with grpc.aio.insecure_channel(target) as channel:
-        health: Any = health_pb2_grpc.HealthStub(channel)  # its stubs do not declare Check
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if process.returncode is not None:
-                raise SystemExit(f"the server exited with {process.returncode}")
-            try:
-                answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.aio.AioRpcError:
-                pass
-            await asyncio.sleep(0.05)
-    raise SystemExit("the server did not become SERVING within 60 s")
 
 
 async def members(redis: Redis) -> set[str]:
