@@ -74,8 +74,15 @@ async def test_proxy_injects_latency_blackhole_and_reset(redis_url: str) -> None
         finally:
             await client.aclose()
         proxy.reset(refuse=True)
-        with pytest.raises((RedisConnectionError, OSError)):
-            await _ping(proxy.port, 2)
+        # Refused at once (an RST), not timed out: a client that does not retry sees the reset.
+        refused = aioredis.Redis(host="127.0.0.1", port=proxy.port, socket_connect_timeout=2, retry=no_retry)
+        try:
+            began = time.monotonic()
+            with pytest.raises(RedisConnectionError):
+                await refused.ping()
+            assert time.monotonic() - began < 1.0
+        finally:
+            await refused.aclose()
         proxy.heal()
         assert await _ping(proxy.port, 2) < 0.5
     finally:
