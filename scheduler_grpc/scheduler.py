@@ -6,7 +6,8 @@
   enqueued in Redis as soon as it is recorded. `allow` jobs are fired `fire_ahead` before their
   slot, their runs delayed in the queue until it (`fires_ahead`), so recording a big second is
   off the lateness path. Between scans: asleep until the next job is to fire.
-* recover: expired leases back to ready; runs that stalled too often are dead-lettered.
+* recover: expired leases back to ready, their attempts recorded `abandoned` (the next `queued`);
+  runs that stalled too often are dead-lettered.
 * promote: due retries move from the delayed set to ready.
 * reconcile: runs PostgreSQL has `queued` that Redis does not know (crash between commit and
   enqueue, Redis restarted empty, FLUSHALL) are enqueued again, and dead runs (latest attempt
