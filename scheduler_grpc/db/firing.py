@@ -309,6 +309,10 @@ class FiringRepository:
                 SELECT id, id, job_id, slot, 1, {_STATUS}, 'manual', now(), priority, request_id, trace_context,
                        {keys_of("resolved")}, {key_error_of("resolved")}, {_FINISHED}, {SNAPSHOT_COLUMNS}
                 FROM eligible
+                -- One order for every statement: two calls inserting the same request ids in different
+                -- orders would each wait on the other's uncommitted row (a deadlock PostgreSQL breaks by
+                -- failing one of them).
+                ORDER BY job_id, request_id, slot
                 ON CONFLICT DO NOTHING
                 RETURNING {COLUMNS}, e.handler, e.queue, e.payload, e.limit_keys
             )
