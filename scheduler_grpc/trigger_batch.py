@@ -43,6 +43,9 @@ MAX_BATCH: Final = 500  # requests per statement (bounds its parameters and the 
 # gathers every call that arrives, so under load batches are bigger and fewer (measured: ~25 % more
 # TriggerJob/s than with two), and an idle server still answers a lone call at once.
 MAX_IN_FLIGHT: Final = 1
+# BatchTriggerJobs statements running at once: each holds a pool connection for a statement of up to
+# 1,000 rows, so ten concurrent calls would otherwise take a whole default pool (10) from everything else.
+MAX_BULK_IN_FLIGHT: Final = 3
 MAX_COLLISIONS: Final = 5  # fresh slots tried for one request before giving up (ABORTED)
 BATCH_TIMEOUT: Final = timedelta(seconds=30)  # one batch's statement (the dispatch after it has its own bound)
 
@@ -84,6 +87,7 @@ class TriggerBatcher:
             bounded, and it should not raise: the runs are committed (`dispatch.dispatch_committed`).
         max_batch: Most requests per batch.
         max_in_flight: Most batches running at once.
+        max_bulk_in_flight: Most `trigger_all` statements running at once (the others wait their turn).
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class TriggerBatcher:
         *,
         max_batch: int = MAX_BATCH,
         max_in_flight: int = MAX_IN_FLIGHT,
+        max_bulk_in_flight: int = MAX_BULK_IN_FLIGHT,
     ) -> None:
         self._executions = executions
         self._dispatch = dispatch
@@ -102,6 +107,7 @@ class TriggerBatcher:
         # concurrent calls, SCHEDULER_MAX_CONCURRENT_RPCS).
         self._pending: deque[_Waiter] = deque()
         self._in_flight = 0
+        self._bulk = asyncio.Semaphore(max_bulk_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_slot = datetime.min.replace(tzinfo=UTC)
 
@@ -153,6 +159,7 @@ class TriggerBatcher:
         """Manual runs for the requests of ONE call (BatchTriggerJobs), in one statement of their own:
         such a call is a batch already, so it does not queue behind the TriggerJob calls' batches.
         Requests must be valid (`job_id` a UUID, payloads checked) and distinct per (job, request_id).
+        At most `max_bulk_in_flight` calls run their statements at once; the others wait their turn.
 
         Requests whose slot collided are tried again with fresh slots, `MAX_COLLISIONS` times in all;
         one still colliding after that comes back COLLIDED. A statement error that may come from a
@@ -184,7 +191,7 @@ class TriggerBatcher:
                 TriggerRequest(r.job_id, slot, r.request_id, trace_context, r.payload)
                 for r, slot in zip(asked, slots, strict=True)
             ]
-            async with asyncio.timeout(BATCH_TIMEOUT.total_seconds()):
+            async with self._bulk, asyncio.timeout(BATCH_TIMEOUT.total_seconds()):
                 try:
                     answers = await self._executions.trigger_now(batch)
                 except Exception as exc:

@@ -24,6 +24,7 @@ from scheduler_client.errors import NotFound
 from scheduler_client.v1 import executions_pb2, jobs_pb2, limits_pb2, limits_pb2_grpc
 
 from scheduler_grpc.queue import Queue
+from scheduler_grpc.trigger_batch import MAX_BULK_IN_FLIGHT
 from tests.conftest import ROOT
 from tests.test_api_support import Harness, api, echo_job  # noqa: F401 - `api` is a fixture
 
@@ -286,3 +287,32 @@ async def test_concurrent_calls_with_the_same_request_ids_make_each_run_once(api
     assert [result.execution.id for result in third] == ids[::-1]
     assert len(set(ids)) == 200
     assert await _runs(api) == 200
+
+
+async def test_concurrent_calls_leave_most_of_the_pool_to_other_requests(
+    api: Harness,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job()), metadata=api.admin)).job
+    firing = api.server.api.control._firing
+    trigger_now = firing.trigger_now
+    running = peak = 0
+    enough = asyncio.Event()  # set once MAX_BULK_IN_FLIGHT statements run: a wider door would show by then
+
+    async def counted(requests: Any) -> Any:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        if running >= MAX_BULK_IN_FLIGHT:
+            enough.set()
+        try:
+            await enough.wait()
+            return await trigger_now(requests)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(firing, "trigger_now", counted)
+    calls = [_batch(api, [_item(job.id, f"c{c}-{n}") for n in range(20)]) for c in range(10)]
+    answers = await asyncio.gather(*calls)
+    assert peak == MAX_BULK_IN_FLIGHT, "ten calls hold at most MAX_BULK_IN_FLIGHT pool connections at once"
+    assert sum(len(results) for results in answers) == await _runs(api) == 200
