@@ -10,8 +10,10 @@ inserted with COPY. Three modes:
 
 * steady (default): `--jobs` per-second cron jobs (`* * * * * *`), all with the same first slot,
   for `--seconds`, with `--schedulers` scheduler and `--workers` worker processes (default
-  settings). Lateness of every slot in the window, attempt 1 of trigger `schedule`: start
-  (`started_at - scheduled_for`, the figure of issue 11) and fire (`created_at - scheduled_for`:
+  settings); with `--shipped`, `scheduler-grpc up --schedulers N --workers M` starts them beside
+  a server role, the topology `make run` starts (its defaults: 2 schedulers, 3 workers).
+  Lateness of every slot in the window, attempt 1 of trigger `schedule`: start (`started_at -
+  scheduled_for`, the figure of issue 11) and fire (`created_at - scheduled_for`:
   the row was recorded by the leader's fire statement) as p50 / p99 / max, plus the slots fired
   and started, and the CPU seconds per slot of the leader, the workers and PostgreSQL (from /proc).
 * `--burst N`: N jobs (one-shots, or with `--kind cron` cron jobs firing at one second of every
@@ -28,9 +30,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import random
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -67,6 +72,26 @@ def cpu_seconds(pid: int) -> float:
     except (FileNotFoundError, ProcessLookupError):
         return 0.0
     return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive loopback ports free right now (`up`'s /metrics ports)."""
+    for _ in range(100):
+        base = random.randrange(20000, 60000 - count)
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + count):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise SystemExit(f"no {count} consecutive free ports")
 
 
 def parent_pid(pid: int) -> int:
@@ -109,6 +134,7 @@ class Processes:
     def __init__(self, env: dict[str, str], log_dir: Path) -> None:
         self._env = env
         self._log_dir = log_dir
+        self.log_dir = log_dir
         self.roles: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, role: str, name: str) -> None:
@@ -121,7 +147,24 @@ class Processes:
             cwd=ROOT,
         )
 
+    def start_up(self, schedulers: int, workers: int, log_dir: Path) -> None:
+        """`scheduler-grpc up`: the roles as `make run` starts them, on free ports, as one child "up"."""
+        grpc_port, http_port = free_port(), free_port()
+        metrics_base = free_port_run(10 + workers)
+        settings = {"SCHEDULER_GRPC_PORT": str(grpc_port), "SCHEDULER_HTTP_PORT": str(http_port),
+                    "SCHEDULER_METRICS_BASE": str(metrics_base), "SCHEDULER_DATA_DIR": str(log_dir)}  # fmt: skip
+        log = open(self._log_dir / "up.log", "wb")  # noqa: SIM115 - the child owns it
+        self.roles["up"] = subprocess.Popen(
+            [sys.executable, "-m", "scheduler_grpc", "up", "--schedulers", str(schedulers), "--workers", str(workers)],
+            env={**self._env, **settings},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+
     def cpu(self, prefix: str) -> float:
+        if prefix == "up":  # the roles are up's children: their CPU in all
+            return tree_cpu_seconds(self.roles["up"].pid)
         return sum(cpu_seconds(p.pid) for name, p in self.roles.items() if name.startswith(prefix))
 
     def stop(self) -> None:
@@ -160,10 +203,13 @@ async def workers_ready(redis_url: str, workers: int, limit: float = 60.0) -> No
 
 async def steady(args: argparse.Namespace, pool: asyncpg.Pool, procs: Processes, redis_url: str) -> dict[str, Any]:
     postmaster = parent_pid(await pool.fetchval("SELECT pg_backend_pid()"))
-    for index in range(args.schedulers):
-        procs.start("scheduler", f"scheduler-{index}")
-    for index in range(args.workers):
-        procs.start("worker", f"worker-{index}")
+    if args.shipped:
+        procs.start_up(args.schedulers, args.workers, procs.log_dir)
+    else:
+        for index in range(args.schedulers):
+            procs.start("scheduler", f"scheduler-{index}")
+        for index in range(args.workers):
+            procs.start("worker", f"worker-{index}")
     await leader_ready(pool)
     await workers_ready(redis_url, args.workers)
     start = await pool.fetchval("SELECT date_trunc('second', now()) + interval '3 seconds'")
@@ -173,9 +219,15 @@ async def steady(args: argparse.Namespace, pool: asyncpg.Pool, procs: Processes,
     leader = await leader_ready(pool)
     wait = (start - await pool.fetchval("SELECT now()")).total_seconds()
     await asyncio.sleep(max(0.0, wait))
-    cpu_before = {"leader": procs.cpu(leader), "workers": procs.cpu("worker"), "postgres": tree_cpu_seconds(postmaster)}
+
+    def cpu_now() -> dict[str, float]:
+        if args.shipped:  # up's children, the server too
+            return {"roles": procs.cpu("up"), "postgres": tree_cpu_seconds(postmaster)}
+        return {"leader": procs.cpu(leader), "workers": procs.cpu("worker"), "postgres": tree_cpu_seconds(postmaster)}
+
+    cpu_before = cpu_now()
     await asyncio.sleep(args.seconds)
-    cpu_after = {"leader": procs.cpu(leader), "workers": procs.cpu("worker"), "postgres": tree_cpu_seconds(postmaster)}
+    cpu_after = cpu_now()
     # Let the window's slots finish firing, then stop firing, and let them finish starting (bounded).
     drain_began = time.monotonic()
     while time.monotonic() - drain_began < args.drain:
@@ -205,16 +257,17 @@ async def steady(args: argparse.Namespace, pool: asyncpg.Pool, procs: Processes,
     cpu = {role: round((cpu_after[role] - cpu_before[role]) / slots * 1e6, 1) for role in cpu_before}
     result = {
         "mode": "steady", "jobs": args.jobs, "seconds": args.seconds, "schedulers": args.schedulers,
-        "workers": args.workers, "slots_expected": expected, "slots_fired": len(fired),
+        "workers": args.workers, "shipped": args.shipped, "slots_expected": expected, "slots_fired": len(fired),
         "slots_started": len(started_l), "start": percentiles(started_l), "fire": percentiles(fired),
         "cpu_us_per_slot": cpu,
     }  # fmt: skip
     print(f"lateness of {args.jobs} per-second cron jobs over {args.seconds} s "
-          f"({args.schedulers} schedulers, {args.workers} workers):")  # fmt: skip
+          f"({'scheduler-grpc up: a server, ' if args.shipped else ''}{args.schedulers} schedulers, "
+          f"{args.workers} workers):")  # fmt: skip
     print(f"  slots: {expected} due, {len(fired)} fired, {len(started_l)} started")
     print(line("start (started_at - slot)", result["start"]))
     print(line("fire (created_at - slot)", result["fire"]))
-    print(f"  CPU per slot: leader {cpu['leader']} us, workers {cpu['workers']} us, PostgreSQL {cpu['postgres']} us")
+    print("  CPU per slot: " + ", ".join(f"{role} {us} us" for role, us in cpu.items()))
     return result
 
 
@@ -371,6 +424,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=int, default=60, help="length of the window (steady mode) [60]")
     parser.add_argument("--schedulers", type=int, default=2, help="scheduler processes [2]")
     parser.add_argument("--workers", type=int, default=2, help="worker processes [2]")
+    parser.add_argument("--shipped", action="store_true",
+                        help="steady mode: roles from `scheduler-grpc up` (a server too), as `make run`")  # fmt: skip
     parser.add_argument("--drain", type=float, default=60.0, help="longest wait for the window's slots to start [60]")
     parser.add_argument("--burst", type=int, default=0, help="burst mode: this many jobs due in the same second")
     parser.add_argument("--kind", choices=["once", "cron"], default="once", help="burst mode: job kind [once]")
