@@ -72,6 +72,17 @@ MEASUREMENTS = (
         "the same drain with OpenTelemetry on in the worker (every run with a trace, spans exported over "
         "OTLP/gRPC to a sink in the bench process)",
     ),
+    # Issue 25: BullMQ (installed by the bench from the npm registry) on the same Valkey, alternated.
+    Measurement(
+        "bullmq",
+        "bullmq_bench.py",
+        ("--runs", "20000", "--rounds", "3"),
+        ("--runs", "2000", "--rounds", "1"),
+        600,
+        "20,000 no-op runs drained by one worker process of 200 slots, ours (test.echo, full PostgreSQL "
+        "history) then BullMQ's (a no-op Worker in Node.js, completed jobs kept in Valkey), three times "
+        "alternated on the same Valkey; the median of each",
+    ),
     # Issue 23: one remote Python SDK worker through one server process, beside the in-process drain.
     Measurement(
         "remote",
@@ -377,6 +388,22 @@ ROWS = (
         "the drain, tracing off",
     ),
     Row(
+        "drain beside BullMQ: executions/s (20,000 runs, 1 worker of 200 slots, median of 3)",
+        ("bullmq", "ours_executions_per_s"),
+        "/s",
+        ("ratio≥", 1.05),
+        floor_of("bullmq", "bullmq_executions_per_s"),
+        "BullMQ, same run and Valkey",
+    ),
+    Row(
+        "drain beside BullMQ: CPU per execution (worker, Valkey, PostgreSQL)",
+        ("bullmq", "ours_cpu_us"),
+        "µs",
+        None,
+        floor_of("bullmq", "bullmq_cpu_us"),
+        "BullMQ worker + Valkey µs",
+    ),
+    Row(
         "remote worker drain: executions/s (20,000 runs, 1 server + 1 Python SDK worker)",
         ("remote", "remote_executions_per_s"),
         "/s",
@@ -633,6 +660,8 @@ Floors (measured in the same run, on the same servers, right before or beside th
   SELECT now() round trip  the least any statement of a scan tick costs, same pool, same moment
   10,000 ÷ drain rate  the burst cannot all start sooner than the worker can run 10,000 executions
   the drain, tracing off  the drain row above (same run): the ratio is the cost of tracing on
+  BullMQ, same run     BullMQ (bench/bullmq's locked version, from npm) draining as many no-op jobs with one Worker
+                       of as many slots on the same Valkey, alternated with ours; its CPU: Node worker + Valkey
   in-process drain, worker  remote rows: 20,000 test.echo runs drained by one in-process worker (concurrency 200),
                        same run, same servers (its executions/s; its CPU per execution)
   no-op gRPC fan-out   a no-op grpc.aio server pushing as many tiny messages to as many streams (same client code)
