@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from benchlib import servers  # noqa: E402
 from floors import postgres_pid, valkey_pid  # noqa: E402
 from lateness_bench import Processes  # noqa: E402
-from limits_bench import NO_RETRY, Drained, drain  # noqa: E402
+from limits_bench import NO_RETRY, Drained, _median_known, drain  # noqa: E402
 
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.control import Control  # noqa: E402
@@ -114,6 +114,8 @@ async def race(args: argparse.Namespace, redis_url: str, database_url: str, log_
         "ratio": our_rate / their_rate,
         "ours_cpu_us": statistics.median(d.cpu_us for d in ours),
         "ours_worker_cpu_us": statistics.median(d.worker_cpu_us for d in ours),
+        "ours_valkey_cpu_us": _median_known([d.valkey_cpu_us for d in ours]),
+        "ours_postgres_cpu_us": _median_known([d.postgres_cpu_us for d in ours]),
         "bullmq_worker_cpu_us": statistics.median(float(t["worker_cpu_us"]) for t in theirs),
         "bullmq_valkey_cpu_us": statistics.median(their_valkey) if their_valkey else None,
         "bullmq_cpu_us": statistics.median(
