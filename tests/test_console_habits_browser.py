@@ -144,6 +144,7 @@ def test_the_theme_follows_the_browser_preference(
     context.set_default_timeout(TIMEOUT_MS)
     try:
         tab = log_in(context, topology)
+        tab.wait_for_load_state("load")  # the stylesheet too: the heading shows before it applies
         background = tab.evaluate("getComputedStyle(document.body).backgroundColor")
         red, green, blue = (int(part) for part in re.findall(r"\d+", background)[:3])
         assert (red + green + blue < 150) is dark, background
