@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -26,7 +27,7 @@ import uvloop
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.migrate import migrate
 from scheduler_grpc.db.pool import create_pool
-from scheduler_grpc.embedded import ServerUrls, embedded_servers
+from scheduler_grpc.embedded import EmbeddedValkeyCluster, ServerUrls, embedded_servers
 from scheduler_grpc.handlers import HandlerSettings, default_registry
 from tests.engine_helpers import Roles
 
@@ -59,7 +60,8 @@ def tier(item: pytest.Item) -> str:
         return _FILE_TIERS[name]
     if name.endswith("_browser.py"):  # every file that drives Chromium
         return "browser"
-    if "servers" in getattr(item, "fixturenames", ()) or name in _ENGINE_FILES:
+    fixtures = getattr(item, "fixturenames", ())
+    if "servers" in fixtures or "cluster_url" in fixtures or name in _ENGINE_FILES:
         return "engine"
     return "pure"
 
@@ -123,6 +125,26 @@ def servers() -> Iterator[ServerUrls]:
         throwaway=True,
     ) as urls:
         yield urls
+
+
+@pytest.fixture(scope="session")
+def cluster_url() -> Iterator[str]:
+    """A Valkey Cluster (3 masters, 3 replicas) for this session: REDIS_CLUSTER_URL if set (a
+    `redis+cluster://` URL of a cluster the tests may wipe), else an embedded one on loopback."""
+    if os.environ.get("REDIS_CLUSTER_URL"):
+        yield os.environ["REDIS_CLUSTER_URL"]
+        return
+    data_dir = Path(os.environ.get("SCHEDULER_DATA_DIR") or ROOT / ".data").resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = data_dir / f"run-{os.getpid()}-{time.time_ns()}-cluster"
+    run_dir.mkdir()
+    (run_dir / "owner.pid").write_text(str(os.getpid()))
+    cluster = EmbeddedValkeyCluster(run_dir)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _with_database(url: str, database: str) -> str:
