@@ -412,7 +412,9 @@ class Queue:
             )
         self._redis = redis
         self._blocking = blocking
-        socket_timeout = blocking.connection_pool.connection_kwargs.get("socket_timeout")
+        # A cluster client (no one pool: one per node) is made with no socket timeout (`connections`).
+        pool = getattr(blocking, "connection_pool", None)
+        socket_timeout = pool.connection_kwargs.get("socket_timeout") if pool is not None else None
         self._blocking_socket_timeout: float | None = float(socket_timeout) if socket_timeout else None
         self._call_timeout_s = call_timeout.total_seconds()
         self.name = name
