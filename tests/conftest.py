@@ -24,6 +24,8 @@ import pytest
 import redis.asyncio as aioredis
 import uvloop
 
+from scheduler_grpc.config import cluster_url as cluster_url_of
+from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.migrate import migrate
 from scheduler_grpc.db.pool import create_pool
@@ -246,15 +248,34 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
         await pool.close()
 
 
+# The files whose tests run twice, against the single server and against the embedded Valkey Cluster
+# (issue 24): the queue's, the leader's and the engine tests that depend most on Redis's behaviour.
+CLUSTER_FILES = frozenset({"test_valkey_cluster.py", "test_queue.py", "test_leader.py"})
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test of a `CLUSTER_FILES` file that uses Redis runs on `single` and on `cluster`."""
+    if metafunc.definition.path.name in CLUSTER_FILES and "redis_backend" in metafunc.fixturenames:
+        metafunc.parametrize("redis_backend", ["single", "cluster"], indirect=True)
+
+
 @pytest.fixture
-def redis_url(servers: ServerUrls) -> str:
+def redis_backend(request: pytest.FixtureRequest) -> str:
+    """`single` (the session's one server) or `cluster` (the session's Valkey Cluster)."""
+    return str(getattr(request, "param", "single"))
+
+
+@pytest.fixture
+def redis_url(redis_backend: str, servers: ServerUrls, request: pytest.FixtureRequest) -> str:
+    if redis_backend == "cluster":
+        return str(request.getfixturevalue("cluster_url"))
     return servers.redis_url
 
 
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    """A client on a flushed Redis database."""
-    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    """A client on a flushed Redis database (every master of a cluster flushed)."""
+    client = redis_client(redis_url) if cluster_url_of(redis_url) else aioredis.Redis.from_url(redis_url)
     await client.flushdb()
     try:
         yield client

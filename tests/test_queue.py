@@ -130,7 +130,9 @@ async def test_bad_arguments_are_rejected(redis: aioredis.Redis) -> None:
         Queue(redis, "x" * 65)
 
 
-async def test_single_connection_client_is_refused_for_blocking_waits(redis_url: str) -> None:
+async def test_single_connection_client_is_refused_for_blocking_waits(redis_url: str, redis_backend: str) -> None:
+    if redis_backend == "cluster":
+        pytest.skip("a cluster client has no single-connection mode")
     client = aioredis.Redis.from_url(redis_url, single_connection_client=True)
     try:
         with pytest.raises(InvalidArgument) as excinfo:
@@ -858,6 +860,7 @@ async def test_idle_consumer_does_not_poll(redis: aioredis.Redis) -> None:
     after = await calls()
     delta = {name: count - before.get(name, 0) for name, count in after.items() if count != before.get(name)}
     delta.pop("info")
+    delta.pop("replconf", None)  # a replica's acknowledgements (cluster): not the client's
     print(f"commands while a consumer idled for 1 s: {delta}")
     # commandstats also counts the commands a script runs, so count what the client sent: a dequeue,
     # one BZPOPMIN, a last dequeue. Each empty dequeue runs GET (its resend guard), SCARD (the solo
@@ -883,7 +886,15 @@ async def test_cancelled_waiter_loses_nothing(redis: aioredis.Redis, deadline: D
     assert (await queue.stats()).processing == 0
 
 
-async def test_cancelled_wait_rearms_the_marker(redis: aioredis.Redis, deadline: Deadline) -> None:
+async def test_cancelled_wait_rearms_the_marker(
+    redis: aioredis.Redis, deadline: Deadline, redis_backend: str, request: pytest.FixtureRequest
+) -> None:
+    if redis_backend == "cluster":
+        # Found by the cluster tier (issue 24): redis-py's cluster client closes the cancelled
+        # BZPOPMIN's connection without waiting, and the node can serve the rearm first: the wait
+        # still blocked on the node pops the marker the rearm set. Work then waits for the next
+        # waiter's wait of at most `_MAX_BLOCK_S` (queue.py), not lost. Not fixed yet.
+        request.applymarker(pytest.mark.xfail(reason="a cancelled BZPOPMIN outlives its rearm on a cluster"))
     queue = Queue(redis)
     # Work is ready but its marker is gone, as if a waiter popped it and was cancelled at once.
     await queue.enqueue("a")
