@@ -254,8 +254,10 @@ CLUSTER_FILES = frozenset({"test_valkey_cluster.py", "test_queue.py", "test_lead
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Each test of a `CLUSTER_FILES` file that uses Redis runs on `single` and on `cluster`."""
-    if metafunc.definition.path.name in CLUSTER_FILES and "redis_backend" in metafunc.fixturenames:
+    """Each test of a `CLUSTER_FILES` file, or marked `cluster_too`, that uses Redis runs on `single`
+    and on `cluster`."""
+    chosen = metafunc.definition.path.name in CLUSTER_FILES or metafunc.definition.get_closest_marker("cluster_too")
+    if chosen and "redis_backend" in metafunc.fixturenames:
         metafunc.parametrize("redis_backend", ["single", "cluster"], indirect=True)
 
 
