@@ -47,7 +47,8 @@ _FILE_TIERS = {
     "test_client_node_bulk.py": "node",
     "test_remote_worker_node.py": "node",
 }
-_ENGINE_FILES = {"test_topology.py"}  # `scheduler-grpc up` with its own embedded servers
+# `scheduler-grpc up` with its own embedded servers; a Valkey Cluster of its own (and the session's)
+_ENGINE_FILES = {"test_topology.py", "test_valkey_cluster.py"}
 TIERS = ("pure", "engine", "browser", "chaos", "node")
 BROWSER_TIMEOUT_S = 300
 # The process groups of the running Chromiums (tests/test_console_browser.py's `chromium` adds each):

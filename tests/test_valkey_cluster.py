@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import random
 import string
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -32,7 +36,9 @@ from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.keys import AuthKeys, DepthKeys, EventKeys, LeaderKeys, QueueKeys, WorkerKeys
 from scheduler_grpc.queue import Queue, _Op
 from scheduler_grpc.scripts import LUA_DIR
+from tests.test_engine_processes import process_alive
 
+ROOT = Path(__file__).resolve().parent.parent
 FAST_HASHER = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
 
 
@@ -79,6 +85,35 @@ async def test_the_embedded_cluster_has_three_masters_each_with_a_replica_and_ev
             covered.update(range(int(first), int(last or first) + 1))
     assert covered == set(range(16384))
     assert {(host, int(row[1].split("@")[0].rsplit(":", 1)[1])) for row in rows} == set(seeds(cluster_url))
+
+
+_ORPHAN = """
+import sys, time
+from pathlib import Path
+from scheduler_grpc.embedded import EmbeddedValkeyCluster
+cluster = EmbeddedValkeyCluster(Path(sys.argv[1]))
+cluster.start()
+print(" ".join(str(node._child.process.pid) for node in cluster.nodes if node._child), flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_nodes_of_an_embedded_cluster_die_with_the_process_that_started_it(tmp_path: Path) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    ) as parent:
+        try:
+            assert parent.stdout is not None
+            pids = [int(pid) for pid in parent.stdout.readline().split()]
+            assert len(pids) == 6
+            assert all(process_alive(pid) for pid in pids)
+        finally:
+            parent.kill()  # SIGKILL: no clean-up runs; the kernel's PR_SET_PDEATHSIG must do it
+            parent.wait()
+    until = time.monotonic() + 10
+    while any(process_alive(pid) for pid in pids):
+        assert time.monotonic() < until, [pid for pid in pids if process_alive(pid)]
+        time.sleep(0.05)
 
 
 async def test_a_cluster_url_opens_a_cluster_client_that_reaches_every_master(cluster_url: str) -> None:
