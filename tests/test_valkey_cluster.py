@@ -28,8 +28,10 @@ from redis.exceptions import RedisClusterException, ResponseError
 
 from scheduler_grpc import config, events, resend
 from scheduler_grpc.auth import Authenticator, Unauthenticated
+from scheduler_grpc.cluster import ClusterView
 from scheduler_grpc.connections import open_redis, redis_client
 from scheduler_grpc.db.api_keys import ApiKeyRepository
+from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.events import EventType, ExecutionEvent
@@ -234,3 +236,20 @@ async def test_the_auth_scripts_and_session_transaction_run_on_the_cluster(
     assert await authenticator.end_sessions(user.id, admin.version + 1) == 1
     with pytest.raises(Unauthenticated):
         await authenticator.authenticate(session.token)
+
+
+async def test_the_electors_are_counted_on_every_node(cluster: RedisCluster, pool: asyncpg.Pool) -> None:
+    """Each node counts only its own subscribers: electors connected to two nodes are both counted."""
+    await cluster.initialize()
+    default = cluster.get_default_node()
+    other = next(node for node in cluster.get_primaries() if node.name != default.name)
+    subscriptions = [cluster.pubsub(node=default), cluster.pubsub(node=other)]
+    try:
+        for subscription in subscriptions:
+            await subscription.subscribe(LeaderKeys().released)
+            assert (await subscription.get_message(timeout=5))["type"] == "subscribe"
+        view = ClusterView(cast(aioredis.Redis, cluster), LeadershipRepository(pool), timeout=timedelta(seconds=5))
+        assert await view.electors() == 2
+    finally:
+        for subscription in subscriptions:
+            await subscription.aclose()
