@@ -88,11 +88,6 @@ def _cluster_client(cluster: ClusterUrl, connect_timeout: timedelta) -> RedisClu
     )
 
 
-def is_cluster(client: object) -> bool:
-    """Whether `client` is a cluster client (`redis_client` of a cluster URL)."""
-    return isinstance(client, RedisCluster)
-
-
 async def open_redis(url: str, settings: Settings) -> aioredis.Redis:
     """A client whose server has answered PING.
 
