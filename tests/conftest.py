@@ -47,7 +47,7 @@ _FILE_TIERS = {
     "test_client_node_bulk.py": "node",
     "test_remote_worker_node.py": "node",
 }
-# `scheduler-grpc up` with its own embedded servers; a Valkey Cluster of its own (and the session's)
+# Files that start servers of their own: `scheduler-grpc up` (topology), an embedded Valkey Cluster.
 _ENGINE_FILES = {"test_topology.py", "test_valkey_cluster.py"}
 TIERS = ("pure", "engine", "browser", "chaos", "node")
 BROWSER_TIMEOUT_S = 300
@@ -249,8 +249,8 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
         await pool.close()
 
 
-# The files whose tests run twice, against the single server and against the embedded Valkey Cluster
-# (issue 24): the queue's, the leader's and the engine tests that depend most on Redis's behaviour.
+# The files whose Redis tests run twice, against the single server and against the embedded Valkey
+# Cluster (issue 24): the queue's and the leader's; engine tests elsewhere opt in with `cluster_too`.
 CLUSTER_FILES = frozenset({"test_valkey_cluster.py", "test_queue.py", "test_leader.py"})
 
 
