@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from scheduler_grpc import leader, registry
 from scheduler_grpc.db.leadership import LeadershipRepository
@@ -56,9 +57,14 @@ class ClusterView:
 
         Every elector stays subscribed to the release channel from its first campaign on (it is how
         standbys hear of a graceful handover), so the channel's subscriber count is their number.
+        On a Valkey Cluster each node counts its own subscribers: the counts of every node are summed.
         """
+        channel = LeaderKeys().released
         async with asyncio.timeout(self._timeout.total_seconds()):
-            counts = await self._redis.pubsub_numsub(LeaderKeys().released)
+            if isinstance(self._redis, RedisCluster):
+                counts = await self._redis.pubsub_numsub(channel, target_nodes=RedisCluster.ALL_NODES)
+            else:
+                counts = await self._redis.pubsub_numsub(channel)
         return int(counts[0][1]) if counts else 0
 
     async def leader(self) -> LeaderStatus:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
@@ -92,9 +92,55 @@ def _choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
+"""The `REDIS_URL` schemes of a Redis/Valkey Cluster, and whether each is TLS."""
+
+
+@dataclass(frozen=True)
+class ClusterUrl:
+    """A `redis+cluster://[user:password@]host:port[,host:port...]` URL: the seed nodes the client
+    asks for the cluster's topology (one reachable seed is enough; give several)."""
+
+    seeds: tuple[tuple[str, int], ...]
+    tls: bool
+    username: str | None
+    password: str | None
+
+
+def cluster_url(text: str) -> ClusterUrl | None:
+    """The cluster `text` names, or None for a single server's URL.
+
+    Raises:
+        ValueError: a cluster URL without seeds, with a seed that is not host:port, or with a
+            database number or query (a cluster has database 0 only).
+    """
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in CLUSTER_SCHEMES:
+        return None
+    credentials, at, hosts = rest.rpartition("@")
+    if "/" in hosts.rstrip("/") or "?" in hosts:
+        raise ValueError("a cluster URL names no database or options: redis+cluster://host:port,host:port")
+    seeds = []
+    for seed in hosts.rstrip("/").split(","):
+        host, colon, port = seed.strip().rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"cluster seed {seed!r} is not host:port")
+        seeds.append((host.strip("[]"), int(port)))
+    username, colon, password = credentials.partition(":") if at else ("", "", "")
+    return ClusterUrl(
+        tuple(seeds),
+        CLUSTER_SCHEMES[scheme],
+        unquote(username) or None,
+        unquote(password) if colon else None,
+    )
+
+
 def _redis_url(text: str) -> str:
-    if urlsplit(text).scheme not in {"redis", "rediss", "unix"}:
-        raise ValueError("expected redis://host:port/db, rediss://... or unix://path")
+    if cluster_url(text) is None and urlsplit(text).scheme not in {"redis", "rediss", "unix"}:
+        raise ValueError(
+            "expected redis://host:port/db, rediss://..., unix://path, "
+            "or a cluster's redis+cluster://host:port,host:port (rediss+cluster:// for TLS)"
+        )
     return text
 
 
@@ -187,7 +233,8 @@ SETTINGS: tuple[Setting, ...] = (
         "REDIS_URL",
         _redis_url,
         None,
-        "Redis/Valkey URL. Unset: an embedded Valkey is started (dev mode only).",
+        "Redis/Valkey URL. A Valkey/Redis Cluster: `redis+cluster://host:port,host:port` (seed nodes; "
+        "`rediss+cluster://` for TLS). Unset: an embedded Valkey is started (dev mode only).",
     ),
     Setting(
         "database_url",

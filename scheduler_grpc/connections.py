@@ -7,17 +7,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer
 
 from scheduler_grpc import stores
-from scheduler_grpc.config import Settings
+from scheduler_grpc.config import ClusterUrl, Settings, cluster_url
 from scheduler_grpc.db.migrate import migrate
 from scheduler_grpc.db.pool import Pool, create_pool
 from scheduler_grpc.errors import ConfigError
@@ -47,7 +48,17 @@ class _TcpConnection(_HiredisPacking, Connection):
 
 def redis_client(url: str, connect_timeout: timedelta = timedelta(seconds=5)) -> aioredis.Redis:
     """A pooled client that rides out a Redis restart: a call on a connection the server closed is
-    retried on a fresh one (briefly, with backoff) instead of failing the caller."""
+    retried on a fresh one (briefly, with backoff) instead of failing the caller.
+
+    A cluster URL (`redis+cluster://host:port,host:port`, see `config.cluster_url`) gives a
+    `redis.asyncio.cluster.RedisCluster` on those seed nodes: it learns the slot map from the
+    first seed that answers and follows MOVED/ASK redirections. Typed as `Redis` because the code
+    uses only the commands the two share (each key command, EVALSHA with keys of one slot, pipelines,
+    pub/sub, XREAD, BZPOPMIN); what differs is said where it is used.
+    """
+    cluster = cluster_url(url)
+    if cluster is not None:
+        return cast(aioredis.Redis, _cluster_client(cluster, connect_timeout))
     return aioredis.Redis.from_url(
         url,
         connection_class=_TcpConnection,
@@ -57,6 +68,21 @@ def redis_client(url: str, connect_timeout: timedelta = timedelta(seconds=5)) ->
         socket_timeout=None,
         health_check_interval=30,
         max_connections=256,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
+        retry_on_error=list(stores.REDIS_RETRYABLE),
+    )
+
+
+def _cluster_client(cluster: ClusterUrl, connect_timeout: timedelta) -> RedisCluster:
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in cluster.seeds],
+        ssl=cluster.tls,
+        username=cluster.username,
+        password=cluster.password,
+        socket_connect_timeout=connect_timeout.total_seconds(),
+        socket_timeout=None,  # as for one server: callers bound their calls
+        health_check_interval=30,
+        max_connections=256,  # per node
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
         retry_on_error=list(stores.REDIS_RETRYABLE),
     )
@@ -77,13 +103,21 @@ async def open_redis(url: str, settings: Settings) -> aioredis.Redis:
         if not (stores.is_fault(exc) or stores.store_of(exc) == "redis"):
             raise  # not Redis answering (or failing to): a bug
         await client.aclose()
-        parts = urlsplit(url)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(
-            f"REDIS_URL ({parts.scheme}://{parts.hostname}:{parts.port or 6379}) cannot be reached: {reason}; "
-            "check the URL and that Redis is running"
+            f"REDIS_URL ({_safe_url(url)}) cannot be reached: {reason}; check the URL and that Redis is running"
         ) from None
     return client
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its credentials, for an error message."""
+    cluster = cluster_url(url)
+    if cluster is not None:
+        scheme = url.partition("://")[0]
+        return f"{scheme}://" + ",".join(f"{host}:{port}" for host, port in cluster.seeds)
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}"
 
 
 @asynccontextmanager

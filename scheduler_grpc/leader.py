@@ -49,6 +49,7 @@ from typing import Any, NoReturn
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
 
 from scheduler_grpc import metrics, scripts, stores
 from scheduler_grpc.db.leadership import LeadershipRepository
@@ -360,6 +361,10 @@ class LeaderElector:
 
     async def _subscribe(self, pubsub: PubSub) -> None:
         async with asyncio.timeout(self._call_timeout_s):
+            if isinstance(self._redis, RedisCluster):
+                # redis-py's cluster pub/sub reads the slot map without loading it first (a KeyError
+                # on a client that has sent no command yet); loading it is a no-op once loaded.
+                await self._redis.initialize()
             await pubsub.subscribe(self._keys.released)
             # The confirmation proves the server registered us (the command went on another
             # connection than the lock reads, so ordering is not otherwise given).

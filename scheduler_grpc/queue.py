@@ -412,7 +412,9 @@ class Queue:
             )
         self._redis = redis
         self._blocking = blocking
-        socket_timeout = blocking.connection_pool.connection_kwargs.get("socket_timeout")
+        # A cluster client (no one pool: one per node) is made with no socket timeout (`connections`).
+        pool = getattr(blocking, "connection_pool", None)
+        socket_timeout = pool.connection_kwargs.get("socket_timeout") if pool is not None else None
         self._blocking_socket_timeout: float | None = float(socket_timeout) if socket_timeout else None
         self._call_timeout_s = call_timeout.total_seconds()
         self.name = name
@@ -661,7 +663,13 @@ class Queue:
                 popped = await self._blocking.bzpopmin([self.keys.marker], timeout=round(block, 3))
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await self._run(self._rearm, ())
+                # The cancelled BZPOPMIN's connection is closed, but the close travels on its own
+                # socket: a rearm sent at once on another pooled connection (a cluster client's
+                # pool hands out its oldest one) can reach the server first, and the wait, still
+                # registered, pops the marker it set. A second rearm, sent after the first's reply,
+                # reaches a server that has seen the close. Only when work is ready (a set marker).
+                if await self._run(self._rearm, ()):
+                    await self._run(self._rearm, ())
             raise
         except Exception as exc:
             if not stores.is_unreachable(exc):

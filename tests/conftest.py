@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -23,10 +24,12 @@ import pytest
 import redis.asyncio as aioredis
 import uvloop
 
+from scheduler_grpc.config import cluster_url as cluster_url_of
+from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.migrate import migrate
 from scheduler_grpc.db.pool import create_pool
-from scheduler_grpc.embedded import ServerUrls, embedded_servers
+from scheduler_grpc.embedded import EmbeddedValkeyCluster, ServerUrls, embedded_servers
 from scheduler_grpc.handlers import HandlerSettings, default_registry
 from tests.engine_helpers import Roles
 
@@ -44,7 +47,8 @@ _FILE_TIERS = {
     "test_client_node_bulk.py": "node",
     "test_remote_worker_node.py": "node",
 }
-_ENGINE_FILES = {"test_topology.py"}  # `scheduler-grpc up` with its own embedded servers
+# Files that start servers of their own: `scheduler-grpc up` (topology), an embedded Valkey Cluster.
+_ENGINE_FILES = {"test_topology.py", "test_valkey_cluster.py"}
 TIERS = ("pure", "engine", "browser", "chaos", "node")
 BROWSER_TIMEOUT_S = 300
 # The process groups of the running Chromiums (tests/test_console_browser.py's `chromium` adds each):
@@ -59,7 +63,8 @@ def tier(item: pytest.Item) -> str:
         return _FILE_TIERS[name]
     if name.endswith("_browser.py"):  # every file that drives Chromium
         return "browser"
-    if "servers" in getattr(item, "fixturenames", ()) or name in _ENGINE_FILES:
+    fixtures = getattr(item, "fixturenames", ())
+    if "servers" in fixtures or "cluster_url" in fixtures or name in _ENGINE_FILES:
         return "engine"
     return "pure"
 
@@ -123,6 +128,26 @@ def servers() -> Iterator[ServerUrls]:
         throwaway=True,
     ) as urls:
         yield urls
+
+
+@pytest.fixture(scope="session")
+def cluster_url() -> Iterator[str]:
+    """A Valkey Cluster (3 masters, 3 replicas) for this session: REDIS_CLUSTER_URL if set (a
+    `redis+cluster://` URL of a cluster the tests may wipe), else an embedded one on loopback."""
+    if os.environ.get("REDIS_CLUSTER_URL"):
+        yield os.environ["REDIS_CLUSTER_URL"]
+        return
+    data_dir = Path(os.environ.get("SCHEDULER_DATA_DIR") or ROOT / ".data").resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = data_dir / f"run-{os.getpid()}-{time.time_ns()}-cluster"
+    run_dir.mkdir()
+    (run_dir / "owner.pid").write_text(str(os.getpid()))
+    cluster = EmbeddedValkeyCluster(run_dir)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _with_database(url: str, database: str) -> str:
@@ -224,15 +249,36 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
         await pool.close()
 
 
+# The files whose Redis tests run twice, against the single server and against the embedded Valkey
+# Cluster (issue 24): the queue's and the leader's; engine tests elsewhere opt in with `cluster_too`.
+CLUSTER_FILES = frozenset({"test_valkey_cluster.py", "test_queue.py", "test_leader.py"})
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test of a `CLUSTER_FILES` file, or marked `cluster_too`, that uses Redis runs on `single`
+    and on `cluster`."""
+    chosen = metafunc.definition.path.name in CLUSTER_FILES or metafunc.definition.get_closest_marker("cluster_too")
+    if chosen and "redis_backend" in metafunc.fixturenames:
+        metafunc.parametrize("redis_backend", ["single", "cluster"], indirect=True)
+
+
 @pytest.fixture
-def redis_url(servers: ServerUrls) -> str:
+def redis_backend(request: pytest.FixtureRequest) -> str:
+    """`single` (the session's one server) or `cluster` (the session's Valkey Cluster)."""
+    return str(getattr(request, "param", "single"))
+
+
+@pytest.fixture
+def redis_url(redis_backend: str, servers: ServerUrls, request: pytest.FixtureRequest) -> str:
+    if redis_backend == "cluster":
+        return str(request.getfixturevalue("cluster_url"))
     return servers.redis_url
 
 
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    """A client on a flushed Redis database."""
-    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    """A client on a flushed Redis database (every master of a cluster flushed)."""
+    client = redis_client(redis_url) if cluster_url_of(redis_url) else aioredis.Redis.from_url(redis_url)
     await client.flushdb()
     try:
         yield client

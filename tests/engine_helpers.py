@@ -11,12 +11,13 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from scheduler_grpc import config
-from scheduler_grpc.config import Settings
+from scheduler_grpc.config import Settings, cluster_url
 from scheduler_grpc.keys import LeaderKeys, WorkerKeys
 
 T = TypeVar("T")
@@ -135,3 +136,22 @@ async def wait_until_ready(redis: Redis, *, workers: int, leader: bool = True, w
         return bool(beating >= workers and led)
 
     await eventually(ready, within=within)
+
+
+def redis_for(url: str, **options: Any) -> Redis:
+    """A plain client (no retries of `connections.redis_client`) on `url`, a single server's or a
+    cluster's (`redis+cluster://`: a `RedisCluster` on its seeds, typed as `Redis` as the package does)."""
+    cluster = cluster_url(url)
+    if cluster is None:
+        return Redis.from_url(url, **options)
+    options.setdefault("username", cluster.username)
+    options.setdefault("password", cluster.password)
+    nodes = [ClusterNode(host, port) for host, port in cluster.seeds]
+    return cast(Redis, RedisCluster(startup_nodes=nodes, ssl=cluster.tls, **options))
+
+
+def every_node(client: Redis) -> dict[str, Any]:
+    """Options that send a node-local command (ACL, CONFIG, CLIENT ...) to every node of a cluster."""
+    # The nodes themselves, not the ALL_NODES flag: redis-py dispatches a flag only for the commands
+    # it knows (not ACL SETUSER). The client must have loaded the slot map (any command does).
+    return {"target_nodes": client.get_nodes()} if isinstance(client, RedisCluster) else {}

@@ -27,12 +27,12 @@ import sys
 import time
 from datetime import timedelta
 
-import redis.asyncio as aioredis
 import uvloop
 
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.pool import create_pool
 from scheduler_grpc.leader import LeaderElector, Term
+from tests.engine_helpers import redis_for
 
 _POLL_S = 0.002
 # A longer pause than this between two polls can only be a stop of the process.
@@ -75,7 +75,7 @@ async def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
 
-    client = aioredis.Redis.from_url(args.redis_url, decode_responses=False)
+    client = redis_for(args.redis_url, decode_responses=False)
     pool = await create_pool(args.database_url, size=2, connect_timeout=timedelta(seconds=10))
     elector = LeaderElector(
         client,

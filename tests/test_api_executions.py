@@ -77,6 +77,7 @@ async def drain(call: WatchCall, into: list[executions_pb2.ExecutionEvent]) -> N
             into += events_of(response)
 
 
+@pytest.mark.cluster_too
 async def test_get_list_and_cancel(api: Harness) -> None:  # noqa: F811
     job = (await api.jobs.CreateJob(jobs_pb2.CreateJobRequest(job=echo_job()), metadata=api.admin)).job
     runs = [
@@ -156,6 +157,7 @@ async def test_a_missed_range_shows_its_last_slot_and_count(api: Harness, pool: 
     assert run.missed_count == 0
 
 
+@pytest.mark.cluster_too
 async def test_a_resumed_stream_gets_exactly_the_missed_events(api: Harness, redis: Redis) -> None:  # noqa: F811
     call, _ = await watch(api, api.viewer)
     await events.publish(redis, burst(1, 5))

@@ -61,3 +61,30 @@ def test_durations(text: str, expected: timedelta) -> None:
 def test_the_configuration_page_shows_the_generated_settings_table() -> None:
     page = (ROOT / "docs" / "operations" / "configuration.md").read_text()
     assert "<!-- generated: settings -->" in page  # filled by scripts/docs_gen.py at build time
+
+
+def test_a_cluster_url_names_its_seed_nodes() -> None:
+    settings = config.load({"REDIS_URL": "redis+cluster://10.0.0.1:7000,[::1]:7001,valkey-2:7002"}, {})
+    assert settings.redis_url is not None
+    cluster = config.cluster_url(settings.redis_url)
+    assert cluster == config.ClusterUrl((("10.0.0.1", 7000), ("::1", 7001), ("valkey-2", 7002)), False, None, None)
+    secure = config.cluster_url("rediss+cluster://app:p%40ss@valkey-0:6380/")
+    assert secure == config.ClusterUrl((("valkey-0", 6380),), True, "app", "p@ss")
+    assert config.cluster_url("redis://localhost:6379/0") is None
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+cluster://",
+        "redis+cluster://host",
+        "redis+cluster://host:port",
+        "redis+cluster://a:7000,b",
+        "redis+cluster://a:7000/1",
+        "redis+cluster://a:7000?protocol=3",
+        "redis+cluster://a:70000",
+    ],
+)
+def test_a_bad_cluster_url_names_redis_url(url: str) -> None:
+    with pytest.raises(ConfigError, match="REDIS_URL"):
+        config.load({"REDIS_URL": url}, {})

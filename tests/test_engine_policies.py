@@ -31,6 +31,7 @@ async def latest_status(pool: asyncpg.Pool, run_id: str) -> str:
     )
 
 
+@pytest.mark.cluster_too
 async def test_cancelling_a_queued_run_removes_it_from_the_queue(
     control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:
@@ -44,6 +45,7 @@ async def test_cancelling_a_queued_run_removes_it_from_the_queue(
         await control.cancel_execution(run.run_id)
 
 
+@pytest.mark.cluster_too
 async def test_cancelling_a_running_run_stops_its_handler_on_the_worker(
     roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:

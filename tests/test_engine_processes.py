@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
+import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
@@ -53,6 +54,7 @@ async def statuses(pool: asyncpg.Pool, job_id: str) -> list[tuple[int, str]]:
     return [(row["attempt"], row["status"]) for row in rows]
 
 
+@pytest.mark.cluster_too
 async def test_per_second_cron_fires_once_per_slot_within_a_second(
     roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:
@@ -77,6 +79,7 @@ async def test_per_second_cron_fires_once_per_slot_within_a_second(
     assert max(lateness) < 1.0, lateness
 
 
+@pytest.mark.cluster_too
 async def test_kill_9_of_a_worker_mid_job_completes_elsewhere(
     roles: Roles, control: Control, pool: asyncpg.Pool
 ) -> None:
@@ -264,6 +267,7 @@ async def test_poison_job_gets_exactly_max_retries_plus_one_attempts_then_the_dl
     assert (await queue.list_dead()).items == []
 
 
+@pytest.mark.cluster_too
 async def test_two_schedulers_and_a_paused_leader_fire_every_slot_exactly_once(
     roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:

@@ -31,6 +31,7 @@ from scheduler_grpc.db.leadership import LeadershipRepository, assert_current_te
 from scheduler_grpc.errors import Fenced
 from scheduler_grpc.keys import LeaderKeys
 from scheduler_grpc.leader import LeaderElector, Term
+from tests.engine_helpers import every_node, redis_for
 
 TTL = timedelta(milliseconds=900)
 TTL_S = TTL.total_seconds()
@@ -106,7 +107,7 @@ class Cluster:
 
     def add(self, holder: str, *, client: aioredis.Redis | None = None, **options: Any) -> LeaderElector:
         if client is None:
-            client = aioredis.Redis.from_url(self.redis_url, decode_responses=False)
+            client = redis_for(self.redis_url, decode_responses=False)
         self.clients.append(client)
         options.setdefault("ttl", TTL)
         options.setdefault("retry_interval", RETRY)
@@ -351,7 +352,7 @@ async def test_leader_steps_down_when_renewal_gets_no_answer(cluster: Cluster, r
     stint = await stint_of(cluster, elector)
     # Writes (and so the renewal script) hang server-side: the renewal times out.
     paused_at = time.monotonic()
-    await redis.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+    await redis.execute_command("CLIENT", "PAUSE", 5000, "WRITE", **every_node(redis))
     try:
         await eventually(lambda: stint.end is not None, TTL_S, "lead() cancelled")
         assert stint.end is not None
@@ -359,7 +360,7 @@ async def test_leader_steps_down_when_renewal_gets_no_answer(cluster: Cluster, r
         assert took <= RENEW_S + CALL_TIMEOUT_S + SLACK_S, f"stepped down after {took:.3f}s"
         assert took < TTL_S
     finally:
-        await redis.execute_command("CLIENT", "UNPAUSE")
+        await redis.execute_command("CLIENT", "UNPAUSE", **every_node(redis))
 
 
 async def test_a_paused_leader_finds_its_term_invalid_on_resuming(cluster: Cluster) -> None:
@@ -392,7 +393,7 @@ async def test_graceful_handover_is_sub_second(cluster: Cluster, redis: aioredis
         cluster.start(cluster.add(f"g{round_ + 1}"))
 
         async def all_subscribed() -> bool:
-            [(_, subscribers)] = await redis.pubsub_numsub(KEYS.released)
+            [(_, subscribers)] = await redis.pubsub_numsub(KEYS.released, **every_node(redis))
             return int(subscribers) == len(cluster.tasks)
 
         await eventually(all_subscribed, 2, "every elector listening for releases")
@@ -420,19 +421,25 @@ async def test_graceful_handover_is_sub_second(cluster: Cluster, redis: aioredis
 
 
 async def test_takeover_after_leader_loses_redis_within_ttl_plus_1s(
-    cluster: Cluster, redis: aioredis.Redis, redis_url: str
+    cluster: Cluster, redis: aioredis.Redis, redis_url: str, redis_backend: str
 ) -> None:
+    if redis_backend == "cluster":
+        # The takeover itself passes on the cluster; the doomed client does not close: redis-py
+        # 8.1's RedisCluster, re-reading the slot map after AuthenticationError, drops its old
+        # ClusterNode objects with their connections open, and uvloop's loop.close() then hangs
+        # in the test's teardown. A killed master is the cluster's version of this (chaos, next).
+        pytest.skip("redis-py's cluster client leaks its connections after an AuthenticationError")
     # The leader's Redis user is deleted: its connections are killed and cannot come back, so it
     # can neither renew nor release, as if it had crashed or been partitioned away.
-    await redis.execute_command("ACL", "SETUSER", "doomed", "on", ">secret", "~*", "&*", "+@all")
+    await redis.execute_command("ACL", "SETUSER", "doomed", "on", ">secret", "~*", "&*", "+@all", **every_node(redis))
     try:
-        client = aioredis.Redis.from_url(redis_url, username="doomed", password="secret")
+        client = redis_for(redis_url, username="doomed", password="secret")
         doomed = cluster.add("doomed", client=client)
         cluster.start(doomed)
         stint = await stint_of(cluster, doomed)
         cluster.start(cluster.add("survivor"))
         cut_at = time.monotonic()
-        await redis.execute_command("ACL", "DELUSER", "doomed")
+        await redis.execute_command("ACL", "DELUSER", "doomed", **every_node(redis))
         await eventually(lambda: cluster.recorder.after(stint.token) is not None, TTL_S + 2, "takeover")
         successor = cluster.recorder.after(stint.token)
         assert successor is not None
@@ -444,7 +451,7 @@ async def test_takeover_after_leader_loses_redis_within_ttl_plus_1s(
         assert stint.end <= successor.start
         print(f"\ncrash takeover (leader cut off from Redis, TTL {TTL_S * 1000:.0f}ms): {takeover * 1000:.0f}ms")
     finally:
-        await redis.execute_command("ACL", "DELUSER", "doomed")
+        await redis.execute_command("ACL", "DELUSER", "doomed", **every_node(redis))
 
 
 async def test_lua_scripts_never_touch_another_holders_lock(redis: aioredis.Redis) -> None:

@@ -130,7 +130,9 @@ async def test_bad_arguments_are_rejected(redis: aioredis.Redis) -> None:
         Queue(redis, "x" * 65)
 
 
-async def test_single_connection_client_is_refused_for_blocking_waits(redis_url: str) -> None:
+async def test_single_connection_client_is_refused_for_blocking_waits(redis_url: str, redis_backend: str) -> None:
+    if redis_backend == "cluster":
+        pytest.skip("a cluster client has no single-connection mode")
     client = aioredis.Redis.from_url(redis_url, single_connection_client=True)
     try:
         with pytest.raises(InvalidArgument) as excinfo:
@@ -858,6 +860,7 @@ async def test_idle_consumer_does_not_poll(redis: aioredis.Redis) -> None:
     after = await calls()
     delta = {name: count - before.get(name, 0) for name, count in after.items() if count != before.get(name)}
     delta.pop("info")
+    delta.pop("replconf", None)  # a replica's acknowledgements (cluster): not the client's
     print(f"commands while a consumer idled for 1 s: {delta}")
     # commandstats also counts the commands a script runs, so count what the client sent: a dequeue,
     # one BZPOPMIN, a last dequeue. Each empty dequeue runs GET (its resend guard), SCARD (the solo
@@ -884,6 +887,14 @@ async def test_cancelled_waiter_loses_nothing(redis: aioredis.Redis, deadline: D
 
 
 async def test_cancelled_wait_rearms_the_marker(redis: aioredis.Redis, deadline: Deadline) -> None:
+    """On a cluster (found by its tier, issue 24) the client's pool hands the rearm an older
+    connection than the cancelled wait's: the first rearm reaches the node before the wait's close
+    and the wait pops the marker it set. Repeated, so a race that loses now and then shows."""
+    for _ in range(5):
+        await _cancelled_wait_rearms_the_marker(redis, deadline)
+
+
+async def _cancelled_wait_rearms_the_marker(redis: aioredis.Redis, deadline: Deadline) -> None:
     queue = Queue(redis)
     # Work is ready but its marker is gone, as if a waiter popped it and was cancelled at once.
     await queue.enqueue("a")

@@ -15,6 +15,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
+
 from scheduler_grpc import metrics, stores, tracing
 from scheduler_grpc.db.executions import REFUSED_ERROR, Claim, Completed
 from scheduler_grpc.events import EventType
@@ -533,6 +535,8 @@ class Cancels:
         while True:
             pubsub = shared.redis.pubsub(ignore_subscribe_messages=True)
             try:
+                if isinstance(shared.redis, RedisCluster):
+                    await shared.redis.initialize()  # as `leader._subscribe` does, for redis-py's sake
                 await pubsub.subscribe(_WORKER_KEYS.cancel)
                 trouble.recovered()
                 while True:
