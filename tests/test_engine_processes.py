@@ -267,7 +267,6 @@ async def test_poison_job_gets_exactly_max_retries_plus_one_attempts_then_the_dl
     assert (await queue.list_dead()).items == []
 
 
-@pytest.mark.cluster_too
 async def test_two_schedulers_and_a_paused_leader_fire_every_slot_exactly_once(
     roles: Roles, control: Control, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:
