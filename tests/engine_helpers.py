@@ -76,10 +76,15 @@ class Role:
                 return int(json.loads(line)["metrics_port"])
         return None
 
-    def stop(self, timeout: float = 15.0) -> int:
+    def terminate(self) -> None:
+        """Ask the role to stop (SIGTERM; SIGCONT first, in case it was paused), without waiting."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
             self.process.terminate()
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.process.poll() is None:
+            self.terminate()
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -117,6 +122,9 @@ class Roles:
         return process
 
     def stop_all(self) -> None:
+        # Every role drains at once (each may take its shutdown grace), then each is waited for.
+        for role in self.started:
+            role.terminate()
         for role in self.started:
             role.stop()
 
