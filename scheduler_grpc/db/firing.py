@@ -308,7 +308,9 @@ class FiringRepository:
                                                  {SNAPSHOT_COLUMNS})
                 SELECT id, id, job_id, slot, 1, {_STATUS}, 'manual', now(), priority, request_id, trace_context,
                        {keys_of("resolved")}, {key_error_of("resolved")}, {_FINISHED}, {SNAPSHOT_COLUMNS}
-                FROM eligible
+                -- Request ids are claimed in one order by every statement (execution_requests'
+                -- primary key, migration 0016): two batches of the same ids wait, never deadlock.
+                FROM eligible ORDER BY job_id, request_id
                 ON CONFLICT DO NOTHING
                 RETURNING {COLUMNS}, e.handler, e.queue, e.payload, e.limit_keys
             )
@@ -318,7 +320,8 @@ class FiringRepository:
             LEFT JOIN eligible el ON el.id = r.id
             LEFT JOIN inserted i ON i.id = r.id
             -- The statement's snapshot: a run an EARLIER call created (not one this INSERT made).
-            LEFT JOIN job_executions p ON p.job_id = r.job_id AND p.request_id = r.request_id
+            LEFT JOIN execution_requests q ON q.job_id = r.job_id AND q.request_id = r.request_id
+            LEFT JOIN job_executions p ON p.id = q.run_id AND p.scheduled_for = q.scheduled_for
             ORDER BY r.ord
             """,
             list(range(len(requests))),

@@ -52,8 +52,12 @@ class HistoryRepository:
         Raises:
             NotFound: no run of this job was created with this request id.
         """
+        # The request id's claim names the run's first attempt by its primary key (id, slot): one
+        # probe of one partition (run-time pruning), whichever day the run's slot fell on.
         row = await self._pool.fetchrow(
-            f"SELECT {COLUMNS} FROM job_executions e WHERE e.job_id = $1 AND e.request_id = $2",
+            f"""SELECT {COLUMNS} FROM execution_requests q
+                JOIN job_executions e ON e.id = q.run_id AND e.scheduled_for = q.scheduled_for
+                WHERE q.job_id = $1 AND q.request_id = $2""",
             uuid.UUID(job_id),
             request_id,
         )
