@@ -89,7 +89,8 @@ class HistoryPruning(Protocol):
     """What `system.cleanup` prunes the execution history through (`db.history.HistoryRepository`)."""
 
     async def prune(self, older_than: datetime) -> int:
-        """Delete attempts that finished before `older_than`; open ones are never deleted."""
+        """Drop the whole days of history that end by `older_than` (never a DELETE of executions); a
+        day holding an open (queued or running) attempt is kept whole. Returns the attempts dropped."""
         ...
 
 

@@ -150,15 +150,10 @@ async def _plan(pool: asyncpg.Pool, sql: str, *args: object) -> str:
             "SELECT status, count(*) FROM job_executions WHERE finished_at IS NULL GROUP BY 1",
             "job_executions_open",
         ),
-        # The console's last hour and system.cleanup's prune: a range of finished_at.
+        # The console's last hour: a range of finished_at.
         (
             "SELECT status, count(*) FROM job_executions WHERE finished_at >= now() - interval '1 hour'"
             " AND finished_at IS NOT NULL GROUP BY 1",
-            "job_executions_finished_idx",
-        ),
-        (
-            "SELECT count(*) FROM job_executions WHERE finished_at < now() - interval '1 day'"
-            " AND status NOT IN ('queued', 'running')",
             "job_executions_finished_idx",
         ),
     ],
