@@ -148,7 +148,8 @@ class RunRepository:
                 UPDATE job_executions e SET status = 'running', claim_token = l.token, worker_id = $3,
                        started_at = CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at)
                                          ELSE l.leased_start END
-                FROM latest l WHERE e.id = l.id AND l.status = 'queued'
+                -- With the slot (the partition key): one partition's primary key, not every one's.
+                FROM latest l WHERE e.id = l.id AND e.scheduled_for = l.scheduled_for AND l.status = 'queued'
                 RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at, e.trigger,
                           e.trace_context, e.limit_keys, {snapshot("e")}
             ), abandoned AS (
@@ -156,7 +157,8 @@ class RunRepository:
                 SET status = CASE WHEN l.cancel_requested_at IS NULL THEN 'abandoned' ELSE 'cancelled' END,
                     finished_at = now(), error = CASE WHEN l.cancel_requested_at IS NULL THEN $4 ELSE $5 END,
                     started_at = least(l.started_at, now())  -- a reserved attempt taken over before its start
-                FROM latest l WHERE e.id = l.id AND l.status = 'running' AND l.claim_token <> l.token
+                FROM latest l WHERE e.id = l.id AND e.scheduled_for = l.scheduled_for
+                                AND l.status = 'running' AND l.claim_token <> l.token
                 RETURNING e.id
             ), restarted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
@@ -187,7 +189,8 @@ class RunRepository:
                    {snapshot_of_run("c")},
                    CASE WHEN c.attempt = 1 THEN 0  -- a first attempt has no earlier ones: no probe
                         ELSE (SELECT count(*) FROM job_executions p
-                              WHERE p.run_id = c.run_id AND p.status = 'interrupted') END AS interrupted,
+                              WHERE p.run_id = c.run_id AND p.scheduled_for = c.scheduled_for
+                                AND p.status = 'interrupted') END AS interrupted,
                    (SELECT count(*) FROM abandoned) AS abandoned,
                    -- Read last, after the writes: a reserved attempt's wait counted from it errs late
                    -- (by the reply's transfer), never early. Only for a batch with reservations.

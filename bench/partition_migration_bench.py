@@ -1,0 +1,184 @@
+"""Migration 0016 (job_executions partitioned by day) on a long history: how long the conversion
+takes, that it keeps every row, and what the worker's claim and completion and the reads cost
+before and after it.
+
+    .venv/bin/python bench/partition_migration_bench.py [--history 1000000] [--jobs 1000] [--days 30]
+                                                         [--runs 2000] [--batch 200]
+
+Starts embedded PostgreSQL (or uses DATABASE_URL's server), makes a database of its own migrated up
+to 0015, seeds `--history` finished attempts (bench/console_bench.py's generator, their slots spread
+over `--days` days), then, before and after applying 0016: claims and completes `--runs` queued
+runs in batches of `--batch` through `RunRepository` (median ms per batch), and times lookups by id,
+by run, and the list pages (median of 50). Checks that every row survived (count and a hash of every
+row's text) and prints EXPLAIN of each read after the conversion (which index each partition used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from benchlib import servers  # noqa: E402
+from console_bench import HANDLERS, QUEUES, SEED_HISTORY, SEED_JOBS  # noqa: E402
+
+from scheduler_grpc.db import migrate as migrations  # noqa: E402
+from scheduler_grpc.db.executions import Outcome  # noqa: E402
+from scheduler_grpc.db.firing import FiringRepository  # noqa: E402
+from scheduler_grpc.db.migrate import migrate  # noqa: E402
+from scheduler_grpc.db.pool import create_pool  # noqa: E402
+from scheduler_grpc.db.runs import RunRepository  # noqa: E402
+from scheduler_grpc.executions import ExecutionStatus, Trigger  # noqa: E402
+
+DATABASE = "scheduler_partition_bench"
+# Every row's text (the columns in their order, which the conversion keeps), hashed and summed.
+CHECKSUM = """SELECT count(*) AS rows,
+                     sum(('x' || substr(md5(e::text), 1, 15))::bit(60)::bigint) AS hash
+              FROM job_executions e"""
+READS: dict[str, tuple[str, tuple[str, ...]]] = {  # name: (SQL, the sample row's columns it takes)
+    "by id": ("SELECT * FROM job_executions WHERE id = $1", ("id",)),
+    "by run (latest attempt)": (
+        "SELECT * FROM job_executions WHERE run_id = $1 ORDER BY attempt DESC LIMIT 1",
+        ("id",),
+    ),
+    "list page 1": ("SELECT id FROM job_executions ORDER BY created_at DESC, id DESC LIMIT 101", ()),
+    "list page deep": (
+        "SELECT id FROM job_executions WHERE (created_at, id) < ($1, $2) ORDER BY created_at DESC, id DESC LIMIT 101",
+        ("created_at", "id"),
+    ),
+    "list by job": (
+        "SELECT id FROM job_executions WHERE job_id = $1 ORDER BY created_at DESC, id DESC LIMIT 101",
+        ("job_id",),
+    ),
+    "list state=dead": (
+        "SELECT id FROM job_executions WHERE final_status = 'dead' ORDER BY created_at DESC, id DESC LIMIT 101",
+        (),
+    ),
+}
+
+
+async def hot_path(pool: asyncpg.Pool, runs: int, batch: int) -> dict[str, float]:
+    """Claim and complete `runs` queued runs of one job in batches: median ms per batch."""
+    job = await pool.fetchval("SELECT id::text FROM jobs ORDER BY name LIMIT 1")
+    now = await pool.fetchval("SELECT now()")
+    firing, executions = FiringRepository(pool), RunRepository(pool)
+    slots = [now + timedelta(microseconds=n + int(time.time() * 1000) % 1000) for n in range(runs)]
+    queued = []
+    for start in range(0, runs, 1000):
+        queued += await firing.trigger(job, Trigger.MANUAL, slots[start : start + 1000])
+    claims_ms, completes_ms = [], []
+    for start in range(0, len(queued), batch):
+        chunk = queued[start : start + batch]
+        began = time.perf_counter()
+        claims = await executions.claim([(run.run_id, f"t-{run.run_id}") for run in chunk], "bench")
+        claims_ms.append((time.perf_counter() - began) * 1000)
+        outcomes = [
+            Outcome(c.execution_id, f"t-{c.run_id}", ExecutionStatus.SUCCEEDED, None, {"ok": 1}) for c in claims
+        ]
+        began = time.perf_counter()
+        await executions.complete(outcomes, resent=False)
+        completes_ms.append((time.perf_counter() - began) * 1000)
+    return {"claim_batch_ms": statistics.median(claims_ms), "complete_batch_ms": statistics.median(completes_ms)}
+
+
+async def reads(pool: asyncpg.Pool, explain: bool) -> dict[str, Any]:
+    sample = await pool.fetchrow(
+        "SELECT id, created_at, job_id FROM job_executions ORDER BY created_at DESC OFFSET 500000 LIMIT 1"
+    ) or await pool.fetchrow("SELECT id, created_at, job_id FROM job_executions LIMIT 1")
+    assert sample is not None
+    figures: dict[str, Any] = {}
+    async with pool.acquire() as conn:
+        for name, (sql, columns) in READS.items():
+            args = [sample[column] for column in columns]
+            statement = await conn.prepare(sql)
+            times = []
+            for _ in range(50):
+                began = time.perf_counter()
+                await statement.fetch(*args)
+                times.append((time.perf_counter() - began) * 1000)
+            figures[name] = round(statistics.median(times), 3)
+            if explain:
+                plan = await conn.fetch(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", *args)
+                print(f"-- {name}\n" + "\n".join(row[0] for row in plan), file=sys.stderr)
+    return figures
+
+
+async def main(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
+    admin = await asyncpg.connect(server_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{DATABASE}"')
+    finally:
+        await admin.close()
+    url = server_url.rsplit("/", 1)[0] + "/" + DATABASE
+    pool = await create_pool(url, size=2, connect_timeout=timedelta(seconds=300))
+    shipped = migrations.available()
+    figures: dict[str, Any] = {"history": args.history, "days": args.days}
+    try:
+        migrations.available = lambda: [m for m in shipped if m.version < 16]  # type: ignore[assignment]
+        await migrate(pool)
+        began = time.perf_counter()
+        await pool.execute(SEED_JOBS, args.jobs, list(HANDLERS), list(QUEUES), timeout=600)
+        await pool.execute(SEED_HISTORY, args.history, args.jobs, timeout=3600)
+        # Spread the slots (one second apart as seeded) over --days days, keeping their order.
+        stretch = max(1.0, args.days * 86400 / args.history)
+        await pool.execute(
+            "UPDATE job_executions SET scheduled_for = now() - (now() - scheduled_for) * $1,"
+            " due_at = now() - (now() - due_at) * $1, created_at = now() - (now() - created_at) * $1",
+            stretch,
+            timeout=3600,
+        )
+        await pool.execute("VACUUM ANALYZE job_executions", timeout=3600)
+        figures["seed_s"] = round(time.perf_counter() - began, 1)
+        print(f"seeded {args.history:,} rows in {figures['seed_s']} s", file=sys.stderr, flush=True)
+
+        figures["before"] = await hot_path(pool, args.runs, args.batch) | await reads(pool, explain=False)
+        before = await pool.fetchrow(CHECKSUM)
+
+        migrations.available = lambda: shipped  # type: ignore[assignment]
+        began = time.perf_counter()
+        applied = await migrate(pool)
+        figures["migration_s"] = round(time.perf_counter() - began, 1)
+        assert applied == [m.version for m in shipped if m.version >= 16], applied
+        after = await pool.fetchrow(CHECKSUM)
+        figures["rows_before"], figures["rows_after"] = before["rows"], after["rows"]
+        figures["every_row_kept"] = tuple(before) == tuple(after)
+        figures["partitions"] = await pool.fetchval(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = 'job_executions'::regclass"
+        )
+        print(f"migration 0016: {figures['migration_s']} s", file=sys.stderr, flush=True)
+        figures["after"] = await hot_path(pool, args.runs, args.batch) | await reads(pool, explain=True)
+    finally:
+        await pool.close()
+    return figures
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--history", type=int, default=1_000_000)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=200)
+    args = parser.parse_args()
+    with servers() as urls:
+        result = uvloop.run(main(args, urls.database_url))
+    print(json.dumps(result, indent=2, default=str))
+    if not result["every_row_kept"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    cli()
