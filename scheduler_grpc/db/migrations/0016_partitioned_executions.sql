@@ -16,8 +16,8 @@
 -- that carries a request id (whichever statement inserts it).
 --
 -- The conversion copies every row into the new table in this migration's transaction (ACCESS
--- EXCLUSIVE on the old table for its duration: 45 s for 1,000,000 rows over 30 days on the 2-core
--- development machine, bench/partition_migration_bench.py), then
+-- EXCLUSIVE on the old table for its duration: 28-45 s for 1,000,000 rows over 30 days on the
+-- 2-core development machine, bench/partition_migration_bench.py), then
 -- builds the indexes on each partition and drops the old table. A partition is made for every UTC day
 -- that holds rows (retention then drops the old ones) and for today and the next two days.
 
