@@ -69,28 +69,84 @@ READS: dict[str, tuple[str, tuple[str, ...]]] = {  # name: (SQL, the sample row'
 }
 
 
-async def hot_path(pool: asyncpg.Pool, runs: int, batch: int) -> dict[str, float]:
-    """Claim and complete `runs` queued runs of one job in batches: median ms per batch."""
+_EXPLAIN: set[str] = set()  # statements to EXPLAIN (ANALYZE) once, the next time they run
+WARM_BATCHES = 12  # not measured: a prepared statement's first five runs per connection plan anew
+
+
+class _ExplainingPool(asyncpg.Pool):
+    """A pool that, for each kind in `_EXPLAIN` (`claim`, `complete`), first runs the next such
+    statement under EXPLAIN (ANALYZE) in a transaction it rolls back and prints the plan."""
+
+    __slots__ = ()
+
+    async def fetch(self, query: str, *args: Any, **kwargs: Any) -> list[asyncpg.Record]:
+        kind = "claim" if "latest AS" in query else "complete" if "retried AS" in query else "other"
+        if kind in _EXPLAIN:
+            _EXPLAIN.discard(kind)
+            async with self.acquire() as conn:
+                transaction = conn.transaction()
+                await transaction.start()
+                try:
+                    plan = await conn.fetch(f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {query}", *args)
+                finally:
+                    await transaction.rollback()
+            text = "\n".join(row[0] for row in plan)
+            print(f"-- {kind}: {len(args[0])} items\n{text}", file=sys.stderr, flush=True)
+        return await super().fetch(query, *args, **kwargs)
+
+
+async def hot_path(pool: asyncpg.Pool, runs: int, batch: int, *, slots: bool, explain: bool) -> dict[str, float]:
+    """Claim and complete `runs` queued runs of one job in batches: median ms per batch. With
+    `slots`, each run's slot goes with it (as the worker's queue items carry it); without, the
+    statements find each run by id alone (items queued before slots travelled with them)."""
     job = await pool.fetchval("SELECT id::text FROM jobs ORDER BY name LIMIT 1")
     now = await pool.fetchval("SELECT now()")
     firing, executions = FiringRepository(pool), RunRepository(pool)
-    slots = [now + timedelta(microseconds=n + int(time.time() * 1000) % 1000) for n in range(runs)]
+    # Slots over the last 3 days (distinct microseconds): the batch's runs span several partitions.
+    offset = int(time.time() * 1000) % 1000 + (0 if slots else 500)
+    runs += WARM_BATCHES * batch
+    when = [now - timedelta(days=3) * n / runs + timedelta(microseconds=offset + n) for n in range(runs)]
     queued = []
     for start in range(0, runs, 1000):
-        queued += await firing.trigger(job, Trigger.MANUAL, slots[start : start + 1000])
+        queued += await firing.trigger(job, Trigger.MANUAL, when[start : start + 1000])
     claims_ms, completes_ms = [], []
-    for start in range(0, len(queued), batch):
+    for n, start in enumerate(range(0, len(queued), batch)):
         chunk = queued[start : start + batch]
+        if explain and n == WARM_BATCHES:
+            print(f"({'with' if slots else 'without'} slots)", file=sys.stderr)
+            _EXPLAIN.update(("claim", "complete"))
         began = time.perf_counter()
-        claims = await executions.claim([(run.run_id, f"t-{run.run_id}") for run in chunk], "bench")
+        claims = await executions.claim(
+            [(run.run_id, f"t-{run.run_id}") for run in chunk],
+            "bench",
+            slots=[run.scheduled_for for run in chunk] if slots else (),
+        )
         claims_ms.append((time.perf_counter() - began) * 1000)
+        assert len(claims) == len(chunk), (len(claims), len(chunk))
         outcomes = [
-            Outcome(c.execution_id, f"t-{c.run_id}", ExecutionStatus.SUCCEEDED, None, {"ok": 1}) for c in claims
-        ]
+            Outcome(
+                c.execution_id, f"t-{c.run_id}", ExecutionStatus.SUCCEEDED, None, {"ok": 1},
+                scheduled_for=c.scheduled_for if slots else None,
+            )
+            for c in claims
+        ]  # fmt: skip
         began = time.perf_counter()
-        await executions.complete(outcomes, resent=False)
+        done = await executions.complete(outcomes, resent=False)
         completes_ms.append((time.perf_counter() - began) * 1000)
-    return {"claim_batch_ms": statistics.median(claims_ms), "complete_batch_ms": statistics.median(completes_ms)}
+        assert len(done) == len(outcomes), (len(done), len(outcomes))
+    return {
+        "claim_batch_ms": round(statistics.median(claims_ms[WARM_BATCHES:]), 2),
+        "complete_batch_ms": round(statistics.median(completes_ms[WARM_BATCHES:]), 2),
+    }
+
+
+async def hot_paths(pool: asyncpg.Pool, runs: int, batch: int, explain: bool) -> dict[str, float]:
+    figures = {}
+    for slots in (True, False):
+        measured = await hot_path(pool, runs, batch, slots=slots, explain=explain)
+        suffix = "" if slots else "_without_slots"
+        figures.update({f"{name}{suffix}": value for name, value in measured.items()})
+    return figures
 
 
 async def reads(pool: asyncpg.Pool, explain: bool) -> dict[str, Any]:
@@ -124,6 +180,7 @@ async def main(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
         await admin.close()
     url = server_url.rsplit("/", 1)[0] + "/" + DATABASE
     pool = await create_pool(url, size=2, connect_timeout=timedelta(seconds=300))
+    pool.__class__ = _ExplainingPool
     shipped = migrations.available()
     figures: dict[str, Any] = {"history": args.history, "days": args.days}
     try:
@@ -144,7 +201,7 @@ async def main(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
         figures["seed_s"] = round(time.perf_counter() - began, 1)
         print(f"seeded {args.history:,} rows in {figures['seed_s']} s", file=sys.stderr, flush=True)
 
-        figures["before"] = await hot_path(pool, args.runs, args.batch) | await reads(pool, explain=False)
+        figures["before"] = await hot_paths(pool, args.runs, args.batch, False) | await reads(pool, explain=False)
         before = await pool.fetchrow(CHECKSUM)
 
         migrations.available = lambda: shipped  # type: ignore[assignment]
@@ -159,7 +216,7 @@ async def main(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
             "SELECT count(*) FROM pg_inherits WHERE inhparent = 'job_executions'::regclass"
         )
         print(f"migration 0016: {figures['migration_s']} s", file=sys.stderr, flush=True)
-        figures["after"] = await hot_path(pool, args.runs, args.batch) | await reads(pool, explain=True)
+        figures["after"] = await hot_paths(pool, args.runs, args.batch, True) | await reads(pool, explain=True)
     finally:
         await pool.close()
     return figures

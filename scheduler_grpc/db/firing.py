@@ -149,10 +149,10 @@ class FiringRepository:
                        CASE WHEN final_status = 'dead' THEN {key_error_of("resolved")} END, {SNAPSHOT_COLUMNS}
                 FROM planned
                 ON CONFLICT DO NOTHING
-                RETURNING id, job_id, status, priority, due_at, limit_keys
+                RETURNING id, job_id, scheduled_for, status, priority, due_at, limit_keys
             )
             SELECT (SELECT count(*) FROM fence) AS fenced_in, i.id, i.id AS run_id, i.job_id, i.status, i.priority,
-                   i.due_at, p.handler, p.queue, p.payload, i.limit_keys, clock_timestamp() AS clock
+                   i.due_at, i.scheduled_for, p.handler, p.queue, p.payload, i.limit_keys, clock_timestamp() AS clock
             FROM (SELECT 1) AS one
             LEFT JOIN inserted i ON true
             LEFT JOIN planned p ON p.id = i.id
@@ -226,7 +226,8 @@ class FiringRepository:
                 ) AS range WHERE range.missed_through >= s.slot
             )
             ON CONFLICT DO NOTHING
-            RETURNING id AS run_id, job_id, priority, due_at, handler, queue, payload, limit_keys, status, error
+            RETURNING id AS run_id, job_id, scheduled_for, priority, due_at, handler, queue, payload, limit_keys,
+                      status, error
             """,
             uuid.UUID(job_id),
             trigger.value,
