@@ -32,9 +32,19 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from benchlib import servers  # noqa: E402
-from console_bench import HANDLERS, QUEUES, SEED_HISTORY, SEED_JOBS  # noqa: E402
+from console_bench import (  # noqa: E402
+    FINISH_FLOW_RUN,
+    FLOW_NODES,
+    HANDLERS,
+    QUEUES,
+    SEED_FLOW,
+    SEED_FLOW_RUN,
+    SEED_HISTORY,
+    SEED_JOBS,
+)
 
 from scheduler_grpc.db import migrate as migrations  # noqa: E402
+from scheduler_grpc.db.attempts import latest_attempt  # noqa: E402
 from scheduler_grpc.db.executions import Outcome  # noqa: E402
 from scheduler_grpc.db.firing import FiringRepository  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
@@ -99,7 +109,7 @@ async def hot_path(pool: asyncpg.Pool, runs: int, batch: int, *, slots: bool, ex
     """Claim and complete `runs` queued runs of one job in batches: median ms per batch. With
     `slots`, each run's slot goes with it (as the worker's queue items carry it); without, the
     statements find each run by id alone (items queued before slots travelled with them)."""
-    job = await pool.fetchval("SELECT id::text FROM jobs ORDER BY name LIMIT 1")
+    job = await pool.fetchval("SELECT id::text FROM jobs WHERE name NOT LIKE 'flow-%' ORDER BY name LIMIT 1")
     now = await pool.fetchval("SELECT now()")
     firing, executions = FiringRepository(pool), RunRepository(pool)
     # Slots over the last 3 days (distinct microseconds): the batch's runs span several partitions.
@@ -146,6 +156,48 @@ async def hot_paths(pool: asyncpg.Pool, runs: int, batch: int, explain: bool) ->
         measured = await hot_path(pool, runs, batch, slots=slots, explain=explain)
         suffix = "" if slots else "_without_slots"
         figures.update({f"{name}{suffix}": value for name, value in measured.items()})
+    return figures
+
+
+# The console's flow run page's read of its nodes (db/flow_views.py), by run id alone (before
+# migration 0017) and with each node's slot (after it).
+_FLOW_COLUMNS = "a.id, a.status, a.attempt, a.started_at, a.finished_at, a.error"
+_FLOW_NODES = """SELECT n.job_id, j.name, n.run_id, x.* FROM flow_nodes n JOIN jobs j ON j.id = n.job_id
+                 LEFT JOIN LATERAL {} x ON true WHERE n.flow_run_id = $1 ORDER BY j.name"""
+FLOW_READS = {
+    "flow page nodes, by run id": _FLOW_NODES.format(latest_attempt("n.run_id", _FLOW_COLUMNS)),
+    "flow page nodes, with slots": _FLOW_NODES.format(
+        latest_attempt("n.run_id", _FLOW_COLUMNS, slot="n.run_scheduled_for")
+    ),
+}
+
+
+async def seed_flow(pool: asyncpg.Pool) -> None:
+    """console_bench's 200-node flow and its finished flow run (its nodes without their slots:
+    migration 0017 fills them)."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(SEED_FLOW, FLOW_NODES)
+        await conn.execute(SEED_FLOW_RUN)
+        await conn.execute(FINISH_FLOW_RUN.replace(", run_scheduled_for = runs.scheduled_for", ""))
+
+
+async def flow_reads(pool: asyncpg.Pool, migrated: bool) -> dict[str, float]:
+    flow = await pool.fetchval("SELECT id FROM flow_runs LIMIT 1")
+    figures = {}
+    async with pool.acquire() as conn:
+        for name, sql in FLOW_READS.items():
+            if "slots" in name and not migrated:
+                continue
+            statement = await conn.prepare(sql)
+            times = []
+            for n in range(60):
+                began = time.perf_counter()
+                rows = await statement.fetch(flow)
+                if n >= 10:  # after the custom plans
+                    times.append((time.perf_counter() - began) * 1000)
+            assert len(rows) == FLOW_NODES
+            assert all(row["id"] is not None for row in rows)
+            figures[name] = round(statistics.median(times), 3)
     return figures
 
 
@@ -197,11 +249,16 @@ async def main(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
             stretch,
             timeout=3600,
         )
+        await seed_flow(pool)
         await pool.execute("VACUUM ANALYZE job_executions", timeout=3600)
         figures["seed_s"] = round(time.perf_counter() - began, 1)
         print(f"seeded {args.history:,} rows in {figures['seed_s']} s", file=sys.stderr, flush=True)
 
-        figures["before"] = await hot_paths(pool, args.runs, args.batch, False) | await reads(pool, explain=False)
+        figures["before"] = (
+            await hot_paths(pool, args.runs, args.batch, False)
+            | await reads(pool, explain=False)
+            | await flow_reads(pool, migrated=False)
+        )
         before = await pool.fetchrow(CHECKSUM)
 
         migrations.available = lambda: shipped  # type: ignore[assignment]
@@ -216,7 +273,11 @@ async def main(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
             "SELECT count(*) FROM pg_inherits WHERE inhparent = 'job_executions'::regclass"
         )
         print(f"migration 0016: {figures['migration_s']} s", file=sys.stderr, flush=True)
-        figures["after"] = await hot_paths(pool, args.runs, args.batch, True) | await reads(pool, explain=True)
+        figures["after"] = (
+            await hot_paths(pool, args.runs, args.batch, True)
+            | await reads(pool, explain=True)
+            | await flow_reads(pool, migrated=True)
+        )
     finally:
         await pool.close()
     return figures
