@@ -7,10 +7,14 @@ before and after it.
 
 Starts embedded PostgreSQL (or uses DATABASE_URL's server), makes a database of its own migrated up
 to 0015, seeds `--history` finished attempts (bench/console_bench.py's generator, their slots spread
-over `--days` days), then, before and after applying 0016: claims and completes `--runs` queued
-runs in batches of `--batch` through `RunRepository` (median ms per batch), and times lookups by id,
-by run, and the list pages (median of 50). Checks that every row survived (count and a hash of every
-row's text) and prints EXPLAIN of each read after the conversion (which index each partition used).
+over `--days` days) and console_bench's 200-node flow run, then, before and after applying 0016 and
+0017: claims and completes `--runs` queued runs in batches of `--batch` through `RunRepository`
+(median ms per batch after 12 warm-up batches), with each run's slot as the worker gives it and
+without (items queued before slots travelled), and times lookups by id, by run, the list pages and
+the flow run page's read of its nodes (by run id alone; with the nodes' slots) (median of 50).
+Checks that every row survived (count and a hash of every row's text) and prints EXPLAIN of each
+read after the conversion (which index each partition used), and EXPLAIN (ANALYZE) of a claim and
+a completion batch (which partitions each row's lookup read).
 """
 
 from __future__ import annotations
