@@ -112,9 +112,10 @@ nodes AS (
            'worker-1', now() - interval '1 hour' + k * interval '1 second',
            now() - interval '1 hour' + k * interval '1 second' + interval '200 milliseconds',
            CASE WHEN k % 10 = 0 THEN 'failed on purpose' END, 'test.echo', 'default'
-    FROM nodes RETURNING job_id, run_id
+    FROM nodes RETURNING job_id, run_id, scheduled_for
 )
-UPDATE flow_nodes n SET run_id = runs.run_id FROM runs, f WHERE n.flow_run_id = f.id AND n.job_id = runs.job_id
+UPDATE flow_nodes n SET run_id = runs.run_id, run_scheduled_for = runs.scheduled_for
+FROM runs, f WHERE n.flow_run_id = f.id AND n.job_id = runs.job_id
 """
 
 

@@ -52,8 +52,10 @@ async def _wal(pool: Any) -> int:
 async def _upd(pool: Any) -> tuple[int, int]:
     # Statistics reach the shared counters when a backend flushes them (at most ~1 s after commit).
     await asyncio.sleep(1.2)
+    # Summed over the partitions (migration 0016): the partitioned table has no rows of its own.
     row = await pool.fetchrow(
-        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'job_executions'"
+        """SELECT coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_hot_upd), 0) FROM pg_stat_user_tables
+           WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'job_executions'::regclass)"""
     )
     return int(row[0]), int(row[1])
 

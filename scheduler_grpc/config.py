@@ -298,6 +298,21 @@ SETTINGS: tuple[Setting, ...] = (
         "How often the leader re-enqueues work PostgreSQL has queued but Redis lost.",
     ),
     Setting(
+        "execution_retention_days",
+        "SCHEDULER_EXECUTION_RETENTION_DAYS",
+        _parse_non_negative_int,
+        "0",
+        "The leader drops whole day partitions of the execution history older than this many days (a day "
+        "holding a queued or running run is kept); 0 keeps every day.",
+    ),
+    Setting(
+        "execution_partitions_ahead",
+        "SCHEDULER_EXECUTION_PARTITIONS_AHEAD",
+        _parse_positive_int,
+        "3",
+        "The leader keeps a partition of the execution history for today and this many days ahead.",
+    ),
+    Setting(
         "scan_interval",
         "SCHEDULER_SCAN_INTERVAL",
         parse_duration,
@@ -609,6 +624,8 @@ class Settings:
     leader_ttl: timedelta
     misfire_grace: timedelta
     reconcile_interval: timedelta
+    execution_retention_days: int
+    execution_partitions_ahead: int
     scan_interval: timedelta
     fire_ahead: timedelta
     visibility_timeout: timedelta

@@ -19,6 +19,7 @@ from scheduler_grpc.db.executions import Queued
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution
 from scheduler_grpc.handlers import breaker_key
+from scheduler_grpc.items import item_data
 from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.ports import CancelStore
 from scheduler_grpc.queue import LimitDefinition, NewItem, Queue
@@ -72,11 +73,12 @@ class Queues:
 
 
 def queue_item(run: Queued, now: datetime) -> NewItem:
-    """The queue item of a run: its id, its priority, its breaker key as data (the handler's name, or
-    `http.webhook:<host>`: a worker leaves work of an open breaker in the queue without claiming it),
-    and a delay if it is not due yet (a retry's backoff, a future one-shot)."""
+    """The queue item of a run: its id, its priority, as data its breaker key (the handler's name, or
+    `http.webhook:<host>`: a worker leaves work of an open breaker in the queue without claiming it)
+    and its slot (`items.item_data`: the worker's statements then read one partition), and a delay
+    if it is not due yet (a retry's backoff, a future one-shot)."""
     delay = run.due_at - now if run.due_at > now else None
-    key = run.breaker_key or breaker_key(run.handler, run.payload)
+    key = item_data(run.breaker_key or breaker_key(run.handler, run.payload), run.scheduled_for)
     return NewItem(run.run_id, run.priority, key, delay if delay and delay > timedelta(0) else None, run.limits)
 
 

@@ -50,9 +50,11 @@ class RunStore(Protocol):
         *,
         reserved: Sequence[bool] = (),
         leased_at: Sequence[datetime | None] = (),
+        slots: Sequence[datetime | None] = (),
     ) -> list[Claim]:
         """The current attempt of each run, now `running` under the lease token; a ready item's
-        start is its lease instant (`leased_at`, one per item; unknown: the claim's time)."""
+        start is its lease instant (`leased_at`, one per item; unknown: the claim's time). `slots`:
+        each run's `scheduled_for` (one per item; None or empty: unknown, found by run id alone)."""
         ...
 
     async def resumable(self, items: Sequence[tuple[str, str]]) -> list[Claim]:
@@ -68,19 +70,30 @@ class RunStore(Protocol):
         """Record how attempts ended (and add the retry an outcome asks for)."""
         ...
 
-    async def release(self, items: Sequence[tuple[str, str]], *, reason: str = ..., delay: timedelta = ...) -> int:
+    async def release(
+        self,
+        items: Sequence[tuple[str, str]],
+        *,
+        reason: str = ...,
+        delay: timedelta = ...,
+        slots: Sequence[datetime | None] = (),
+    ) -> int:
         """Hand attempts back `interrupted` (no retry budget spent), the next attempt `queued`."""
         ...
 
-    async def unclaim(self, items: Sequence[tuple[str, str]]) -> dict[str, ExecutionStatus]:
+    async def unclaim(
+        self, items: Sequence[tuple[str, str]], *, slots: Sequence[datetime | None] = ()
+    ) -> dict[str, ExecutionStatus]:
         """Undo the claims of reserved attempts that never started (back to `queued`)."""
         ...
 
-    async def abandon(self, items: Sequence[tuple[str, str]]) -> int:
+    async def abandon(self, items: Sequence[tuple[str, str]], *, slots: Sequence[datetime | None] = ()) -> int:
         """Give up attempts whose lease was lost (`abandoned`, the next attempt `queued`)."""
         ...
 
-    async def cancel_requested(self, execution_ids: Sequence[str]) -> list[str]:
+    async def cancel_requested(
+        self, execution_ids: Sequence[str], *, slots: Sequence[datetime | None] = ()
+    ) -> list[str]:
         """Which of these running attempts have a cancel requested (the worker's poll)."""
         ...
 
@@ -89,7 +102,8 @@ class HistoryPruning(Protocol):
     """What `system.cleanup` prunes the execution history through (`db.history.HistoryRepository`)."""
 
     async def prune(self, older_than: datetime) -> int:
-        """Delete attempts that finished before `older_than`; open ones are never deleted."""
+        """Drop the whole days of history that end by `older_than` (never a DELETE of executions); a
+        day holding an open (queued or running) attempt is kept whole. Returns the attempts dropped."""
         ...
 
 

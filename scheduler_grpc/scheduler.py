@@ -43,7 +43,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
 
@@ -56,6 +56,7 @@ from scheduler_grpc.db.flows import FlowRepository
 from scheduler_grpc.db.jobs import JobChanges, JobRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.limits import LimitRepository
+from scheduler_grpc.db.partitions import PartitionRepository
 from scheduler_grpc.db.pool import Pool
 from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.dispatch import Queues, cancel_runs, created_events, enqueue_runs, queue_item
@@ -171,6 +172,11 @@ class LoopSettings:
     # A leader whose scan has made no progress this long hands over [2 x leader TTL, at least 3 scans].
     step_down_after: timedelta = timedelta(seconds=5)
     flow_interval: timedelta = timedelta(milliseconds=200)  # flow runs advanced this often [200 ms]
+    # The execution history's day partitions (db/partitions.py): created this many days ahead, dropped
+    # whole past the retention (0: never), checked this often [3 days, 0, 10 min].
+    execution_partitions_ahead: int = 3
+    execution_retention_days: int = 0
+    partition_interval: timedelta = timedelta(minutes=10)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LoopSettings:
@@ -183,6 +189,8 @@ class LoopSettings:
             solo_retry_delay=settings.solo_retry_delay,
             stale_running_grace=settings.visibility_timeout,
             step_down_after=max(2 * settings.leader_ttl, 3 * settings.scan_interval),
+            execution_partitions_ahead=settings.execution_partitions_ahead,
+            execution_retention_days=settings.execution_retention_days,
         )
 
 
@@ -298,6 +306,7 @@ class LeaderLoops:
         self._recovery: RecoveryStore = RecoveryRepository(pool)
         self._changes = JobChanges(pool)
         self._flows = FlowRepository(pool)
+        self._partitions = PartitionRepository(pool)
         limits = LimitRepository(pool)
         self._queues = Queues(redis, definitions=Definitions(limits))
         self._queues.get(default_queue)
@@ -327,6 +336,9 @@ class LeaderLoops:
                 group.create_task(self._every(self._loop.reconcile_interval, self._reconcile, term), name="reconcile")
                 group.create_task(self._every(METRICS_INTERVAL, self._observe_queues, term), name="queue-metrics")
                 group.create_task(self._every(self._loop.flow_interval, self._advance_flows, term), name="flows")
+                group.create_task(
+                    self._every(self._loop.partition_interval, self.maintain_partitions, term), name="partitions"
+                )
         finally:
             metrics.LEADER.set(0)
             metrics.LEADERSHIP_CHANGES.inc()
@@ -613,6 +625,15 @@ class LeaderLoops:
     async def _advance_flows(self, term: Term) -> None:
         """Advance open flow runs (job dependencies; see `scheduler_grpc.flowrun`)."""
         await flowrun.advance(self._flows, self._redis, self._queues, term.token)
+
+    async def maintain_partitions(self, term: Term) -> None:
+        """The execution history's day partitions: today and the days ahead created, and the days past
+        the retention detached and dropped whole, except those holding an open run (`db/partitions.py`;
+        each change fenced by the term, under a short lock timeout)."""
+        await self._partitions.create_ahead(self._loop.execution_partitions_ahead, term=term.token)
+        if self._loop.execution_retention_days:
+            older_than = datetime.now(UTC) - timedelta(days=self._loop.execution_retention_days)
+            await self._partitions.drop_before(older_than, term=term.token)
 
     async def _promote(self, term: Term) -> None:
         for queue in self._queues.known():

@@ -182,7 +182,8 @@ def database_url(servers: ServerUrls) -> Iterator[str]:
 
 _TABLES = ("job_executions", "jobs", "leader_state", "api_keys", "users", "limits")
 # The tables `TRUNCATE _TABLES CASCADE` empties (_TABLES and every table referencing one of them,
-# transitively: the foreign keys PostgreSQL's CASCADE follows), each with the tables it references.
+# transitively: the foreign keys PostgreSQL's CASCADE follows), each with the tables it references;
+# partitions are emptied with their partitioned table (and come and go: retention drops them).
 _CASCADE = """
 WITH RECURSIVE closure(rel) AS (
     SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relname = ANY($1::text[])
@@ -191,7 +192,7 @@ WITH RECURSIVE closure(rel) AS (
 )
 SELECT c.relname, array(SELECT DISTINCT con.confrelid::regclass::text FROM pg_constraint con
                         WHERE con.conrelid = c.oid AND con.contype = 'f' AND con.confrelid <> c.oid) AS parents
-FROM pg_class c WHERE c.oid IN (SELECT rel FROM closure) ORDER BY c.relname
+FROM pg_class c WHERE c.oid IN (SELECT rel FROM closure) AND NOT c.relispartition ORDER BY c.relname
 """
 # A table holding at most this many rows is emptied by DELETE, else by TRUNCATE.
 _FEW_ROWS = 1000

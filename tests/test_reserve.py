@@ -73,11 +73,12 @@ class SpyRepository(RunRepository):
         *,
         reserved: Sequence[bool] = (),
         leased_at: Sequence[datetime | None] = (),
+        slots: Sequence[datetime | None] = (),
     ) -> list[Claim]:
         flags = list(reserved) or [False] * len(items)
         for (run_id, _), flag in zip(items, flags, strict=True):
             (self.reserved if flag else self.plain).add(run_id)
-        return await super().claim(items, worker_id, reserved=reserved, leased_at=leased_at)
+        return await super().claim(items, worker_id, reserved=reserved, leased_at=leased_at, slots=slots)
 
 
 Clocked = tuple[ClockHandler, HandlerRegistry, Control]
@@ -332,7 +333,9 @@ async def test_a_cancelled_reservation_never_runs(
 
 
 class _BuggyUnclaim(RunRepository):
-    async def unclaim(self, items: Sequence[tuple[str, str]]) -> dict[str, ExecutionStatus]:
+    async def unclaim(
+        self, items: Sequence[tuple[str, str]], *, slots: Sequence[datetime | None] = ()
+    ) -> dict[str, ExecutionStatus]:
         raise RuntimeError("a bug in the hand-back of a held run")
 
 

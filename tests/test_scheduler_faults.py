@@ -13,6 +13,7 @@ import logging
 import signal
 import time
 import traceback
+import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -26,6 +27,7 @@ from scheduler_grpc.db.leadership import LeadershipRepository, TermRecord
 from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.errors import Fenced, Unavailable
+from scheduler_grpc.items import item_breaker_key, item_slot
 from scheduler_grpc.jobs import ConcurrencyPolicy, JobSpec, MisfirePolicy, ScheduleKind
 from scheduler_grpc.keys import LeaderKeys
 from scheduler_grpc.leader import Term
@@ -377,7 +379,11 @@ async def test_reconcile_rebuilds_a_flushed_dead_letter_queue_but_not_what_was_p
 
     dead = (await queue.list_dead()).items
     assert [(item.id, item.reason, item.priority) for item in dead] == [(runs["kept"], "permanent: kept failed", 7)]
-    assert dead[0].data == b"test.echo"  # the handler, as enqueued items carry it
+    # The handler (its breaker key) and the run's slot, as enqueued items carry them.
+    assert item_breaker_key(dead[0].data) == "test.echo"
+    assert item_slot(dead[0].data) == await pool.fetchval(
+        "SELECT scheduled_for FROM job_executions WHERE id = $1", uuid.UUID(runs["kept"])
+    )
     states = await queue.states(runs.values())
     assert states[runs["requeued"]] is ItemState.READY  # its new attempt is queued: reconcile re-enqueued it
     assert states[runs["purged"]] is None

@@ -179,9 +179,14 @@ class _CancelsRightAfterTheClaim(RunRepository):
         self._control = control
 
     async def claim(
-        self, items: Sequence[tuple[str, str]], worker_id: str, *, leased_at: Sequence[datetime | None] = ()
+        self,
+        items: Sequence[tuple[str, str]],
+        worker_id: str,
+        *,
+        leased_at: Sequence[datetime | None] = (),
+        slots: Sequence[datetime | None] = (),
     ) -> list[Claim]:
-        claims = await super().claim(items, worker_id, leased_at=leased_at)
+        claims = await super().claim(items, worker_id, leased_at=leased_at, slots=slots)
         for claim in claims:
             assert (await self._control.cancel_execution(claim.execution_id)).status == "running"
         return claims
@@ -451,7 +456,9 @@ async def test_store_errors_are_told_from_bugs_on_real_answers(redis: aioredis.R
 
 
 class _BuggyRepository(RunRepository):
-    async def cancel_requested(self, execution_ids: Sequence[str]) -> list[str]:
+    async def cancel_requested(
+        self, execution_ids: Sequence[str], *, slots: Sequence[datetime | None] = ()
+    ) -> list[str]:
         raise RuntimeError("a bug in the cancel poll")
 
 

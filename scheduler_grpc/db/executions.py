@@ -185,6 +185,8 @@ class Queued:
     payload: dict[str, Any] | None = None  # the run's snapshot, for its breaker key (dispatch.queue_item)
     # The limit keys the run took when it was made (`job_executions.limit_keys`); empty: none.
     limits: tuple[LimitKey, ...] = ()
+    # The run's slot (the partition key): its queue item carries it to the worker's claim.
+    scheduled_for: datetime | None = None
 
 
 def limit_keys_from_json(value: Any) -> tuple[LimitKey, ...]:
@@ -196,10 +198,11 @@ def limit_keys_from_json(value: Any) -> tuple[LimitKey, ...]:
 
 def queued_from_row(row: asyncpg.Record) -> Queued:
     """The `Queued` of a row with the run's id, job, priority, due time, handler, queue, payload
-    and (if the statement selects it) its `limit_keys`."""
+    and (if the statement selects them) its `limit_keys` and `scheduled_for`."""
     return Queued(
         str(row["run_id"]), str(row["job_id"]), row["priority"], row["due_at"], row["handler"], row["queue"],
         payload=row["payload"], limits=limit_keys_from_json(row.get("limit_keys")),
+        scheduled_for=row.get("scheduled_for"),
     )  # fmt: skip
 
 
@@ -293,6 +296,9 @@ class Outcome:
     # ahead): the completion writes it as the attempt's `started_at`. None keeps the claim's.
     started_at: datetime | None = None
     dead_reason: DeadReason | None = None
+    # The run's slot (`Claim.scheduled_for`, the partition key): the completion then reads one
+    # partition. None: found by id alone (every partition's index), as correct, slower.
+    scheduled_for: datetime | None = None
 
     def __post_init__(self) -> None:
         # Bounded where it is made, so the row and the events built from it carry the same text.

@@ -149,10 +149,10 @@ class FiringRepository:
                        CASE WHEN final_status = 'dead' THEN {key_error_of("resolved")} END, {SNAPSHOT_COLUMNS}
                 FROM planned
                 ON CONFLICT DO NOTHING
-                RETURNING id, job_id, status, priority, due_at, limit_keys
+                RETURNING id, job_id, scheduled_for, status, priority, due_at, limit_keys
             )
             SELECT (SELECT count(*) FROM fence) AS fenced_in, i.id, i.id AS run_id, i.job_id, i.status, i.priority,
-                   i.due_at, p.handler, p.queue, p.payload, i.limit_keys, clock_timestamp() AS clock
+                   i.due_at, i.scheduled_for, p.handler, p.queue, p.payload, i.limit_keys, clock_timestamp() AS clock
             FROM (SELECT 1) AS one
             LEFT JOIN inserted i ON true
             LEFT JOIN planned p ON p.id = i.id
@@ -226,7 +226,8 @@ class FiringRepository:
                 ) AS range WHERE range.missed_through >= s.slot
             )
             ON CONFLICT DO NOTHING
-            RETURNING id AS run_id, job_id, priority, due_at, handler, queue, payload, limit_keys, status, error
+            RETURNING id AS run_id, job_id, scheduled_for, priority, due_at, handler, queue, payload, limit_keys,
+                      status, error
             """,
             uuid.UUID(job_id),
             trigger.value,
@@ -309,9 +310,9 @@ class FiringRepository:
                 SELECT id, id, job_id, slot, 1, {_STATUS}, 'manual', now(), priority, request_id, trace_context,
                        {keys_of("resolved")}, {key_error_of("resolved")}, {_FINISHED}, {SNAPSHOT_COLUMNS}
                 FROM eligible
-                -- One order for every statement: two calls inserting the same request ids in different
-                -- orders would each wait on the other's uncommitted row (a deadlock PostgreSQL breaks by
-                -- failing one of them).
+                -- One order for every statement: two calls inserting (and claiming, in
+                -- execution_requests, migration 0016) the same request ids in different orders would
+                -- each wait on the other's uncommitted row, a deadlock PostgreSQL breaks by failing one.
                 ORDER BY job_id, request_id, slot
                 ON CONFLICT DO NOTHING
                 RETURNING {COLUMNS}, e.handler, e.queue, e.payload, e.limit_keys
@@ -322,7 +323,8 @@ class FiringRepository:
             LEFT JOIN eligible el ON el.id = r.id
             LEFT JOIN inserted i ON i.id = r.id
             -- The statement's snapshot: a run an EARLIER call created (not one this INSERT made).
-            LEFT JOIN job_executions p ON p.job_id = r.job_id AND p.request_id = r.request_id
+            LEFT JOIN execution_requests q ON q.job_id = r.job_id AND q.request_id = r.request_id
+            LEFT JOIN job_executions p ON p.id = q.run_id AND p.scheduled_for = q.scheduled_for
             ORDER BY r.ord
             """,
             list(range(len(requests))),

@@ -119,12 +119,13 @@ class ExecutionLabel:
 # Whether a node's latest attempt has ended for good (a flow counts it among its finished jobs).
 _FINAL = "a.status IN ('succeeded', 'dead', 'cancelled', 'upstream_failed', 'skipped', 'missed') AS final"
 
+_NODE_ATTEMPT = "a.id, a.status, a.attempt, a.started_at, a.finished_at, a.error"
+# The slot beside each node's run id (migration 0017): one partition per node.
 _NODE_VIEWS = f"""
     SELECT n.job_id, j.name, n.upstream_ids, n.trigger_rule, n.run_id, x.id AS execution_id, x.status, x.attempt,
            x.started_at, x.finished_at, left(x.error, $2) AS error
     FROM flow_nodes n JOIN jobs j ON j.id = n.job_id
-    LEFT JOIN LATERAL {latest_attempt("n.run_id", "a.id, a.status, a.attempt, a.started_at, a.finished_at, a.error")} x
-        ON true
+    LEFT JOIN LATERAL {latest_attempt("n.run_id", _NODE_ATTEMPT, slot="n.run_scheduled_for")} x ON true
     WHERE n.flow_run_id = $1
     ORDER BY j.name
 """
@@ -222,7 +223,8 @@ class FlowViews:
                 JOIN jobs j ON j.id = p.root_job_id
                 CROSS JOIN LATERAL (
                     SELECT count(*) AS nodes, count(*) FILTER (WHERE x.final) AS finished_nodes
-                    FROM flow_nodes n LEFT JOIN LATERAL {latest_attempt("n.run_id", _FINAL)} x ON true
+                    FROM flow_nodes n
+                    LEFT JOIN LATERAL {latest_attempt("n.run_id", _FINAL, slot="n.run_scheduled_for")} x ON true
                     WHERE n.flow_run_id = p.id
                 ) c
                 ORDER BY p.created_at DESC, p.id DESC""",

@@ -42,7 +42,7 @@ _NODES = f"""
     SELECT n.flow_run_id, n.job_id, j.name, j.status AS job_status, n.upstream_ids, n.trigger_rule, n.run_id,
            x.id AS execution_id, x.status
     FROM flow_nodes n JOIN jobs j ON j.id = n.job_id
-    LEFT JOIN LATERAL {latest_attempt("n.run_id", "a.id, a.status")} x ON true
+    LEFT JOIN LATERAL {latest_attempt("n.run_id", "a.id, a.status", slot="n.run_scheduled_for")} x ON true
     WHERE n.flow_run_id = ANY($1::uuid[])
     ORDER BY n.flow_run_id, j.name
 """
@@ -220,16 +220,19 @@ class FlowRepository:
         return await self._pool.fetch(
             f"""
             WITH d AS (
-                SELECT * FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::jsonb[], $6::text[])
+                -- The run's slot is its creation (clock_timestamp: volatile, so this CTE is
+                -- evaluated once), kept on its node too (migration 0017).
+                SELECT *, clock_timestamp() AS slot
+                FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::jsonb[], $6::text[])
                     AS d(run_id, job_id, status, payload, error)
             ), claimed AS (
-                UPDATE flow_nodes n SET run_id = d.run_id
+                UPDATE flow_nodes n SET run_id = d.run_id, run_scheduled_for = d.slot
                 FROM d WHERE n.flow_run_id = $1 AND n.job_id = d.job_id AND n.run_id IS NULL
-                RETURNING n.job_id, d.run_id, d.status, d.payload, d.error
+                RETURNING n.job_id, d.run_id, d.slot, d.status, d.payload, d.error
             )
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at, priority,
                                         term, finished_at, error, limit_keys, {", ".join(_SNAPSHOT)})
-            SELECT c.run_id, c.run_id, j.id, clock_timestamp(), 1, s.status, 'upstream', now(), j.priority, $7,
+            SELECT c.run_id, c.run_id, j.id, c.slot, 1, s.status, 'upstream', now(), j.priority, $7,
                    CASE WHEN s.status = 'queued' THEN NULL ELSE now() END,
                    coalesce(c.error, {key_error_of("r.resolved")}),
                    {keys_of("r.resolved")},
@@ -245,7 +248,8 @@ class FlowRepository:
             CROSS JOIN LATERAL (
                 SELECT CASE WHEN jsonb_typeof(r.resolved) = 'string' THEN 'dead' ELSE c.status END AS status
             ) s
-            RETURNING id AS run_id, job_id, status, priority, due_at, handler, queue, payload, error, limit_keys
+            RETURNING id AS run_id, job_id, scheduled_for, status, priority, due_at, handler, queue, payload, error,
+                      limit_keys
             """,
             uuid.UUID(flow_run_id),
             [new_execution_id() for _ in decisions],
@@ -305,7 +309,8 @@ class FlowRepository:
             await conn.execute("UPDATE flow_runs SET state = 'cancelled', finished_at = now() WHERE id = $1", key)
             started = await conn.fetch(
                 """SELECT n.run_id, coalesce(e.queue, j.queue) AS queue
-                   FROM flow_nodes n JOIN jobs j ON j.id = n.job_id JOIN job_executions e ON e.id = n.run_id
+                   FROM flow_nodes n JOIN jobs j ON j.id = n.job_id
+                   JOIN job_executions e ON e.id = n.run_id AND e.scheduled_for = n.run_scheduled_for
                    WHERE n.flow_run_id = $1""",
                 key,
             )

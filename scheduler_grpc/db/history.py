@@ -1,5 +1,5 @@
 """Reading the execution history in PostgreSQL (by id, by request id, pages, a job's history) and
-pruning it (`system.cleanup`)."""
+pruning it by whole days (`system.cleanup`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
+
+import asyncpg
 
 from scheduler_grpc import pagetokens
 from scheduler_grpc.db.executions import (
@@ -19,6 +21,7 @@ from scheduler_grpc.db.executions import (
     execution_from_row,
     executions_by_id,
 )
+from scheduler_grpc.db.partitions import PartitionRepository
 from scheduler_grpc.errors import InvalidArgument, NotFound
 from scheduler_grpc.executions import Execution, ExecutionStatus
 
@@ -52,8 +55,12 @@ class HistoryRepository:
         Raises:
             NotFound: no run of this job was created with this request id.
         """
+        # The request id's claim names the run's first attempt by its primary key (id, slot): one
+        # probe of one partition (run-time pruning), whichever day the run's slot fell on.
         row = await self._pool.fetchrow(
-            f"SELECT {COLUMNS} FROM job_executions e WHERE e.job_id = $1 AND e.request_id = $2",
+            f"""SELECT {COLUMNS} FROM execution_requests q
+                JOIN job_executions e ON e.id = q.run_id AND e.scheduled_for = q.scheduled_for
+                WHERE q.job_id = $1 AND q.request_id = $2""",
             uuid.UUID(job_id),
             request_id,
         )
@@ -113,12 +120,13 @@ class HistoryRepository:
         return [execution_from_row(row) for row in rows]
 
     async def prune(self, older_than: datetime) -> int:
-        """Delete finished attempts that finished before `older_than` (system.cleanup)."""
-        result = await self._pool.execute(
-            "DELETE FROM job_executions WHERE finished_at < $1 AND status NOT IN ('queued', 'running')",
-            older_than,
-        )
-        return int(result.split()[-1])
+        """Drop the day partitions that end by `older_than` and hold no open run (system.cleanup;
+        `PartitionRepository.drop_before`): whole days, never a DELETE of executions. Returns the
+        number of executions they held. Over a pool only (each day in a transaction of its own).
+        """
+        if not isinstance(self._pool, asyncpg.Pool):
+            raise TypeError("pruning needs a pool: each day is dropped in a transaction of its own")
+        return (await PartitionRepository(self._pool).drop_before(older_than)).executions
 
 
 def _decode_cursor(position: list[Any]) -> tuple[datetime, uuid.UUID]:

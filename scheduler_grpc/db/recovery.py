@@ -79,7 +79,8 @@ class RecoveryRepository:
         rows = await self._pool.fetch(
             """
             SELECT e.run_id, e.job_id, e.priority, e.due_at, coalesce(e.handler, j.handler) AS handler,
-                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload, e.limit_keys
+                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload, e.limit_keys,
+                   e.scheduled_for
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.status = 'queued' AND e.finished_at IS NULL AND e.created_at < now() - $1::interval
               AND ($2::uuid IS NULL OR e.run_id > $2)
@@ -107,7 +108,8 @@ class RecoveryRepository:
         rows = await self._pool.fetch(
             """
             SELECT e.run_id, e.job_id, e.priority, e.due_at, coalesce(e.handler, j.handler) AS handler,
-                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload, e.limit_keys
+                   coalesce(e.queue, j.queue) AS queue, coalesce(e.payload, j.payload) AS payload, e.limit_keys,
+                   e.scheduled_for
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.status = 'running' AND e.finished_at IS NULL
               AND e.started_at < now() - coalesce(e.timeout, j.timeout) - $1::interval
@@ -127,10 +129,11 @@ class RecoveryRepository:
         """
         rows = await self._pool.fetch(
             f"""
-            SELECT e.run_id, e.job_id, e.priority, e.due_at, e.error, e.limit_keys, {snapshot_of_run("e")}
+            SELECT e.run_id, e.job_id, e.scheduled_for, e.priority, e.due_at, e.error, e.limit_keys,
+                   {snapshot_of_run("e")}
             FROM job_executions e JOIN jobs j ON j.id = e.job_id
             WHERE e.final_status = 'dead' AND e.dlq_purged_at IS NULL AND ($1::uuid IS NULL OR e.run_id > $1)
-              AND e.id = {latest_attempt("e.run_id", "a.id")}
+              AND e.id = {latest_attempt("e.run_id", "a.id", slot="e.scheduled_for")}
             ORDER BY e.run_id LIMIT $2
             """,
             uuid.UUID(after_run_id) if after_run_id else None,
@@ -225,7 +228,7 @@ class RecoveryRepository:
                     AS resolved
             ) r
             ON CONFLICT DO NOTHING  -- a concurrent requeue of the same run added that attempt first
-            RETURNING run_id, job_id, priority, due_at, handler, queue, payload, limit_keys, status
+            RETURNING run_id, job_id, scheduled_for, priority, due_at, handler, queue, payload, limit_keys, status
             """,
             ids(run_ids),
         )

@@ -55,7 +55,20 @@ def _refused(outcome: Outcome, reason: str) -> Outcome:
     would be refused again on any retry), without its result."""
     return Outcome(outcome.execution_id, outcome.claim_token, ExecutionStatus.DEAD,
                    error=f"{REFUSED_ERROR}: {reason}", started_at=outcome.started_at,
-                   dead_reason=DeadReason.PERMANENT)  # fmt: skip
+                   dead_reason=DeadReason.PERMANENT, scheduled_for=outcome.scheduled_for)  # fmt: skip
+
+
+def slot_of(given: str, key: str) -> str:
+    """SQL: the slot of a run or attempt as given (`given`, an expression), or where it is NULL (an
+    item queued before slots travelled with it) read by the id `key` alone: the partition key
+    without which a statement reads every partition's index. A run's id is its first attempt's,
+    and every attempt of a run shares its slot, so `key` may be a run id or an execution id."""
+    return f"coalesce({given}, (SELECT f.scheduled_for FROM job_executions f WHERE f.id = {key}))"
+
+
+def _slots(values: Sequence[datetime | None], n: int) -> list[datetime | None]:
+    """One slot per item (None: unknown); empty: all unknown."""
+    return list(values) if values else [None] * n
 
 
 class RunRepository:
@@ -78,7 +91,7 @@ class RunRepository:
                FROM flow_nodes me JOIN flow_nodes u ON u.flow_run_id = me.flow_run_id
                                                    AND u.job_id = ANY(me.upstream_ids)
                JOIN jobs j ON j.id = u.job_id
-               LEFT JOIN LATERAL {latest_attempt("u.run_id", "a.result")} x ON true
+               LEFT JOIN LATERAL {latest_attempt("u.run_id", "a.result", slot="u.run_scheduled_for")} x ON true
                WHERE me.run_id = ANY($1::uuid[])""",
             ids(run_ids),
         )
@@ -94,8 +107,13 @@ class RunRepository:
         *,
         reserved: Sequence[bool] = (),
         leased_at: Sequence[datetime | None] = (),
+        slots: Sequence[datetime | None] = (),
     ) -> list[Claim]:
         """Claim the current attempt of each run `(run_id, lease_token)` for `worker_id`.
+
+        `slots` gives each run's `scheduled_for` (from its queue item, `dispatch.item_slot`; one per
+        item, None or empty: unknown): the claim then reads and writes one partition per run. An
+        unknown slot is read by the run id first (every partition's index: correct, slower).
 
         `reserved` flags items a worker reserved ahead of their due time (one flag per item; empty:
         none): their attempt's `started_at` is the expected start, the later of the database clock
@@ -130,12 +148,17 @@ class RunRepository:
             return []
         rows = await self._pool.fetch(
             f"""
-            WITH items AS (
+            WITH given AS (
                 -- Ids travel as text both ways: cheaper for the client than uuid objects.
                 -- `reserve` is NULL (not reserved) for every item when $6 is empty, `leased_at` NULL
-                -- (unknown: the start is now()) when $7 is.
-                SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $6::bool[], $7::timestamptz[])
-                    AS i(run_id, token, reserve, leased_at)
+                -- (unknown: the start is now()) when $7 is, `slot` NULL (unknown) when $8 is.
+                SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $6::bool[], $7::timestamptz[],
+                                     $8::timestamptz[])
+                    AS i(run_id, token, reserve, leased_at, slot)
+            ), items AS MATERIALIZED (
+                -- Materialized: each item's slot is a plain value for the lookup below to prune by.
+                SELECT i.run_id, i.token, i.reserve, i.leased_at, {slot_of("i.slot", "i.run_id")} AS slot
+                FROM given i
             ), latest AS (
                 SELECT x.id, x.run_id, x.job_id, x.scheduled_for, x.attempt, x.status, x.claim_token,
                        x.priority, x.started_at, x.due_at, x.trigger, x.cancel_requested_at, i.token, i.reserve,
@@ -143,12 +166,13 @@ class RunRepository:
                        -- A ready item's start: its lease, within [its due time, this claim].
                        least(now(), greatest(coalesce(i.leased_at, now()), date_trunc('milliseconds', x.due_at)))
                            AS leased_start
-                FROM items i CROSS JOIN LATERAL {latest_attempt("i.run_id", lock=True)} x
+                FROM items i CROSS JOIN LATERAL {latest_attempt("i.run_id", lock=True, slot="i.slot")} x
             ), started AS (
                 UPDATE job_executions e SET status = 'running', claim_token = l.token, worker_id = $3,
                        started_at = CASE WHEN l.reserve THEN greatest(clock_timestamp(), l.due_at)
                                          ELSE l.leased_start END
-                FROM latest l WHERE e.id = l.id AND l.status = 'queued'
+                -- With the slot (the partition key): one partition's primary key, not every one's.
+                FROM latest l WHERE e.id = l.id AND e.scheduled_for = l.scheduled_for AND l.status = 'queued'
                 RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at, e.trigger,
                           e.trace_context, e.limit_keys, {snapshot("e")}
             ), abandoned AS (
@@ -156,7 +180,8 @@ class RunRepository:
                 SET status = CASE WHEN l.cancel_requested_at IS NULL THEN 'abandoned' ELSE 'cancelled' END,
                     finished_at = now(), error = CASE WHEN l.cancel_requested_at IS NULL THEN $4 ELSE $5 END,
                     started_at = least(l.started_at, now())  -- a reserved attempt taken over before its start
-                FROM latest l WHERE e.id = l.id AND l.status = 'running' AND l.claim_token <> l.token
+                FROM latest l WHERE e.id = l.id AND e.scheduled_for = l.scheduled_for
+                                AND l.status = 'running' AND l.claim_token <> l.token
                 RETURNING e.id
             ), restarted AS (
                 INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, priority,
@@ -187,7 +212,8 @@ class RunRepository:
                    {snapshot_of_run("c")},
                    CASE WHEN c.attempt = 1 THEN 0  -- a first attempt has no earlier ones: no probe
                         ELSE (SELECT count(*) FROM job_executions p
-                              WHERE p.run_id = c.run_id AND p.status = 'interrupted') END AS interrupted,
+                              WHERE p.run_id = c.run_id AND p.scheduled_for = c.scheduled_for
+                                AND p.status = 'interrupted') END AS interrupted,
                    (SELECT count(*) FROM abandoned) AS abandoned,
                    -- Read last, after the writes: a reserved attempt's wait counted from it errs late
                    -- (by the reply's transfer), never early. Only for a batch with reservations.
@@ -201,6 +227,7 @@ class RunRepository:
             CANCELLED_ERROR,
             list(reserved),
             list(leased_at),
+            list(slots),
         )
         return [
             Claim(
@@ -310,15 +337,16 @@ class RunRepository:
                 -- `running` is a column, not a constant, so the planner cannot use `status =
                 -- 'running'` to scan the table (its statistics often count no running rows, and a
                 -- sequential scan of the whole history per batch would follow): each outcome
-                -- finds its row by primary key.
-                SELECT *, 'running'::text AS running
+                -- finds its row by primary key, (id, slot): one partition.
+                SELECT r.*, 'running'::text AS running, {slot_of("r.given_slot", "r.id")} AS slot
                 FROM unnest($1::text[]::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::interval[],
-                            $8::timestamptz[])
-                    AS r(id, token, status, error, result, retry_after, started_at)
+                            $8::timestamptz[], $9::timestamptz[])
+                    AS r(id, token, status, error, result, retry_after, started_at, given_slot)
             ), done AS (
                 UPDATE job_executions e SET status = r.status, finished_at = now(), error = r.error,
                        result = r.result::jsonb, started_at = coalesce(r.started_at, e.started_at)
-                FROM r WHERE e.id = r.id AND e.claim_token = r.token AND e.status = r.running
+                FROM r WHERE e.id = r.id AND e.scheduled_for = r.slot AND e.claim_token = r.token
+                         AND e.status = r.running
                 RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, r.retry_after,
                           e.cancel_requested_at
             ), retried AS (
@@ -329,7 +357,7 @@ class RunRepository:
                                             priority, trace_context, limit_keys, {SNAPSHOT_COLUMNS})
                 SELECT uuid_v7(), d.run_id, d.job_id, d.scheduled_for, d.attempt + 1, 'queued', 'retry',
                        now() + d.retry_after, d.priority, p.trace_context, p.limit_keys, {snapshot("p")}
-                FROM done d JOIN job_executions p ON p.id = d.id
+                FROM done d JOIN job_executions p ON p.id = d.id AND p.scheduled_for = d.scheduled_for
                 WHERE d.retry_after IS NOT NULL AND d.cancel_requested_at IS NULL
                 ON CONFLICT DO NOTHING
                 RETURNING id, run_id
@@ -339,8 +367,10 @@ class RunRepository:
                 -- The statement's snapshot shows rows `done` updates as still running: no overlap.
                 SELECT e.id, e.run_id, e.job_id, e.attempt, e.status,
                        (SELECT n.id FROM job_executions n
-                        WHERE n.run_id = e.run_id AND n.attempt = e.attempt + 1 AND n.trigger = 'retry') AS retry_id
-                FROM r JOIN job_executions e ON e.id = r.id AND e.claim_token = r.token AND e.status = r.status
+                        WHERE n.run_id = e.run_id AND n.scheduled_for = e.scheduled_for AND n.attempt = e.attempt + 1
+                          AND n.trigger = 'retry') AS retry_id
+                FROM r JOIN job_executions e ON e.id = r.id AND e.scheduled_for = r.slot AND e.claim_token = r.token
+                                            AND e.status = r.status
                 WHERE $7
             )
             -- A retry's id comes as a row of its own (no id, the run id and the retry id), joined to
@@ -357,6 +387,7 @@ class RunRepository:
             [outcome.retry_after for outcome in outcomes],
             resent,
             [outcome.started_at for outcome in outcomes],
+            [outcome.scheduled_for for outcome in outcomes],
         )
         retries = {row["run_id"]: row["retry_id"] for row in rows if row["id"] is None}
         return [
@@ -378,6 +409,7 @@ class RunRepository:
         *,
         reason: str = INTERRUPTED_ERROR,
         delay: timedelta = timedelta(0),
+        slots: Sequence[datetime | None] = (),
     ) -> int:
         """Hand claimed attempts `(execution_id, claim_token)` back without an outcome of their own.
 
@@ -393,9 +425,11 @@ class RunRepository:
         Returns:
             How many attempts were handed back.
         """
-        return await end_and_continue(self._pool, items, ExecutionStatus.INTERRUPTED, reason, delay)
+        return await end_and_continue(self._pool, items, ExecutionStatus.INTERRUPTED, reason, delay, slots=slots)
 
-    async def unclaim(self, items: Sequence[tuple[str, str]]) -> dict[str, ExecutionStatus]:
+    async def unclaim(
+        self, items: Sequence[tuple[str, str]], *, slots: Sequence[datetime | None] = ()
+    ) -> dict[str, ExecutionStatus]:
         """Undo the claims of reserved attempts `(execution_id, claim_token)` that never started.
 
         Each still `running` under its token goes back to `queued` as if never claimed (no worker,
@@ -410,42 +444,56 @@ class RunRepository:
         if not items:
             return {}
         rows = await self._pool.fetch(
-            """
+            f"""
             UPDATE job_executions e
             SET status = CASE WHEN e.cancel_requested_at IS NULL THEN 'queued' ELSE 'cancelled' END,
                 finished_at = CASE WHEN e.cancel_requested_at IS NULL THEN NULL ELSE now() END,
                 error = CASE WHEN e.cancel_requested_at IS NULL THEN NULL ELSE $3 END,
                 claim_token = NULL, worker_id = NULL, started_at = NULL
-            FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
-            WHERE e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
+            FROM (SELECT r.id, r.token, {slot_of("r.slot", "r.id")} AS slot
+                  FROM unnest($1::uuid[], $2::text[], $4::timestamptz[]) AS r(id, token, slot) OFFSET 0) r
+            WHERE e.id = r.id AND e.scheduled_for = r.slot AND e.claim_token = r.token AND e.status = 'running'
             RETURNING e.id::text, e.status
             """,
             ids([execution_id for execution_id, _ in items]),
             [token for _, token in items],
             CANCELLED_ERROR,
+            _slots(slots, len(items)),
         )
         return {row["id"]: STATUSES[row["status"]] for row in rows}
 
-    async def cancel_requested(self, execution_ids: Sequence[str]) -> list[str]:
-        """Which of these attempts are still `running` with a cancel requested (the worker's poll)."""
+    async def cancel_requested(
+        self, execution_ids: Sequence[str], *, slots: Sequence[datetime | None] = ()
+    ) -> list[str]:
+        """Which of these attempts are still `running` with a cancel requested (the worker's poll).
+        `slots`: each attempt's `scheduled_for` (None or empty: unknown, found by id alone)."""
         if not execution_ids:
             return []
         rows = await self._pool.fetch(
-            """SELECT id FROM job_executions
-               WHERE id = ANY($1::uuid[]) AND cancel_requested_at IS NOT NULL AND finished_at IS NULL
-                 AND status = 'running'""",
+            f"""SELECT x.id FROM (SELECT r.id, {slot_of("r.slot", "r.id")} AS slot
+                                  FROM unnest($1::uuid[], $2::timestamptz[]) AS r(id, slot) OFFSET 0) r
+               -- Lateral: each attempt by its primary key, never a scan of the open rows of every day.
+               CROSS JOIN LATERAL (
+                   SELECT e.id FROM job_executions e
+                   WHERE e.id = r.id AND e.scheduled_for = r.slot AND e.cancel_requested_at IS NOT NULL
+                     AND e.finished_at IS NULL AND e.status = 'running'
+                   LIMIT 1  -- (kept a subquery: not flattened into a join the planner may turn around)
+               ) x""",
             ids(execution_ids),
+            _slots(slots, len(execution_ids)),
         )
         return [str(row["id"]) for row in rows]
 
-    async def abandon(self, items: Sequence[tuple[str, str]]) -> int:
+    async def abandon(self, items: Sequence[tuple[str, str]], *, slots: Sequence[datetime | None] = ()) -> int:
         """A worker that lost its lease gives up attempts `(execution_id, claim_token)`.
 
         Each still `running` under that token is recorded `abandoned` and its run gets the next
         attempt, `queued`: whoever holds the run's queue item now claims that attempt, and if Redis
         lost the item altogether, reconcile enqueues it again.
         """
-        return await end_and_continue(self._pool, items, ExecutionStatus.ABANDONED, LOST_WORKER_ERROR, timedelta(0))
+        return await end_and_continue(
+            self._pool, items, ExecutionStatus.ABANDONED, LOST_WORKER_ERROR, timedelta(0), slots=slots
+        )
 
 
 async def end_and_continue(
@@ -456,13 +504,17 @@ async def end_and_continue(
     delay: timedelta,
     *,
     by_run: bool = False,
+    slots: Sequence[datetime | None] = (),
 ) -> int:
     """End attempts `(execution_id, claim_token)` still `running` under their token with `status`
     (`cancelled` instead where a cancel was requested) and give each run its next attempt,
     `queued`, due after `delay`, with the same snapshot. Returns how many attempts ended.
 
     With `by_run`, items are `(run_id, claim_token)`: the run's attempt running under that token
-    (a token is unique per delivery, so it names one attempt)."""
+    (a token is unique per delivery, so it names one attempt).
+
+    `slots`: each item's `scheduled_for` (None or empty: unknown, read by the id first: a run's id
+    is its first attempt's id, and every attempt of a run shares its slot)."""
     if not items:
         return 0
     rows = await pool.fetch(
@@ -474,8 +526,10 @@ async def end_and_continue(
                 -- A reserved attempt ended before its expected start (its lease lost while
                 -- held) did not start later than now.
                 started_at = least(e.started_at, now())
-            FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
-            WHERE e.{"run_id" if by_run else "id"} = r.id AND e.claim_token = r.token AND e.status = 'running'
+            FROM (SELECT r.id, r.token, {slot_of("r.slot", "r.id")} AS slot
+                  FROM unnest($1::uuid[], $2::text[], $7::timestamptz[]) AS r(id, token, slot) OFFSET 0) r
+            WHERE e.{"run_id" if by_run else "id"} = r.id AND e.scheduled_for = r.slot AND e.claim_token = r.token
+              AND e.status = 'running'
             RETURNING e.run_id, e.job_id, e.scheduled_for, e.attempt, e.priority, e.status, e.trace_context,
                       e.limit_keys, {snapshot("e")}
         ), next AS (
@@ -495,5 +549,6 @@ async def end_and_continue(
         outputs.bound_error(error),
         CANCELLED_ERROR,
         delay,
+        _slots(slots, len(items)),
     )
     return int(rows[0]["ended"])

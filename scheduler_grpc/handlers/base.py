@@ -81,7 +81,8 @@ class Maintenance(Protocol):
     """
 
     async def prune_executions(self, older_than: datetime) -> int:
-        """Delete finished execution rows older than `older_than`."""
+        """Drop the whole days of execution history that end by `older_than`, except days holding an
+        open run; returns the executions they held."""
         ...
 
     async def trim_events(self, older_than: datetime) -> int:

@@ -20,7 +20,8 @@ DEFAULT_RETENTION_DAYS = 30
 
 
 class CleanupHandler(Handler):
-    """Deletes execution rows, stream events and dead letters older than `retention_days`."""
+    """Drops execution history, stream events and dead letters older than `retention_days` (the history
+    by whole UTC days: a day is dropped once it ends before the cut-off, unless it holds an open run)."""
 
     name: ClassVar[str] = "system.cleanup"
     description: ClassVar[str] = "Prune execution history, events and dead letters older than a retention"

@@ -29,6 +29,7 @@ from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution, ExecutionStatus, Trigger
 from scheduler_grpc.flows import FINAL_STATUSES, FlowRun, TriggerRule
 from scheduler_grpc.handlers import handler_of_breaker_key
+from scheduler_grpc.items import item_breaker_key
 from scheduler_grpc.jobs import (
     ConcurrencyPolicy,
     Job,
@@ -679,14 +680,14 @@ def api_key_to_proto(record: ApiKeyRecord) -> auth_pb2.ApiKey:
 
 
 def dead_letter(item: DeadItem) -> queue_pb2.DeadLetter:
-    # The queue item's data is the run's breaker key, which starts with its handler's name (see
-    # dispatch.queue_item).
+    # The queue item's data holds the run's breaker key, which starts with its handler's name (see
+    # dispatch.queue_item, items.item_data).
     return queue_pb2.DeadLetter(
         run_id=item.id,
         reason=item.reason,
         dead_time=timestamp(item.parked_at),
         priority=item.priority,
-        handler=handler_of_breaker_key(item.data.decode(errors="replace")),
+        handler=handler_of_breaker_key(item_breaker_key(item.data)),
     )
 
 

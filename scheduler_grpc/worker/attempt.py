@@ -65,7 +65,8 @@ class Attempt(Run):
     def end_with(
         self, status: ExecutionStatus, error: str | None = None, result: Any = None, dead: DeadReason | None = None
     ) -> Outcome:
-        return Outcome(self.claim.execution_id, self.token, status, error=error, result=result, dead_reason=dead)
+        return Outcome(self.claim.execution_id, self.token, status, error=error, result=result, dead_reason=dead,
+                       scheduled_for=self.claim.scheduled_for)  # fmt: skip
 
 
 class Deadline:
@@ -150,7 +151,7 @@ async def run_handler(attempt: Attempt, handler: Any, ctx: ExecutionContext) -> 
         deadline.release(attempt)  # (a no-op when released above)
         attempt.seconds = time.perf_counter() - began
     if status is ExecutionStatus.SUCCEEDED:
-        return Outcome(claim.execution_id, attempt.token, status, result=result)
+        return Outcome(claim.execution_id, attempt.token, status, result=result, scheduled_for=claim.scheduled_for)
     assert error is not None
     return failure(attempt, status, error)
 
@@ -179,7 +180,8 @@ def failure(attempt: Attempt, status: ExecutionStatus, error: str) -> Outcome:
     # Interrupted attempts (a worker's graceful stop) spend no retry budget.
     if claim.retry.allows_retry_after(claim.budget_attempt):
         backoff = claim.retry.backoff(claim.budget_attempt)
-        return Outcome(claim.execution_id, attempt.token, status, error=error, retry_after=backoff)
+        return Outcome(claim.execution_id, attempt.token, status, error=error, retry_after=backoff,
+                       scheduled_for=claim.scheduled_for)  # fmt: skip
     spent = f"{error} (retry budget of {claim.retry.max_retries} spent)"
     return attempt.end_with(ExecutionStatus.DEAD, error=spent, dead=DeadReason.RETRIES_EXHAUSTED)
 
@@ -195,4 +197,4 @@ def failed(outcome: Outcome) -> bool:
 def with_start(outcome: Outcome, started_at: datetime) -> Outcome:
     # Built directly: `dataclasses.replace` costs several times more.
     return Outcome(outcome.execution_id, outcome.claim_token, outcome.status, outcome.error, outcome.result,
-                   outcome.retry_after, started_at, outcome.dead_reason)  # fmt: skip
+                   outcome.retry_after, started_at, outcome.dead_reason, outcome.scheduled_for)  # fmt: skip

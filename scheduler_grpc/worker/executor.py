@@ -18,6 +18,7 @@ from scheduler_grpc.errors import SchedulerError
 from scheduler_grpc.events import EventType
 from scheduler_grpc.executions import DeadReason, ExecutionStatus, Trigger
 from scheduler_grpc.handlers import ExecutionContext, HandlerRegistry, HandlerSettings, RateLimited, breaker_key
+from scheduler_grpc.items import item_breaker_key
 from scheduler_grpc.worker.attempt import Attempt, Deadline, HandBack, failed, run_handler, run_handler_traced
 from scheduler_grpc.worker.lifecycle import State, Stop
 from scheduler_grpc.worker.support import MS, Maintenance, Shared, faulted, log, sleep_until
@@ -95,7 +96,7 @@ class Executor:
         shared, claim = self._shared, run.claim
         assert claim.clock is not None
         await sleep_until(run.due)
-        wait = shared.breakers.blocked_for(run.lease.data.decode())
+        wait = shared.breakers.blocked_for(item_breaker_key(run.lease.data))
         if wait > timedelta(0):
             shared.stats.breaker_deferred += 1
             shared.tracker.returning(run)
@@ -256,7 +257,7 @@ class Executor:
             metrics.LIMIT_THROTTLE_WAITS.labels(name).inc()
         end = State.LAPSED
         try:
-            statuses = await shared.runs.unclaim([(claim.execution_id, lease.token)])
+            statuses = await shared.runs.unclaim([(claim.execution_id, lease.token)], slots=[claim.scheduled_for])
             status = statuses.get(claim.execution_id)
             wait = max(exc.retry_after, MS)
             if status is ExecutionStatus.QUEUED:
@@ -282,7 +283,7 @@ class Executor:
         shared.stats.unspent += 1
         end = State.LAPSED
         try:
-            statuses = await shared.runs.unclaim([(claim.execution_id, lease.token)])
+            statuses = await shared.runs.unclaim([(claim.execution_id, lease.token)], slots=[claim.scheduled_for])
             status = statuses.get(claim.execution_id)
             if status is ExecutionStatus.QUEUED:
                 await shared.queue.nack(lease.id, lease.token, exc.delay, count_delivery=False)
@@ -303,7 +304,9 @@ class Executor:
         end = State.LAPSED
         try:
             await self._pause_host_keys(claim, exc.retry_after)
-            await shared.runs.release([(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after)
+            await shared.runs.release(
+                [(claim.execution_id, lease.token)], reason=str(exc), delay=exc.retry_after, slots=[claim.scheduled_for]
+            )
             await shared.queue.nack(lease.id, lease.token, exc.retry_after, count_delivery=False)
             shared.outbox.add([shared.event(EventType.INTERRUPTED, claim, error=str(exc))])
             end = State.HANDED_BACK
@@ -334,7 +337,9 @@ class Executor:
         shared = self._shared
         ends = dict.fromkeys(runs, State.LAPSED)
         try:
-            statuses = await shared.runs.unclaim([(r.claim.execution_id, r.token) for r in runs])
+            statuses = await shared.runs.unclaim(
+                [(r.claim.execution_id, r.token) for r in runs], slots=[r.claim.scheduled_for for r in runs]
+            )
             now = time.monotonic()
             retries: list[tuple[Attempt, timedelta]] = []
             cancelled: list[Attempt] = []
@@ -368,7 +373,9 @@ class Executor:
         shared = self._shared
         end = State.LAPSED
         try:
-            await shared.runs.release([(r.claim.execution_id, r.token) for r in runs])
+            await shared.runs.release(
+                [(r.claim.execution_id, r.token) for r in runs], slots=[r.claim.scheduled_for for r in runs]
+            )
             await shared.queue.nack_many([r.lease for r in runs], count_delivery=False)
             now = datetime.now(UTC).isoformat()
             shared.outbox.add([shared.event(EventType.INTERRUPTED, r.claim, now=now) for r in runs])

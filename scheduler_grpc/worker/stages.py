@@ -21,6 +21,7 @@ from scheduler_grpc import metrics, stores, tracing
 from scheduler_grpc.db.executions import REFUSED_ERROR, Claim, Completed
 from scheduler_grpc.events import EventType
 from scheduler_grpc.executions import DeadReason, ExecutionStatus, Trigger
+from scheduler_grpc.items import item_breaker_key, item_slot
 from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.queue import Lease
 from scheduler_grpc.worker.attempt import Attempt, with_start
@@ -261,7 +262,7 @@ class Claimer:
         deferred: dict[timedelta, list[Attempt]] = {}
         wanted: list[Attempt] = []
         for run in runs:
-            wait = shared.breakers.blocked_for(run.lease.data.decode())
+            wait = shared.breakers.blocked_for(item_breaker_key(run.lease.data))
             if wait > timedelta(0):
                 deferred.setdefault(wait, []).append(run)
             else:
@@ -288,12 +289,14 @@ class Claimer:
         items = [(run.id, run.token) for run in runs]
         # A ready run starts at its lease, the instant its limits admitted it, not at this claim.
         leased_at = [run.lease.leased_at for run in runs]
+        # Each run's slot, from its item: the claim reads one partition per run.
+        slots = [item_slot(run.lease.data) for run in runs]
         try:
             if any(run.reserved for run in runs):
                 reserved = [run.reserved for run in runs]
-                claims = await shared.runs.claim(items, shared.id, reserved=reserved, leased_at=leased_at)
+                claims = await shared.runs.claim(items, shared.id, reserved=reserved, leased_at=leased_at, slots=slots)
             else:  # a batch without reservations pays nothing for them
-                claims = await shared.runs.claim(items, shared.id, leased_at=leased_at)
+                claims = await shared.runs.claim(items, shared.id, leased_at=leased_at, slots=slots)
             replied = time.monotonic()
             flow_runs = [claim.run_id for claim in claims if claim.trigger not in _ROOT_TRIGGERS]
             if flow_runs:  # a flow run's downstream runs: their handlers get the upstream results
@@ -509,7 +512,8 @@ class Leases:
         try:
             until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
             items = [(r.claim.execution_id, r.token) for r in losing]
-            await shared.retrying("abandoning lost attempts", lambda: shared.runs.abandon(items), until)
+            slots = [r.claim.scheduled_for for r in losing]
+            await shared.retrying("abandoning lost attempts", lambda: shared.runs.abandon(items, slots=slots), until)
             end = State.ABANDONED
             shared.stats.lost_leases += len(losing)
             log.warning("leases lost; attempts abandoned", extra={"worker_id": shared.id, "runs": len(losing)})
@@ -561,11 +565,14 @@ class Cancels:
         while True:
             await asyncio.sleep(pause)
             pause = CANCEL_POLL_INTERVAL.total_seconds()
-            by_execution = {r.claim.execution_id: r.id for r in shared.tracker.stoppable()}
+            stoppable = shared.tracker.stoppable()
+            by_execution = {r.claim.execution_id: r.id for r in stoppable}
             if not by_execution:
                 continue
             try:
-                requested = await shared.runs.cancel_requested(list(by_execution))
+                requested = await shared.runs.cancel_requested(
+                    [r.claim.execution_id for r in stoppable], slots=[r.claim.scheduled_for for r in stoppable]
+                )
                 trouble.recovered()
             except asyncio.CancelledError:
                 raise
@@ -614,7 +621,7 @@ async def _pause_host_keys(shared: Shared, runs: Sequence[Attempt], wait: timede
     those keys then wait in the queue instead of being fetched and deferred one by one."""
     by_host: dict[str, list[str]] = {}
     for run in runs:
-        handler, _, host = run.lease.data.decode().partition(":")
+        handler, _, host = item_breaker_key(run.lease.data).partition(":")
         if handler == "http.webhook" and host:
             by_host.setdefault(host, []).append(run.id)
     for host, ids in by_host.items():
