@@ -501,7 +501,7 @@ async def fenced_insert(pool: asyncpg.Pool, token: int, name: str) -> None:
         await conn.execute("INSERT INTO jobs (name, handler, schedule_kind) VALUES ($1, 'test.echo', 'manual')", name)
 
 
-async def test_deposed_leaders_write_is_fenced(cluster: Cluster, pool: asyncpg.Pool) -> None:
+async def test_deposed_leaders_write_is_fenced(cluster: Cluster, pool: asyncpg.Pool, redis_backend: str) -> None:
     first, second = cluster.add("first"), cluster.add("second")
     cluster.start(first)
     await eventually(lambda: first.is_leader, TTL_S + 2, "first leads")
@@ -509,7 +509,10 @@ async def test_deposed_leaders_write_is_fenced(cluster: Cluster, pool: asyncpg.P
     old = first.term
     assert old is not None
     await first.release()
-    await eventually(lambda: second.is_leader, 2, "second leads")
+    # The prompt handover is test_graceful_handover_is_sub_second's; here, the fencing. On a Valkey
+    # Cluster a standby's campaign can fail once and retry after its backoff (ci23): the lock's TTL
+    # bounds the wait there.
+    await eventually(lambda: second.is_leader, 2 if redis_backend == "single" else TTL_S + 2, "second leads")
     new = second.term
     assert new is not None
     assert new.token > old.token
