@@ -44,8 +44,13 @@ lock-upgrade:
 run: $(STAMP)
 	$(BIN)/scheduler-grpc up
 
+# The test files run on two processes (pytest-xdist; a file's tests stay together, sharing its
+# module fixtures), each with embedded servers of its own. With REDIS_URL or REDIS_CLUSTER_URL set
+# the tests share those servers and wipe them, so they run in one process (`PYTEST_WORKERS=0`).
+PYTEST_WORKERS ?= $(if $(REDIS_URL)$(REDIS_CLUSTER_URL),0,2)
+
 test: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -454,6 +454,18 @@ def sweep_stale_runs(root: Path) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def make_run_dir(root: Path, suffix: str = "") -> Path:
+    """A new throwaway run directory under `root`, owned by this process (see `sweep_stale_runs`)."""
+    run_dir = root / f"run-{os.getpid()}-{time.time_ns()}{suffix}"
+    # Made under another name and renamed once it names its owner: a sweep by a process starting
+    # beside this one (`make test`'s other worker) never sees a run directory without its owner.
+    making = root / f".making-{run_dir.name}"
+    making.mkdir()
+    (making / "owner.pid").write_text(str(os.getpid()))
+    making.rename(run_dir)
+    return run_dir
+
+
 @dataclass(frozen=True)
 class ServerUrls:
     redis_url: str
@@ -481,9 +493,7 @@ def embedded_servers(
     root.mkdir(parents=True, exist_ok=True)
     sweep_stale_runs(root)
     if throwaway:
-        run_dir = root / f"run-{os.getpid()}-{time.time_ns()}"
-        run_dir.mkdir()
-        (run_dir / "owner.pid").write_text(str(os.getpid()))
+        run_dir = make_run_dir(root)
     else:
         run_dir = root / "dev"
         run_dir.mkdir(exist_ok=True)

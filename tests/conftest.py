@@ -29,7 +29,7 @@ from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.migrate import migrate
 from scheduler_grpc.db.pool import create_pool
-from scheduler_grpc.embedded import EmbeddedValkeyCluster, ServerUrls, embedded_servers
+from scheduler_grpc.embedded import EmbeddedValkeyCluster, ServerUrls, embedded_servers, make_run_dir
 from scheduler_grpc.handlers import HandlerSettings, default_registry
 from tests.engine_helpers import Roles
 
@@ -139,9 +139,7 @@ def cluster_url() -> Iterator[str]:
         return
     data_dir = Path(os.environ.get("SCHEDULER_DATA_DIR") or ROOT / ".data").resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    run_dir = data_dir / f"run-{os.getpid()}-{time.time_ns()}-cluster"
-    run_dir.mkdir()
-    (run_dir / "owner.pid").write_text(str(os.getpid()))
+    run_dir = make_run_dir(data_dir, "-cluster")
     cluster = EmbeddedValkeyCluster(run_dir)
     try:
         yield cluster.start()

@@ -40,8 +40,9 @@ CALL_TIMEOUT_S = RENEW_S / 2
 RETRY = timedelta(milliseconds=200)
 # A term's local deadline after its last renewal was sent (TTL minus the TTL/5 safety margin).
 VALID_FOR_S = TTL_S * 0.8
-# Time to cancel lead() once a term ended, on a loaded machine.
-CANCEL_SLACK_S = 0.5
+# Time to cancel lead() once a term ended, on a loaded machine (0.6 s seen at a load of 6 on 2 cores,
+# with `make test`'s two workers beside other work). Writes are fenced meanwhile; this bounds the belief.
+CANCEL_SLACK_S = 1.0
 # Scheduling jitter allowed on top of the protocol's own bounds (2 shared cores).
 SLACK_S = 0.15
 SCOPE = "scheduler"

@@ -519,10 +519,10 @@ async def test_a_rate_drains_a_backlog_at_the_rate_and_no_second_exceeds_it_plus
     rate = (len(starts) - 11) / ((starts[-1] - starts[0]) / 1000)
     print(f"drained at {rate:.1f}/s, fullest second {fullest} starts")
     assert fullest <= 110  # exact: the GCRA never lets more through
-    # Measured 99.9-100.0/s on an idle machine and 48/s on one running four test suites at once (each
-    # late wake-up costs the rate its delay); the floor still catches a queue that lets consumers
-    # sleep past the retry time (the 1 s block: a few runs/s).
-    assert 30 <= rate <= 100.5, rate
+    # Measured 99.9-100.0/s on an idle machine, 48/s on one running four test suites at once and
+    # 29.8/s at a load of 6 on 2 cores (each late wake-up costs the rate its delay); the floor still
+    # catches a queue that lets consumers sleep past the retry time (the 1 s block: 11-22 runs/s).
+    assert 25 <= rate <= 100.5, rate
 
 
 async def test_runs_with_limits_are_never_reserved_ahead(redis: aioredis.Redis) -> None:
