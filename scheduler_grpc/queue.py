@@ -85,7 +85,7 @@ from redis.commands.core import AsyncScript
 from scheduler_grpc import pagetokens, resend, stores
 from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
 from scheduler_grpc.gcra import LimitDefinition, LimitKey, encode_definition, encode_group
-from scheduler_grpc.keys import QueueKeys
+from scheduler_grpc.keys import QueueKeys, shard_name
 from scheduler_grpc.rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.scripts import source as _script_source
 from scheduler_grpc.scripts import text as _text
@@ -383,6 +383,8 @@ class Queue:
         call_timeout: Bound on each non-blocking call (e.g. SCHEDULER_CONNECT_TIMEOUT).
         max_stalls: SCHEDULER_MAX_STALLS: the default of `recover_expired(max_deliveries=)`, and
             what makes a counted `nack` put an item in the solo set.
+        shard: Which shard of the queue this object works on (`sharding.py`): its keys are
+            `keys.shard_name(name, shard)`'s; 0, the default, is the queue itself.
 
     Raises:
         InvalidArgument: a bad name, timeout, max_stalls or single-connection client for blocking
@@ -397,6 +399,7 @@ class Queue:
         blocking_redis: Redis | None = None,
         call_timeout: timedelta = timedelta(seconds=5),
         max_stalls: int = DEFAULT_MAX_STALLS,
+        shard: int = 0,
     ) -> None:
         if not is_queue_name(name):
             raise InvalidArgument("name", QUEUE_NAME_RULE)
@@ -418,7 +421,10 @@ class Queue:
         self._blocking_socket_timeout: float | None = float(socket_timeout) if socket_timeout else None
         self._call_timeout_s = call_timeout.total_seconds()
         self.name = name
-        self.keys = k = QueueKeys(name)
+        if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
+            raise InvalidArgument("shard", f"must be a non-negative integer, got {shard!r}")
+        self.shard = shard
+        self.keys = k = QueueKeys(shard_name(name, shard))
 
         key_of = functools.cache(lambda key: str(getattr(k, key)))  # one string per key, shared by the ops
 
