@@ -374,6 +374,7 @@ class Queue:
     Attributes:
         name: The queue's name.
         keys: Its Redis keys.
+        blocking_client: The client its blocking waits use.
 
     Args:
         redis: Client for every non-blocking call. `decode_responses=False` is recommended (payloads
@@ -415,6 +416,7 @@ class Queue:
             )
         self._redis = redis
         self._blocking = blocking
+        self.blocking_client = blocking
         # A cluster client (no one pool: one per node) is made with no socket timeout (`connections`).
         pool = getattr(blocking, "connection_pool", None)
         socket_timeout = pool.connection_kwargs.get("socket_timeout") if pool is not None else None
@@ -658,6 +660,13 @@ class Queue:
         Raises:
             Unavailable: Redis did not answer within the wait plus a margin.
         """
+        return await self.wait_for_any([self], wait)
+
+    async def wait_for_any(self, queues: Sequence[Queue], wait: timedelta) -> bool:
+        """`wait_for_work` on the markers of several queues at once (one BZPOPMIN on this queue's
+        blocking client): a sharded queue's shards on one server (`sharded.py`). Each must be served
+        by the same server as this one; a cancelled wait re-sets each marker whose work is ready.
+        """
         block = _to_ms(wait, "wait") / 1000
         if self._blocking_socket_timeout is not None:
             block = min(block, self._blocking_socket_timeout / 2)
@@ -666,16 +675,18 @@ class Queue:
         try:
             # BZPOPMIN's own timeout ends the wait; this outer one only catches a hung server.
             async with asyncio.timeout(block + _BLOCK_MARGIN_S):
-                popped = await self._blocking.bzpopmin([self.keys.marker], timeout=round(block, 3))
+                popped = await self._blocking.bzpopmin([q.keys.marker for q in queues], timeout=round(block, 3))
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                # The cancelled BZPOPMIN's connection is closed, but the close travels on its own
-                # socket: a rearm sent at once on another pooled connection (a cluster client's
-                # pool hands out its oldest one) can reach the server first, and the wait, still
-                # registered, pops the marker it set. A second rearm, sent after the first's reply,
-                # reaches a server that has seen the close. Only when work is ready (a set marker).
-                if await self._run(self._rearm, ()):
-                    await self._run(self._rearm, ())
+            for queue in queues:
+                with contextlib.suppress(Exception):
+                    # The cancelled BZPOPMIN's connection is closed, but the close travels on its
+                    # own socket: a rearm sent at once on another pooled connection (a cluster
+                    # client's pool hands out its oldest one) can reach the server first, and the
+                    # wait, still registered, pops the marker it set. A second rearm, sent after the
+                    # first's reply, reaches a server that has seen the close. Only when work is
+                    # ready (a set marker).
+                    if await queue._run(queue._rearm, ()):
+                        await queue._run(queue._rearm, ())
             raise
         except Exception as exc:
             if not stores.is_unreachable(exc):

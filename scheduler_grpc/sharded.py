@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from scheduler_grpc import pagetokens
 from scheduler_grpc.errors import InvalidArgument, LeaseLost
@@ -104,6 +105,7 @@ class ShardedQueue(Queue):
         )
         self._shards: list[Queue] = [self._make(0)]
         self._turn = 0
+        self._solo_shard: int | None = None  # the shard whose solo item this caller was told to drain
 
     def shard_queue(self, index: int) -> Queue:
         """The plain `Queue` of one shard."""
@@ -187,6 +189,9 @@ class ShardedQueue(Queue):
             return await shards[0]._take(worker_id, visibility_timeout, count, reserve, reserve_count, idle=idle)
         start = self._turn % len(shards)
         self._turn += 1
+        if idle and self._solo_shard is not None and self._solo_shard < len(shards):
+            # Told to drain a solo item: the idle dequeue starts on its shard, where it is served.
+            start, self._solo_shard = self._solo_shard, None
         taken: list[Lease] = []
         ready = reserved = 0
         next_due: float | None = None
@@ -212,6 +217,7 @@ class ShardedQueue(Queue):
                     break  # a solo delivery runs alone: nothing more beside it
                 if leases.solo_waiting:
                     solo_waiting = True
+                    self._solo_shard = index
                     break
                 if due is not None:
                     next_due = due if next_due is None else min(next_due, due)
@@ -512,9 +518,13 @@ async def _route_entries(
 
 
 async def _wait_any(shards: Sequence[Queue], seconds: float) -> None:
-    """Block on every shard's marker at once until one is set or `seconds` pass: one waiting
-    connection per shard (the markers are in different slots on a cluster). The waits left are
-    cancelled, and a cancelled wait that took its marker sets it again (`Queue.wait_for_work`)."""
+    """Block on every shard's marker at once until one is set or `seconds` pass. On one server, one
+    BZPOPMIN of every marker (`Queue.wait_for_any`); on a cluster (the markers are in different
+    slots), one waiting connection per shard, the waits left cancelled when one ends (a cancelled
+    wait that took its marker sets it again, `Queue.wait_for_work`)."""
+    if not isinstance(shards[0].blocking_client, RedisCluster):
+        await shards[0].wait_for_any(shards, timedelta(seconds=seconds))
+        return
     tasks = [asyncio.ensure_future(shard.wait_for_work(timedelta(seconds=seconds))) for shard in shards]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -218,3 +218,31 @@ async def test_lowering_the_count_loses_and_duplicates_nothing(redis: aioredis.R
         assert all(await consumer.ack_many(leases))
     assert taken == Counter(before + after)
     assert await ready_per_shard(redis, "sq", 3) == [0, 0, 0]
+
+
+async def test_an_idle_worker_told_to_drain_a_solo_run_gets_it_from_its_shard(redis: aioredis.Redis) -> None:
+    queue = ShardedQueue(redis, "sq", shard_map=ShardMap(static={"sq": 3}), max_stalls=2)
+    plan = await queue.shard_map.current()
+    ids = (run_id() for _ in range(1000))
+    poison = next(i for i in ids if plan.shard_of("sq", i) == 2)
+    await queue.enqueue(poison)
+    [lease] = await queue.dequeue("w", timedelta(milliseconds=1), idle=True)
+    recovered: list[str] = []
+    while not recovered:
+        recovered = (await queue.recover_expired()).requeued
+    assert recovered == [poison]  # one stall of two: its next delivery is solo
+    others = [run_id() for _ in range(60)]
+    await queue.enqueue_many(NewItem(i) for i in others)
+    # A busy worker skips it and is told to drain it (on shard 2, whichever shard it starts on).
+    drained = False
+    for _ in range(6):
+        leases = await queue.dequeue("w", VT, count=2)
+        assert poison not in [lease.id for lease in leases]
+        if leases.solo_waiting:
+            drained = True
+            break
+    assert drained
+    # Idle, its next dequeue starts on the solo run's shard: it gets the solo run alone.
+    solo = await queue.dequeue("w", VT, count=5, idle=True)
+    assert [(lease.id, lease.solo) for lease in solo] == [(poison, True)]
+    assert lease.id == poison
