@@ -302,12 +302,14 @@ _FOREVER_MS: Final = 2**52
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """Item counts per state, read atomically."""
+    """Item counts per state, read atomically (a sharded queue's: summed over its shards, each read
+    atomically; `shards` is how many were read, `sharded.py`)."""
 
     ready: int
     processing: int
     delayed: int
     dead: int
+    shards: int = 1
 
 
 def _lua_source(name: str) -> str:

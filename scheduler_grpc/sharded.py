@@ -480,6 +480,7 @@ class ShardedQueue(Queue):
             processing=sum(s.processing for s in totals),
             delayed=sum(s.delayed for s in totals),
             dead=sum(s.dead for s in totals),
+            shards=len(totals),
         )
 
     async def ready_by_band(self) -> dict[str, int]:
