@@ -720,6 +720,7 @@ class LeaderLoops:
             stats = await queue.stats()
             for state in ("ready", "processing", "delayed", "dead"):
                 metrics.QUEUE_DEPTH.labels(queue.name, state).set(getattr(stats, state))
+            metrics.QUEUE_SHARDS.labels(queue.name).set(stats.shards)
             for band, count in (await queue.ready_by_band()).items():
                 metrics.QUEUE_READY_BY_PRIORITY.labels(queue.name, band).set(count)
             for name, count in (await queue.waiting_by_limit()).items():
