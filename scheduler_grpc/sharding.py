@@ -134,6 +134,11 @@ class ShardMap:
     """The process's current `ShardPlan`, refreshed from `source` (PostgreSQL) when older than
     `refresh_every`, and at once when a run to place is newer than the plan's validity.
 
+    Only the first read and a placement beyond the plan's validity wait for the source; a stale
+    plan is refreshed in the background while callers go on with it (the counts only grow, and a
+    change applies a lead time after it is made), so a slow or failing PostgreSQL never holds up a
+    dequeue, an ack or the leader's Redis moves.
+
     Args:
         source: Where the histories come from; None: `static` for ever.
         static: queue -> shards, one change at the epoch each (tests, embedders).
@@ -158,6 +163,8 @@ class ShardMap:
         self.plan = ShardPlan(histories, None if source is None else 0)
         self._read_at: float | None = None
         self._lock = asyncio.Lock()
+        self._background: asyncio.Task[None] | None = None
+        self._failing = False
 
     async def refresh(self) -> ShardPlan:
         """Read the histories now. Raises what the source raises."""
@@ -174,18 +181,31 @@ class ShardMap:
             return plan
 
     async def current(self) -> ShardPlan:
-        """The plan for serving shards: refreshed when stale; the old one kept if that fails (the
-        count only grows, and producers place by an exact plan)."""
+        """The plan for serving shards. The first call reads it (Unavailable if it cannot); later
+        ones return the last read at once, starting a background refresh when it is stale."""
         if self._source is None:
             return self.plan
-        if self._read_at is None or time.monotonic() - self._read_at >= self._every_s:
+        if self._read_at is None:
             try:
                 return await self.refresh()
             except Exception as exc:
-                if self._read_at is None:
-                    raise Unavailable(f"could not read the queues' shard counts: {exc}") from exc
-                log.warning("could not refresh the queues' shard counts; using the last read", exc_info=True)
+                raise Unavailable(f"could not read the queues' shard counts: {exc}") from exc
+        stale = time.monotonic() - self._read_at >= self._every_s
+        if stale and (self._background is None or self._background.done()):
+            self._background = asyncio.create_task(self._refresh_quietly(), name="shard-map-refresh")
         return self.plan
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh()
+        except Exception:
+            # Tried again at the next stale read; logged once per outage.
+            if not self._failing:
+                log.warning("could not refresh the queues' shard counts; using the last read", exc_info=True)
+            self._failing = True
+            self._read_at = time.monotonic()
+        else:
+            self._failing = False
 
     async def placing(self, item_ids: Sequence[str]) -> ShardPlan:
         """A plan that places every one of `item_ids` exactly (refreshed if needed).

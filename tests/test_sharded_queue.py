@@ -246,3 +246,36 @@ async def test_an_idle_worker_told_to_drain_a_solo_run_gets_it_from_its_shard(re
     solo = await queue.dequeue("w", VT, count=5, idle=True)
     assert [(lease.id, lease.solo) for lease in solo] == [(poison, True)]
     assert lease.id == poison
+
+
+async def test_a_stale_plan_is_refreshed_in_the_background_never_in_a_callers_way(deadline: Deadline) -> None:
+    gate = asyncio.Event()
+    reads = 0
+
+    async def source() -> tuple[int, Mapping[str, Sequence[ShardChange]]]:
+        nonlocal reads
+        reads += 1
+        count = reads
+        if count == 2:
+            await gate.wait()  # PostgreSQL hangs
+        if count == 3:
+            raise ConnectionError("PostgreSQL is down")
+        return int(time.time() * 1000), {"q": [ShardChange(0, count)]}
+
+    shards = ShardMap(source, lead=timedelta(seconds=1), refresh_every=timedelta(0))
+    assert (await shards.current()).served("q") == 1
+    # The refresh hangs: readers go on at once with the plan they have.
+    for _ in range(3):
+        assert (await asyncio.wait_for(shards.current(), 1)).served("q") == 1
+    assert reads == 2
+    gate.set()
+    until = deadline(5)
+    while (await shards.current()).served("q") != 2:
+        assert time.monotonic() < until
+        await asyncio.sleep(0.01)
+    # A failing refresh keeps the last plan and raises to nobody; the next one reads again.
+    until = deadline(5)
+    while (await shards.current()).served("q") != 4:
+        assert time.monotonic() < until
+        await asyncio.sleep(0.01)
+    assert reads >= 4
