@@ -49,6 +49,8 @@ from scheduler_grpc.queue import (
     Queue,
     QueueStats,
     Recovered,
+    _check_id,
+    _item_args,
 )
 from scheduler_grpc.sharding import ShardMap, ShardPlan
 
@@ -166,6 +168,7 @@ class ShardedQueue(Queue):
         reserve_count: int = 0,
         idle: bool = False,
     ) -> Leased:
+        _check_id(worker_id, "worker_id")
         shards = await self.served()
         leases, _ = await self._take_all(
             shards, worker_id=worker_id, visibility_timeout=visibility_timeout, count=count,
@@ -247,6 +250,7 @@ class ShardedQueue(Queue):
             return await shards[0].dequeue_blocking(
                 worker_id, visibility_timeout, count, wait, reserve=reserve, reserve_count=reserve_count, idle=idle
             )
+        _check_id(worker_id, "worker_id")
         if wait < timedelta(0):
             raise InvalidArgument("wait", "must not be negative")
         loop = asyncio.get_running_loop()
@@ -494,8 +498,6 @@ class ShardedQueue(Queue):
 def _validate(item: NewItem, index: int) -> None:
     """An item's fields, checked before any shard is written (`Queue.enqueue_many` would name the
     first bad one; here the whole call must fail before the first shard's part is added)."""
-    from scheduler_grpc.queue import _item_args
-
     _item_args(item, f"items[{index}].{{}}".format)
 
 

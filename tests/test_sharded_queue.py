@@ -279,3 +279,15 @@ async def test_a_stale_plan_is_refreshed_in_the_background_never_in_a_callers_wa
         assert time.monotonic() < until
         await asyncio.sleep(0.01)
     assert reads >= 4
+
+
+async def test_bad_arguments_are_refused_before_any_shard_is_written(redis: aioredis.Redis) -> None:
+    queue = sharded(redis, 3)
+    good = [run_id() for _ in range(30)]
+    with pytest.raises(InvalidArgument, match=r"items\[30\]\.priority"):
+        await queue.enqueue_many([*(NewItem(i) for i in good), NewItem(run_id(), priority=5000)])
+    assert (await queue.stats()).ready == 0
+    with pytest.raises(InvalidArgument, match="worker_id"):
+        await queue.dequeue("", VT)
+    with pytest.raises(InvalidArgument, match="worker_id"):
+        await queue.dequeue_blocking("", VT, wait=timedelta(0))
