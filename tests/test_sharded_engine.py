@@ -117,6 +117,7 @@ async def test_a_three_shard_queue_drains_every_run_exactly_once(
         assert await redis.zcard(keys.processing) == 0
 
 
+@pytest.mark.cluster_too
 async def test_lowering_the_count_live_runs_everything_once(
     roles: Roles, pool: asyncpg.Pool, redis: aioredis.Redis
 ) -> None:
