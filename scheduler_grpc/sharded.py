@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 _SEP: Final = "~"
 _DEFAULT_WAIT: Final = timedelta(seconds=5)
 _MAX_BLOCK_S: Final = 2.0
+_BLOCK_MARGIN_S: Final = 1.0
 
 
 def wrap_token(shard: int, token: str) -> str:
@@ -530,9 +531,15 @@ async def _wait_any(shards: Sequence[Queue], seconds: float) -> None:
         return
     tasks = [asyncio.ensure_future(shard.wait_for_work(timedelta(seconds=seconds))) for shard in shards]
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            task.result()  # a store fault raises here
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        woken = any([task.result() for task in done])  # a store fault raises here
+        if not woken and pending:
+            # Timed out, not woken: the other waits had the same timeout and end at the server's
+            # next tick. Waiting for them keeps their connections (a cancelled wait's is dropped,
+            # and the pool opens another for the next wait).
+            done, _ = await asyncio.wait(pending, timeout=_BLOCK_MARGIN_S)
+            for task in done:
+                task.result()
     finally:
         for task in tasks:
             task.cancel()

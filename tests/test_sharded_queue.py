@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from scheduler_grpc.db.executions import new_execution_id
 from scheduler_grpc.errors import InvalidArgument
@@ -291,3 +292,21 @@ async def test_bad_arguments_are_refused_before_any_shard_is_written(redis: aior
         await queue.dequeue("", VT)
     with pytest.raises(InvalidArgument, match="worker_id"):
         await queue.dequeue_blocking("", VT, wait=timedelta(0))
+
+
+async def connections_received(redis: aioredis.Redis) -> int:
+    """Connections the servers accepted so far (every master of a cluster)."""
+    replies = await redis.info("stats", target_nodes=RedisCluster.PRIMARIES)  # type: ignore[call-arg]
+    return sum(int(stats["total_connections_received"]) for stats in replies.values())
+
+
+async def test_an_idle_wait_on_a_cluster_keeps_its_connections(redis: aioredis.Redis, redis_backend: str) -> None:
+    if redis_backend != "cluster":
+        pytest.skip("on one server the shards' markers are one BZPOPMIN")
+    queue = sharded(redis, 3)
+    await queue.dequeue_blocking("w", VT, wait=timedelta(seconds=0.3))  # each shard's node has a connection
+    before = await connections_received(redis)
+    # Three waits that time out: none is cancelled, so no connection is dropped and made again
+    # (cancelling the two left at each timeout made about two new connections per wait).
+    assert await queue.dequeue_blocking("w", VT, wait=timedelta(seconds=4.6)) == []
+    assert await connections_received(redis) - before <= 1
