@@ -14,13 +14,14 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import uvloop
 
 from scheduler_grpc import config, logs, tracing
 from scheduler_grpc.config import Settings
-from scheduler_grpc.errors import SchedulerError
+from scheduler_grpc.errors import ConfigError, SchedulerError
 
 log = logging.getLogger("scheduler_grpc.cli")
 
@@ -89,11 +90,43 @@ def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="jobs run at once (default SCHEDULER_WORKER_CONCURRENCY)")  # fmt: skip
 
 
+async def _shards(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    """`shards show`: every queue's shard history; `shards set QUEUE N`: N shards for the runs made
+    from SCHEDULER_QUEUE_SHARD_LEAD after now on (see `sharding.py`)."""
+    from scheduler_grpc.connections import connect_database
+    from scheduler_grpc.db.migrate import migrate
+    from scheduler_grpc.db.queue_shards import QueueShardRepository
+
+    async with connect_database(settings) as pool:
+        await migrate(pool)
+        shards = QueueShardRepository(pool)
+        if args.action == "set":
+            if args.queue is None or args.count is None:
+                raise ConfigError("usage: scheduler-grpc shards set QUEUE N")
+            effective = await shards.set_shards(args.queue, args.count, lead=settings.queue_shard_lead)
+            print(f"{args.queue}: {args.count} shard(s) for runs made from {effective.isoformat()}")
+        _, histories = await shards.histories()
+        for name, changes in sorted(histories.items()):
+            steps = ", ".join(
+                f"{c.shards} from {datetime.fromtimestamp(c.effective_ms / 1000, UTC).isoformat()}" for c in changes
+            )
+            print(f"{name}: {steps}; served: {max(c.shards for c in changes)}")
+    return 0
+
+
+def _add_shards_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("show", "set"))
+    parser.add_argument("queue", nargs="?", default=None)
+    parser.add_argument("count", nargs="?", type=int, default=None, metavar="N")
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("migrate", "apply pending schema migrations (idempotent, safe to run concurrently)", _migrate),
     Command("server", "serve the gRPC API (with health checks and reflection) and /metrics", _server),
     Command("scheduler", "campaign for leadership; the leader schedules, recovers and reconciles", _scheduler),
     Command("worker", "execute jobs from the queue with bounded concurrency", _worker, _add_worker_arguments),
+    Command("shards", "show the queues' shard counts, or set one (`shards set QUEUE N`)", _shards,
+            _add_shards_arguments),
     Command("up", "run the whole topology as separate processes (embedded servers when no URL is set)",
             _up, _add_up_arguments),
 )  # fmt: skip

@@ -337,6 +337,15 @@ SETTINGS: tuple[Setting, ...] = (
         "Lease length of a dequeued item; extended while its job runs.",
     ),
     Setting(
+        "queue_shard_lead",
+        "SCHEDULER_QUEUE_SHARD_LEAD",
+        parse_duration,
+        "10s",
+        "Sharded queues: a change of a queue's shard count applies to the runs made this long after it "
+        "(`scheduler-grpc shards set`); every role reads the counts again within a quarter of it. "
+        "Every role of a deployment must have the same value. At least 1s.",
+    ),
+    Setting(
         "max_stalls",
         "SCHEDULER_MAX_STALLS",
         _parse_positive_int,
@@ -634,6 +643,7 @@ class Settings:
     worker_concurrency: int
     shutdown_grace: timedelta
     worker_reserve_ahead: timedelta
+    queue_shard_lead: timedelta
     worker_reserve_max: int
     worker_reserve_grace: timedelta
     remote_ack_timeout: timedelta
@@ -735,6 +745,8 @@ def _check(settings: Settings) -> None:
             f"{name('worker_reserve_ahead')} must be shorter than {name('visibility_timeout')} "
             f"({format_duration(settings.visibility_timeout)})"
         )
+    if settings.queue_shard_lead < timedelta(seconds=1):
+        raise ConfigError(f"{name('queue_shard_lead')} must be at least 1s")
     if settings.remote_ack_timeout <= timedelta(0):
         raise ConfigError(f"{name('remote_ack_timeout')} must be positive")
     if settings.remote_hello_timeout <= timedelta(0):

@@ -32,6 +32,7 @@ from scheduler_grpc.db.jobs import JobPage, JobRepository
 from scheduler_grpc.db.limit_keys import LimitKeyQueries
 from scheduler_grpc.db.limits import LimitRepository
 from scheduler_grpc.db.pool import Pool
+from scheduler_grpc.db.queue_shards import QueueShardRepository
 from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.db.search import DeadLetter as DeadLetter  # noqa: PLC0414 - re-exported: the console's rows
 from scheduler_grpc.db.search import SearchQueries
@@ -47,6 +48,7 @@ from scheduler_grpc.queue import DeadItem as DeadItem  # noqa: PLC0414 - re-expo
 from scheduler_grpc.queue_depth import Sample as Sample  # noqa: PLC0414 - re-exported: depth samples
 from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.schedule import CronSchedule, FireTime, fire_times
+from scheduler_grpc.sharding import SHARD_LEAD, ShardMap
 from scheduler_grpc.trigger_batch import BulkRequest, TriggerBatcher
 
 if TYPE_CHECKING:
@@ -145,6 +147,8 @@ class Control:
         users: UserAdmin | None = None,
         read_timeout: timedelta = DEFAULT_READ_TIMEOUT,
         in_process_queue: str | None = None,
+        shard_map: ShardMap | None = None,
+        shard_lead: timedelta = SHARD_LEAD,
     ) -> None:
         self._redis = redis
         # A server's: jobs may then name a handler it does not know (a remote worker's) on another queue.
@@ -163,7 +167,10 @@ class Control:
         self._reads = ConsoleQueries(pool, timeout=read_timeout)
         self._searches = SearchQueries(pool, timeout=read_timeout.total_seconds())
         limits = LimitRepository(pool)
-        self._queues = Queues(redis, capacity=QUEUE_CACHE_SIZE, definitions=Definitions(limits))
+        # The queues' shard counts (`sharding.py`), read from PostgreSQL unless the caller shares its
+        # map, with the deployment's SCHEDULER_QUEUE_SHARD_LEAD.
+        shard_map = shard_map or ShardMap(QueueShardRepository(pool, timeout=read_timeout).histories, lead=shard_lead)
+        self._queues = Queues(redis, capacity=QUEUE_CACHE_SIZE, definitions=Definitions(limits), shard_map=shard_map)
         self._triggers = TriggerBatcher(self._firing, self._dispatch)
         self._bulk = BulkControl(
             BulkQueries(pool),

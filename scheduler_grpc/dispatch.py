@@ -23,6 +23,8 @@ from scheduler_grpc.items import item_data
 from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.ports import CancelStore
 from scheduler_grpc.queue import LimitDefinition, NewItem, Queue
+from scheduler_grpc.sharded import ShardedQueue
+from scheduler_grpc.sharding import ShardMap
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +47,19 @@ class Queues:
             valid name a viewer asks about), must bound them.
         definitions: Where `enqueue_runs` finds the definitions of the limits its runs carry
             (None: the runs go without them, and wait for `put_limit_definitions`).
+        shard_map: The queues' shard counts (`sharding.py`); None: every queue has one shard.
     """
 
     def __init__(
-        self, redis: Redis, *, capacity: int | None = None, definitions: DefinitionSource | None = None
+        self,
+        redis: Redis,
+        *,
+        capacity: int | None = None,
+        definitions: DefinitionSource | None = None,
+        shard_map: ShardMap | None = None,
     ) -> None:
         self._redis = redis
+        self.shard_map = shard_map or ShardMap()
         self._capacity = capacity
         self._queues: OrderedDict[str, Queue] = OrderedDict()
         self.definitions = definitions
@@ -58,7 +67,7 @@ class Queues:
     def get(self, name: str) -> Queue:
         queue = self._queues.get(name)
         if queue is None:
-            queue = self._queues[name] = Queue(self._redis, name)
+            queue = self._queues[name] = ShardedQueue(self._redis, name, shard_map=self.shard_map)
             if self._capacity is not None and len(self._queues) > self._capacity:
                 self._queues.popitem(last=False)
         elif self._capacity is not None:

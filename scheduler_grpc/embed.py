@@ -36,7 +36,7 @@ async def open_control(
     registry = handlers or default_registry(HandlerSettings.from_settings(settings))
     try:
         async with connect(settings) as conns:
-            yield Control(conns.redis, conns.pool, registry)
+            yield Control(conns.redis, conns.pool, registry, shard_lead=settings.queue_shard_lead)
     finally:
         if handlers is None:
             await registry.aclose()

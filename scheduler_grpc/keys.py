@@ -1,12 +1,20 @@
 """Every Redis key name, built in one place.
 
 All keys of one queue share the hash tag `{q:<name>}` so each multi-key Lua script touches a single
-Redis Cluster slot. Nothing else in the package spells a key.
+Redis Cluster slot; a sharded queue's shard i > 0 has its own (`{q:<name>#<i>}`,
+`shard_name`). Nothing else in the package spells a key.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+def shard_name(queue: str, shard: int) -> str:
+    """The key name of one shard of a queue (`sharding.py`): shard 0 is the queue itself (so an
+    unsharded queue and its existing data are unchanged), shard i > 0 is `<queue>#<i>`, its hash tag
+    `{q:<queue>#<i>}`. `#` is not allowed in a queue name, so no queue's keys are another's shard."""
+    return queue if shard == 0 else f"{queue}#{shard}"
 
 
 @dataclass(frozen=True)

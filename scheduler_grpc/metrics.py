@@ -114,6 +114,12 @@ BREAKER_TRANSITIONS = Counter(
 
 # -- leader loops (scheduler) -----------------------------------------------------------------------
 QUEUE_DEPTH = Gauge("scheduler_queue_depth", "Runs in a queue by state.", ["queue", "state"], registry=REGISTRY)
+QUEUE_SHARDS = Gauge(
+    "scheduler_queue_shards",
+    "Shards of a queue its consumers serve (1: not sharded; see SCHEDULER_QUEUE_SHARD_LEAD); its depth is their sum.",
+    ["queue"],
+    registry=REGISTRY,
+)
 QUEUE_READY_BY_PRIORITY = Gauge(
     "scheduler_queue_ready_by_priority",
     "Ready runs by priority band (high > 0, normal = 0, low < 0).",

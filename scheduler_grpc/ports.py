@@ -108,7 +108,7 @@ class HistoryPruning(Protocol):
 
 
 class WorkQueue(Protocol):
-    """What the worker leases runs through: one queue (`queue.Queue`).
+    """What the worker leases runs through: one queue (`sharded.ShardedQueue`: every shard of it).
 
     A lease is a delivery under a token: every move of an item (ack, nack, finish, extend) applies
     only while that token holds it, and each is safe to send again after a lost reply (a resend

@@ -85,7 +85,7 @@ from redis.commands.core import AsyncScript
 from scheduler_grpc import pagetokens, resend, stores
 from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
 from scheduler_grpc.gcra import LimitDefinition, LimitKey, encode_definition, encode_group
-from scheduler_grpc.keys import QueueKeys
+from scheduler_grpc.keys import QueueKeys, shard_name
 from scheduler_grpc.rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.scripts import source as _script_source
 from scheduler_grpc.scripts import text as _text
@@ -302,12 +302,14 @@ _FOREVER_MS: Final = 2**52
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """Item counts per state, read atomically."""
+    """Item counts per state, read atomically (a sharded queue's: summed over its shards, each read
+    atomically; `shards` is how many were read, `sharded.py`)."""
 
     ready: int
     processing: int
     delayed: int
     dead: int
+    shards: int = 1
 
 
 def _lua_source(name: str) -> str:
@@ -374,6 +376,7 @@ class Queue:
     Attributes:
         name: The queue's name.
         keys: Its Redis keys.
+        blocking_client: The client its blocking waits use.
 
     Args:
         redis: Client for every non-blocking call. `decode_responses=False` is recommended (payloads
@@ -383,6 +386,8 @@ class Queue:
         call_timeout: Bound on each non-blocking call (e.g. SCHEDULER_CONNECT_TIMEOUT).
         max_stalls: SCHEDULER_MAX_STALLS: the default of `recover_expired(max_deliveries=)`, and
             what makes a counted `nack` put an item in the solo set.
+        shard: Which shard of the queue this object works on (`sharding.py`): its keys are
+            `keys.shard_name(name, shard)`'s; 0, the default, is the queue itself.
 
     Raises:
         InvalidArgument: a bad name, timeout, max_stalls or single-connection client for blocking
@@ -397,6 +402,7 @@ class Queue:
         blocking_redis: Redis | None = None,
         call_timeout: timedelta = timedelta(seconds=5),
         max_stalls: int = DEFAULT_MAX_STALLS,
+        shard: int = 0,
     ) -> None:
         if not is_queue_name(name):
             raise InvalidArgument("name", QUEUE_NAME_RULE)
@@ -412,13 +418,17 @@ class Queue:
             )
         self._redis = redis
         self._blocking = blocking
+        self.blocking_client = blocking
         # A cluster client (no one pool: one per node) is made with no socket timeout (`connections`).
         pool = getattr(blocking, "connection_pool", None)
         socket_timeout = pool.connection_kwargs.get("socket_timeout") if pool is not None else None
         self._blocking_socket_timeout: float | None = float(socket_timeout) if socket_timeout else None
         self._call_timeout_s = call_timeout.total_seconds()
         self.name = name
-        self.keys = k = QueueKeys(name)
+        if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
+            raise InvalidArgument("shard", f"must be a non-negative integer, got {shard!r}")
+        self.shard = shard
+        self.keys = k = QueueKeys(shard_name(name, shard))
 
         key_of = functools.cache(lambda key: str(getattr(k, key)))  # one string per key, shared by the ops
 
@@ -652,6 +662,13 @@ class Queue:
         Raises:
             Unavailable: Redis did not answer within the wait plus a margin.
         """
+        return await self.wait_for_any([self], wait)
+
+    async def wait_for_any(self, queues: Sequence[Queue], wait: timedelta) -> bool:
+        """`wait_for_work` on the markers of several queues at once (one BZPOPMIN on this queue's
+        blocking client): a sharded queue's shards on one server (`sharded.py`). Each must be served
+        by the same server as this one; a cancelled wait re-sets each marker whose work is ready.
+        """
         block = _to_ms(wait, "wait") / 1000
         if self._blocking_socket_timeout is not None:
             block = min(block, self._blocking_socket_timeout / 2)
@@ -660,16 +677,18 @@ class Queue:
         try:
             # BZPOPMIN's own timeout ends the wait; this outer one only catches a hung server.
             async with asyncio.timeout(block + _BLOCK_MARGIN_S):
-                popped = await self._blocking.bzpopmin([self.keys.marker], timeout=round(block, 3))
+                popped = await self._blocking.bzpopmin([q.keys.marker for q in queues], timeout=round(block, 3))
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                # The cancelled BZPOPMIN's connection is closed, but the close travels on its own
-                # socket: a rearm sent at once on another pooled connection (a cluster client's
-                # pool hands out its oldest one) can reach the server first, and the wait, still
-                # registered, pops the marker it set. A second rearm, sent after the first's reply,
-                # reaches a server that has seen the close. Only when work is ready (a set marker).
-                if await self._run(self._rearm, ()):
-                    await self._run(self._rearm, ())
+            for queue in queues:
+                with contextlib.suppress(Exception):
+                    # The cancelled BZPOPMIN's connection is closed, but the close travels on its
+                    # own socket: a rearm sent at once on another pooled connection (a cluster
+                    # client's pool hands out its oldest one) can reach the server first, and the
+                    # wait, still registered, pops the marker it set. A second rearm, sent after the
+                    # first's reply, reaches a server that has seen the close. Only when work is
+                    # ready (a set marker).
+                    if await queue._run(queue._rearm, ()):
+                        await queue._run(queue._rearm, ())
             raise
         except Exception as exc:
             if not stores.is_unreachable(exc):

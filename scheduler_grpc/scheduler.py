@@ -58,6 +58,7 @@ from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.limits import LimitRepository
 from scheduler_grpc.db.partitions import PartitionRepository
 from scheduler_grpc.db.pool import Pool
+from scheduler_grpc.db.queue_shards import QueueShardRepository
 from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.dispatch import Queues, cancel_runs, created_events, enqueue_runs, queue_item
 from scheduler_grpc.errors import Fenced
@@ -69,6 +70,7 @@ from scheduler_grpc.limit_sync import Definitions, LimitSync
 from scheduler_grpc.ports import FiringStore, RecoveryStore
 from scheduler_grpc.queue import MAX_BATCH, SOLO_RETRY_DELAY, ItemState
 from scheduler_grpc.schedule import count_fires, instants, last_fire_before
+from scheduler_grpc.sharding import SHARD_LEAD, ShardMap
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +179,7 @@ class LoopSettings:
     execution_partitions_ahead: int = 3
     execution_retention_days: int = 0
     partition_interval: timedelta = timedelta(minutes=10)
+    queue_shard_lead: timedelta = SHARD_LEAD  # sharded queues' change lead (sharding.py) [10 s]
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LoopSettings:
@@ -191,6 +194,7 @@ class LoopSettings:
             step_down_after=max(2 * settings.leader_ttl, 3 * settings.scan_interval),
             execution_partitions_ahead=settings.execution_partitions_ahead,
             execution_retention_days=settings.execution_retention_days,
+            queue_shard_lead=settings.queue_shard_lead,
         )
 
 
@@ -308,7 +312,8 @@ class LeaderLoops:
         self._flows = FlowRepository(pool)
         self._partitions = PartitionRepository(pool)
         limits = LimitRepository(pool)
-        self._queues = Queues(redis, definitions=Definitions(limits))
+        shards = ShardMap(QueueShardRepository(pool).histories, lead=loop.queue_shard_lead)
+        self._queues = Queues(redis, definitions=Definitions(limits), shard_map=shards)
         self._queues.get(default_queue)
         self._limit_sync = LimitSync(limits, self._queues)
         self._limits_defined = False  # some limit exists (as the last reconcile read): watch for a loss
@@ -715,6 +720,7 @@ class LeaderLoops:
             stats = await queue.stats()
             for state in ("ready", "processing", "delayed", "dead"):
                 metrics.QUEUE_DEPTH.labels(queue.name, state).set(getattr(stats, state))
+            metrics.QUEUE_SHARDS.labels(queue.name).set(stats.shards)
             for band, count in (await queue.ready_by_band()).items():
                 metrics.QUEUE_READY_BY_PRIORITY.labels(queue.name, band).set(count)
             for name, count in (await queue.waiting_by_limit()).items():

@@ -50,6 +50,7 @@ from scheduler_grpc.db.api_keys import ApiKeyRepository
 from scheduler_grpc.db.history import HistoryRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.pool import Pool, ping
+from scheduler_grpc.db.queue_shards import QueueShardRepository
 from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError
@@ -59,6 +60,7 @@ from scheduler_grpc.interceptors import ApiInterceptor
 from scheduler_grpc.remote import RemoteWorkers
 from scheduler_grpc.services import add_services
 from scheduler_grpc.services.decode import GenericOnly
+from scheduler_grpc.sharding import ShardMap
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +344,10 @@ async def serve(
         )
         await authenticator.ensure_admin(settings.admin_username, password)
         fanout = EventFanout(redis, buffer=settings.watch_buffer, timeout=timeout)
-        remote = RemoteWorkers(redis, RunRepository(pool), HistoryRepository(pool), settings, registry.names())
+        shard_map = ShardMap(QueueShardRepository(pool, timeout=timeout).histories, lead=settings.queue_shard_lead)
+        remote = RemoteWorkers(
+            redis, RunRepository(pool), HistoryRepository(pool), settings, registry.names(), shard_map=shard_map
+        )
         api = Api(
             control=Control(
                 redis,
@@ -352,6 +357,7 @@ async def serve(
                 read_timeout=timeout,
                 users=UserAdmin(users, authenticator),
                 in_process_queue=settings.queue,
+                shard_map=shard_map,
             ),
             auth=authenticator,
             fanout=fanout,

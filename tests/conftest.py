@@ -178,7 +178,7 @@ def database_url(servers: ServerUrls) -> Iterator[str]:
     uvloop.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
-_TABLES = ("job_executions", "jobs", "leader_state", "api_keys", "users", "limits")
+_TABLES = ("job_executions", "jobs", "leader_state", "api_keys", "users", "limits", "queue_shards")
 # The tables `TRUNCATE _TABLES CASCADE` empties (_TABLES and every table referencing one of them,
 # transitively: the foreign keys PostgreSQL's CASCADE follows), each with the tables it references;
 # partitions are emptied with their partitioned table (and come and go: retention drops them).
@@ -250,7 +250,7 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 # The files whose Redis tests run twice, against the single server and against the embedded Valkey
 # Cluster (issue 24): the queue's and the leader's; engine tests elsewhere opt in with `cluster_too`.
-CLUSTER_FILES = frozenset({"test_valkey_cluster.py", "test_queue.py", "test_leader.py"})
+CLUSTER_FILES = frozenset({"test_valkey_cluster.py", "test_queue.py", "test_leader.py", "test_sharded_queue.py"})
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

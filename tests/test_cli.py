@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -66,3 +67,21 @@ async def test_migrate_applies_then_is_a_no_op(pool: asyncpg.Pool, database_url:
         assert "migrations applied" not in second.stderr
     finally:
         await pool.execute(f'DROP DATABASE "{fresh}" WITH (FORCE)')
+
+
+async def test_shards_set_records_a_change_ahead_and_show_lists_it(pool: asyncpg.Pool, database_url: str) -> None:
+    """`scheduler-grpc shards set QUEUE N` (issue 24): the change applies to runs made a lead time later."""
+    before = await pool.fetchval("SELECT clock_timestamp()")
+    result = await asyncio.to_thread(
+        run_cli, "shards", "set", "reports", "3", DATABASE_URL=database_url, SCHEDULER_QUEUE_SHARD_LEAD="5s"
+    )
+    assert result.returncode == 0, result.stderr
+    row = await pool.fetchrow("SELECT effective_at, shards FROM queue_shards WHERE queue = 'reports'")
+    assert row["shards"] == 3
+    assert row["effective_at"] >= before + timedelta(seconds=5)
+    assert "reports: 3 from" in result.stdout
+    assert "served: 3" in result.stdout
+    bad = await asyncio.to_thread(run_cli, "shards", "set", "reports", "65", DATABASE_URL=database_url)
+    assert bad.returncode == 2
+    assert "shards" in bad.stderr
+    assert "Traceback" not in bad.stderr

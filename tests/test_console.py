@@ -28,10 +28,12 @@ from scheduler_grpc.connections import redis_client
 from scheduler_grpc.console.app import listen_host
 from scheduler_grpc.console.security import COOKIE, CSP, LOGIN_COOKIE, LOGIN_FIELD, csrf_token
 from scheduler_grpc.db.leadership import LeadershipRepository
+from scheduler_grpc.db.queue_shards import QueueShardRepository
 from scheduler_grpc.db.users import UserRepository
 from scheduler_grpc.errors import ConfigError, Fenced, LeaseLost
 from scheduler_grpc.jobs import JobSpec, JobStatus
 from scheduler_grpc.leader import LeaderElector
+from scheduler_grpc.queue import Queue
 from scheduler_grpc.server import RunningServer, serve
 from tests.engine_helpers import eventually, make_settings
 from tests.test_api_server import make_certificates
@@ -325,6 +327,26 @@ async def test_workers_and_overview_pages_render(console: Console) -> None:
                 assert page.status == 200, path
                 body = await page.text()
                 assert 'id="outage"' not in body, path  # both stores answer: no warning
+
+
+async def test_the_overview_shows_a_sharded_queues_depth_summed_and_its_shards(
+    console: Console, pool: asyncpg.Pool, redis: Redis
+) -> None:
+    await QueueShardRepository(pool).set_shards("default", 3, lead=timedelta(0))
+    for shard, item in ((1, "on-one"), (2, "on-two")):
+        assert await Queue(redis, "default", shard=shard).enqueue(item)
+    async with console.client() as http:
+        await login(http)
+
+        async def shows_shards() -> str:
+            async with http.get("/") as page:
+                body = await page.text()
+            return body if "(3 shards)" in body else ""
+
+        body = await eventually(shows_shards, within=15)
+    row = re.search(r'<tr><td>default <span class="muted">\(3 shards\)</span></td>(.*?)</tr>', body)
+    assert row is not None, body
+    assert row.group(1).startswith("<td>2</td>"), row.group(1)  # ready: both shards' items
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")

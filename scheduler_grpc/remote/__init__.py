@@ -29,6 +29,7 @@ from scheduler_grpc.ports import HistoryPruning, RunStore
 from scheduler_grpc.remote.protocol import Hello, check_hello
 from scheduler_grpc.remote.session import Session
 from scheduler_grpc.remote.unary import UnarySessions
+from scheduler_grpc.sharding import ShardMap
 
 log = logging.getLogger("scheduler_grpc.remote")
 
@@ -45,9 +46,17 @@ class RemoteWorkers:
     """
 
     def __init__(
-        self, redis: Redis, runs: RunStore, history: HistoryPruning, settings: Settings, reserved: Collection[str] = ()
+        self,
+        redis: Redis,
+        runs: RunStore,
+        history: HistoryPruning,
+        settings: Settings,
+        reserved: Collection[str] = (),
+        *,
+        shard_map: ShardMap | None = None,
     ) -> None:
         self._reserved = frozenset(reserved)
+        self._shard_map = shard_map
         self._redis = redis
         self._runs = runs
         self._history = history
@@ -73,7 +82,7 @@ class RemoteWorkers:
         check_hello(hello, self._reserved)
         session = Session(
             hello, redis=self._redis, runs=self._runs, history=self._history, settings=self._settings,
-            peer_host=peer_host(peer), on_adopted=self._adopted,
+            peer_host=peer_host(peer), on_adopted=self._adopted, shard_map=self._shard_map,
         )  # fmt: skip
         self.sessions.add(session)
         session.ended.add_done_callback(lambda _: self.sessions.discard(session))

@@ -69,6 +69,7 @@ from scheduler_grpc.remote.protocol import (
     Throttled,
     Welcome,
 )
+from scheduler_grpc.sharding import ShardMap
 from scheduler_grpc.worker import State, Stop, Worker
 from scheduler_grpc.worker.attempt import Attempt
 
@@ -136,6 +137,7 @@ class Session:
         settings: Settings,
         peer_host: str,
         on_adopted: Callable[[Session, Mapping[str, str]], None] | None = None,
+        shard_map: ShardMap | None = None,
     ) -> None:
         self.hello = hello
         self._runs = runs
@@ -157,6 +159,7 @@ class Session:
             history=history, worker_id=self.id, concurrency=hello.slots,
             identity={"host": peer_host, "pid": 0, "remote": True,
                       "sdk": f"{hello.sdk}/{hello.sdk_version}" if hello.sdk_version else hello.sdk},
+            shard_map=shard_map,
         )  # fmt: skip
         self._tracker = self.worker._shared.tracker
         self._slot_free = self.worker._shared.slot_free

@@ -23,12 +23,14 @@ from scheduler_grpc.breakers import BreakerPolicy, Breakers, BreakerState
 from scheduler_grpc.config import Settings
 from scheduler_grpc.connections import connect
 from scheduler_grpc.db.history import HistoryRepository
+from scheduler_grpc.db.queue_shards import QueueShardRepository
 from scheduler_grpc.db.runs import RunRepository
 from scheduler_grpc.events import RedisEventBus
 from scheduler_grpc.handlers import HandlerRegistry, HandlerSettings, default_registry, handler_of_breaker_key
 from scheduler_grpc.ports import HistoryPruning, RunStore
-from scheduler_grpc.queue import Queue
 from scheduler_grpc.registry import HEARTBEAT_INTERVAL
+from scheduler_grpc.sharded import ShardedQueue
+from scheduler_grpc.sharding import ShardMap
 from scheduler_grpc.worker.attempt import Attempt
 from scheduler_grpc.worker.executor import Executor
 from scheduler_grpc.worker.lifecycle import RunTracker
@@ -71,10 +73,18 @@ class Worker:
         worker_id: str | None = None,
         concurrency: int | None = None,
         identity: Mapping[str, Any] | None = None,
+        shard_map: ShardMap | None = None,
     ) -> None:
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.concurrency = concurrency or settings.worker_concurrency
-        self.queue = Queue(redis, settings.queue, call_timeout=settings.connect_timeout, max_stalls=settings.max_stalls)
+        # Every shard of the queue (`sharding.py`); without a map, the queue's one shard.
+        self.queue = ShardedQueue(
+            redis,
+            settings.queue,
+            shard_map=shard_map or ShardMap(),
+            call_timeout=settings.connect_timeout,
+            max_stalls=settings.max_stalls,
+        )
         self.breakers = Breakers(
             BreakerPolicy(
                 window=settings.breaker_window,
@@ -217,6 +227,7 @@ async def run_worker(settings: Settings, args: argparse.Namespace, stop: asyncio
             worker = Worker(
                 conns.redis, RunRepository(conns.pool), registry, settings,
                 history=HistoryRepository(conns.pool), concurrency=args.concurrency,
+                shard_map=ShardMap(QueueShardRepository(conns.pool).histories, lead=settings.queue_shard_lead),
             )  # fmt: skip
             # What start-up made (modules, the registry, pools) lives as long as the process: out of
             # the collector's sight, so a full collection does not walk it again and again.
