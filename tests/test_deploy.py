@@ -219,6 +219,38 @@ def test_app_environment_and_ports(model: dict[str, Any]) -> None:
     assert worker["stop_grace_period"] not in {None, "10s"}
 
 
+CLUSTER_URL = "redis+cluster://valkey-1:6379,valkey-2:6379,valkey-3:6379"
+
+
+def test_the_default_topology_starts_no_cluster(model: dict[str, Any]) -> None:
+    assert not {name for name in model["services"] if name.startswith("valkey-")}
+
+
+def test_the_cluster_profile_forms_a_cluster_and_points_every_role_at_it(compose_env: dict[str, str]) -> None:
+    env = {**compose_env, "SCHEDULER_ADMIN_PASSWORD": PASSWORD, "COMPOSE_PROFILES": "cluster", "REDIS_URL": CLUSTER_URL}
+    result = compose(env, "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    nodes = {name: service for name, service in services.items() if name.startswith("valkey-") and name[-1].isdigit()}
+    assert len(nodes) == 6
+    for name, node in nodes.items():
+        command = " ".join(node["command"])
+        assert "--cluster-enabled yes" in command, name
+        assert "--appendonly yes" in command, name
+        assert "noeviction" in command, name
+        assert {(v["type"], v["target"]) for v in node["volumes"]} == {("volume", "/data")}, name
+        assert node["healthcheck"]["test"], name
+    assert len({node["volumes"][0]["source"] for node in nodes.values()}) == 6  # a volume each
+    init = services["valkey-cluster-init"]
+    assert init["restart"] == "no"
+    assert "--cluster-replicas 1" in " ".join(init["command"])
+    assert {name for name, dep in init["depends_on"].items() if dep["condition"] == "service_healthy"} == set(nodes)
+    for role in APP_ROLES - {"migrate"}:
+        for name, service in services_running({"services": services}, role).items():
+            assert service["environment"]["REDIS_URL"] == CLUSTER_URL, name
+            assert service["depends_on"]["valkey-cluster-init"]["condition"] == "service_completed_successfully", name
+
+
 def test_prometheus_scrapes_every_role(model: dict[str, Any]) -> None:
     mounts = {v["target"]: v for v in model["services"]["prometheus"]["volumes"]}
     assert Path(mounts["/etc/prometheus/prometheus.yml"]["source"]) == PROMETHEUS
