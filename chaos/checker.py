@@ -27,7 +27,8 @@ Invariants (each violation is reported with the slots or runs it concerns):
   visibility timeout after its worker went away (`overdue_running`); a success recorded for a
   worker the suite had killed (`succeeded_on`).
 
-Recovery: for each fault instant, the time until the next slot fired (or until given runs finished).
+Recovery: for each fault instant, the time until the next slot fired (or until given runs finished,
+or until a slot fired after it succeeded).
 """
 
 from __future__ import annotations
@@ -94,12 +95,15 @@ class FaultMark:
         after_term: Only slots fired under a newer term count (a killed leader's own last write
             must not count as the recovery).
         run_ids: Measure until these runs have succeeded instead of until the next slot fired.
+        completed: Measure until a slot fired after `at` has succeeded (its run went through the
+            queue after the fault: faults of the queue's own Redis node).
     """
 
     label: str
     at: datetime
     after_term: int | None = None
     run_ids: tuple[str, ...] = ()
+    completed: bool = False
 
 
 @dataclass
@@ -273,7 +277,8 @@ async def check(
 
 
 async def recovery(pool: asyncpg.Pool, mark: FaultMark) -> float | None:
-    """Seconds from `mark.at` to the next slot fired (or until `mark.run_ids` all succeeded)."""
+    """Seconds from `mark.at` to the next slot fired (or until `mark.run_ids` all succeeded, or with
+    `mark.completed` until a slot fired after it succeeded)."""
     if mark.run_ids:
         row = await pool.fetchrow(
             """SELECT count(DISTINCT run_id) AS done, max(finished_at) AS last FROM job_executions
@@ -283,6 +288,13 @@ async def recovery(pool: asyncpg.Pool, mark: FaultMark) -> float | None:
         if row is None or row["done"] < len(set(mark.run_ids)):
             return None
         return max(0.0, float((row["last"] - mark.at).total_seconds()))
+    if mark.completed:
+        done = await pool.fetchval(
+            """SELECT min(e.finished_at) FROM job_executions e
+               WHERE e.status = 'succeeded' AND e.trigger = 'schedule' AND e.attempt = 1 AND e.created_at > $1""",
+            mark.at,
+        )
+        return None if done is None else (done - mark.at).total_seconds()
     first = await pool.fetchval(
         """SELECT min(created_at) FROM job_executions
            WHERE trigger = 'schedule' AND created_at > $1 AND ($2::bigint IS NULL OR term > $2)""",

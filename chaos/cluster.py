@@ -2,7 +2,8 @@
 
 A role is one `python -m scheduler_grpc scheduler|worker|server` process (as `scheduler-grpc up`
 and tests/engine_helpers.py start them). Every role gets two fault proxies of its own, one to Redis
-and one to PostgreSQL, so a fault can cut exactly one link of one process. A remote worker (issue
+and one to PostgreSQL, so a fault can cut exactly one link of one process (on a Valkey Cluster, the
+PostgreSQL one only: the cluster's faults are its nodes'). A remote worker (issue
 23: the Python SDK's `Worker` in a process of its own, `chaos.remote_worker`) is a role too, with
 one link: its gRPC connection to a server. A role the suite stops or kills is remembered as such:
 at the end, any other role that is not running died on its own.
@@ -22,6 +23,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from chaos.proxy import FaultProxy
+from scheduler_grpc.config import cluster_url
 from scheduler_grpc.processes import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,8 +54,8 @@ class RoleProcess:
             SCHEDULER_INSTANCE.
         kind: "scheduler", "worker" or "server" (`python -m scheduler_grpc KIND`), or "sdk-worker"
             (`python -m chaos.remote_worker`).
-        links: Its proxies by what they reach: "redis" and "postgres" for the service's roles,
-            "grpc" (a server) for an SDK worker.
+        links: Its proxies by what they reach: "redis" and "postgres" for the service's roles
+            ("postgres" only on a Valkey Cluster), "grpc" (a server) for an SDK worker.
         ended_by_suite: How the suite ended it ("kill -9", "SIGTERM", ...), or "" if it did not.
         spawned_at: When its current process was started (before it could do anything).
     """
@@ -187,7 +189,8 @@ class Cluster:
     """The role processes of one scenario, each with its own Redis and PostgreSQL links.
 
     Args:
-        redis_url: The real Redis (proxies forward to it).
+        redis_url: The real Redis (proxies forward to it), or a Valkey Cluster's `redis+cluster://`
+            URL (the roles reach its nodes directly: a role has no `redis` link then).
         database_url: The real database of this scenario.
         log_dir: Where each role's log goes (`<name>.log`).
         env: Settings for every role (SCHEDULER_*), on top of a clean environment.
@@ -211,22 +214,27 @@ class Cluster:
         self.proxies: list[FaultProxy] = []
 
     async def add(self, kind: str, *argv: str, **env: str) -> RoleProcess:
-        """Start a new role process behind two fresh proxies."""
+        """Start a new role process behind two fresh proxies (one: a Valkey Cluster's clients reach
+        every node by the addresses the cluster announces, so they are not proxied)."""
         count = sum(role.kind == kind for role in self.roles) + 1
         name = f"{kind}-{count}"
-        redis_parts = urlsplit(self.redis_url)
         pg_parts = urlsplit(self.database_url)
-        redis_link = await FaultProxy(f"{name}/redis", "127.0.0.1", redis_parts.port or 6379).start()
         pg_link = await FaultProxy(f"{name}/postgres", "127.0.0.1", pg_parts.port or 5432).start()
-        self.proxies += [redis_link, pg_link]
+        self.proxies.append(pg_link)
+        links = {"postgres": pg_link}
+        redis_url = self.redis_url
+        if cluster_url(self.redis_url) is None:
+            redis_parts = urlsplit(self.redis_url)
+            links["redis"] = await FaultProxy(f"{name}/redis", "127.0.0.1", redis_parts.port or 6379).start()
+            self.proxies.append(links["redis"])
+            redis_url = _with_host_port(self.redis_url, links["redis"].port)
         role_env = {
             **self.env,
             **env,
             "SCHEDULER_INSTANCE": name,
-            "REDIS_URL": _with_host_port(self.redis_url, redis_link.port),
+            "REDIS_URL": redis_url,
             "DATABASE_URL": _with_host_port(self.database_url, pg_link.port),
         }
-        links = {"redis": redis_link, "postgres": pg_link}
         role = RoleProcess(name, kind, list(argv), role_env, self.log_dir / f"{name}.log", links)
         role.start()
         self.roles.append(role)

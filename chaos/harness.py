@@ -27,7 +27,8 @@ import redis.asyncio as aioredis
 
 from chaos.checker import CheckReport, FaultMark, Violation, check, install_term_history
 from chaos.cluster import Cluster, RoleProcess
-from chaos.servers import ChaosPostgres, ChaosRedis
+from chaos.servers import ChaosPostgres, ChaosRedis, ChaosValkeyCluster
+from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.migrate import migrate
 from scheduler_grpc.db.pool import create_pool
@@ -115,6 +116,8 @@ class Stage:
     # Roles allowed to die on their own (by name prefix, e.g. "worker"): a test handler kills them.
     may_die: tuple[str, ...] = ()
     restarted: int = 0
+    # The scenario's own Valkey Cluster (`Scenario.valkey_cluster`); `redis` is then a cluster client.
+    valkey: ChaosValkeyCluster | None = None
 
     def fault(self, label: str) -> None:
         self.outcome.faults.append(label)
@@ -128,8 +131,11 @@ class Stage:
         self.outcome.report.violations.append(Violation(invariant, detail))
         log.warning("%s: VIOLATION %s: %s", self.name, invariant, detail)
 
-    def mark(self, label: str, at: datetime, *, after_term: int | None = None, run_ids: Sequence[str] = ()) -> None:
-        self.marks.append(FaultMark(label, at, after_term, tuple(run_ids)))
+    def mark(
+        self, label: str, at: datetime, *, after_term: int | None = None, run_ids: Sequence[str] = (),
+        completed: bool = False,
+    ) -> None:  # fmt: skip
+        self.marks.append(FaultMark(label, at, after_term, tuple(run_ids), completed))
 
     # -- observing -----------------------------------------------------------------------------------
 
@@ -268,6 +274,9 @@ class Scenario:
         budget: Longest the body may run.
         description: One line for the log.
         target_p99: The recovery the service aims at (reported when missed; not a failure).
+        valkey_cluster: Run on a Valkey Cluster of the scenario's own (`ChaosValkeyCluster`, 3
+            masters and 3 replicas in the run directory, `cluster-node-timeout` this long) instead
+            of the suite's one server: every role's REDIS_URL is its `redis+cluster://` URL.
     """
 
     name: str
@@ -284,6 +293,7 @@ class Scenario:
     budget: float = 150.0
     description: str = ""
     target_p99: float | None = None
+    valkey_cluster: timedelta | None = None
 
 
 def _database_url(url: str, name: str) -> str:
@@ -321,17 +331,24 @@ async def run_scenario(scenario: Scenario, servers: Servers, work_dir: Path) -> 
     db_name = f"chaos_{scenario.name.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
     database_url = await _fresh_database(servers, db_name)
     pool = await create_pool(database_url, size=4, connect_timeout=timedelta(seconds=10))
-    redis = aioredis.Redis.from_url(servers.redis.url, socket_connect_timeout=2)
+    valkey: ChaosValkeyCluster | None = None
+    if scenario.valkey_cluster is not None:
+        valkey = ChaosValkeyCluster(log_dir / "valkey-cluster", node_timeout=scenario.valkey_cluster)
+        await servers.run(valkey.start)
+        redis = redis_client(valkey.url)  # the roles' own client: it follows failovers and MOVED/ASK
+    else:
+        redis = aioredis.Redis.from_url(servers.redis.url, socket_connect_timeout=2)
     registry = default_registry(HandlerSettings(dev_mode=True))
-    cluster = Cluster(servers.redis.url, database_url, log_dir, scenario.env)
+    cluster = Cluster(valkey.url if valkey else servers.redis.url, database_url, log_dir, scenario.env)
     stage: Stage | None = None
     try:
-        await redis.flushall()
+        if valkey is None:
+            await redis.flushall()
         await migrate(pool)
         await install_term_history(pool)
         # As a server's: jobs on another queue than the in-process workers' may name remote handlers.
         control = Control(redis, pool, registry, in_process_queue=IN_PROCESS_QUEUE)
-        stage = Stage(scenario.name, servers, cluster, pool, redis, control, outcome)
+        stage = Stage(scenario.name, servers, cluster, pool, redis, control, outcome, valkey=valkey)
         for _ in range(scenario.schedulers):
             await cluster.add("scheduler")
         for _ in range(scenario.workers):
@@ -358,6 +375,8 @@ async def run_scenario(scenario: Scenario, servers: Servers, work_dir: Path) -> 
             cluster.heal_all()
             for role in cluster.roles:
                 role.resume()
+            if valkey is not None:
+                valkey.resume_all()
         end = now().replace(microsecond=0) + timedelta(seconds=2)
         await _settle(stage, end, scenario.settle)
         await _with_retry(lambda: pool.execute("UPDATE jobs SET status = 'paused', next_run_time = NULL"))
@@ -390,6 +409,8 @@ async def run_scenario(scenario: Scenario, servers: Servers, work_dir: Path) -> 
         await registry.aclose()
         await redis.aclose()
         await pool.close()
+        if valkey is not None:
+            await servers.run(valkey.stop)
         outcome.seconds = time.monotonic() - began
     return outcome
 

@@ -67,7 +67,8 @@ def render(outcomes: Sequence[Outcome], seconds: float) -> str:
                  "unfinished: fired runs whose last attempt did not succeed; stale: rows written under a term "
                  "older than the one already recorded; over cap: instants a key of a concurrency limit was held "
                  "beyond its cap (of how many capped keys; scenarios with limits only); recovery: fault (or heal) "
-                 "-> next slot fired, or -> the affected runs succeeded for worker faults.")  # fmt: skip
+                 "-> next slot fired, or -> the affected runs succeeded for worker faults, or -> a slot fired after "
+                 "it succeeded for a Valkey Cluster's faults.")  # fmt: skip
     for outcome in outcomes:
         if outcome.ok and not outcome.notes:
             continue

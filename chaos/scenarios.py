@@ -1,6 +1,6 @@
 """The scenarios of `make chaos`: every fault of issue 8, what users' jobs and clients produce
-(issue 19), limits under faults (issue 22) and remote workers killed or cut off (issue 23), each
-bounded in count and time.
+(issue 19), limits under faults (issue 22), remote workers killed or cut off (issue 23) and the
+faults of a Valkey Cluster's nodes (issue 24), each bounded in count and time.
 
 Each body injects its faults against a running topology (2 schedulers, 2 workers, 20 per-second
 cron jobs unless it says otherwise), heals them, and records the instants recovery is measured
@@ -38,15 +38,16 @@ from chaos.checker import (
     succeeded_on,
 )
 from chaos.cluster import RoleProcess
-from chaos.harness import Scenario, Stage, eventually, now
+from chaos.harness import IN_PROCESS_QUEUE, Scenario, Stage, eventually, now
 from chaos.remote_worker import HANDLER as REMOTE_HANDLER
+from chaos.servers import ChaosValkeyCluster, ValkeyNode
 from chaos.watchers import Watchers, gaps, judge, login
 from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL
 from scheduler_grpc.errors import FailedPrecondition
 from scheduler_grpc.events import ExecutionEvent, stream_id
 from scheduler_grpc.flows import FlowRun
 from scheduler_grpc.jobs import JobSpec, RetryPolicy
-from scheduler_grpc.keys import EventKeys
+from scheduler_grpc.keys import EventKeys, QueueKeys
 from scheduler_grpc.leader import DEFAULT_TTL
 from scheduler_grpc.limits import LimitKind, LimitRef, LimitSpec
 from scheduler_grpc.queue import Queue
@@ -1330,6 +1331,191 @@ async def remote_silent_proxy(stage: Stage) -> None:
     stage.note(f"the attempts caught running ended {dict(first_ends)}")
 
 
+# -- Valkey Cluster (issue 24) ----------------------------------------------------------------------------
+
+CLUSTER_NODE_TIMEOUT = timedelta(seconds=2)  # cluster-node-timeout: a master cut off this long is replaced
+CLUSTER_DRAIN = 3_000  # runs triggered at once, drained while the fault happens
+CLUSTER_DRAIN_WORK = {"seconds": 0.05}  # each: 20 worker slots drain ~400 a second at most
+CLUSTER_DRAIN_PRIORITY = -100  # below the per-second jobs: a slot fired after the fault is not queued behind them
+CLUSTER_HOLD_S = 3.0  # how long a migrating slot stays half-moved (past redis-py's TRYAGAIN retries)
+CLUSTER_CUT_S = 15.0  # the longest a cut-off master stays cut off after its replica was promoted
+CLUSTER_RECOVERY_S = 10.0  # the recovery aimed at: node timeout, election, the clients' new slot map
+
+
+async def queue_slots(stage: Stage) -> list[int]:
+    """The cluster slots the in-process queue's keys live in (one: every key of a queue has the
+    hash tag `{q:<name>}`), asked of the cluster (CLUSTER KEYSLOT)."""
+    valkey = _valkey(stage)
+    return [await valkey.slot_of(QueueKeys(IN_PROCESS_QUEUE).ready)]
+
+
+def _valkey(stage: Stage) -> ChaosValkeyCluster:
+    if stage.valkey is None:
+        raise RuntimeError(f"{stage.name} needs a Valkey Cluster (Scenario.valkey_cluster)")
+    return stage.valkey
+
+
+async def cluster_drain(stage: Stage, prefix: str) -> list[str]:
+    """`CLUSTER_DRAIN` runs of a `test.delay` job (below the per-second jobs' priority), triggered
+    at once; returns once a fifth of them are final (the queue holds the rest, the workers are busy)."""
+    spec = JobSpec(name=f"{prefix}drain", handler="test.delay", payload=CLUSTER_DRAIN_WORK,
+                   priority=CLUSTER_DRAIN_PRIORITY)  # fmt: skip
+    job = await stage.control.create_job(spec)
+    stage.succeeding.append(job.id)
+    runs: list[str] = []
+    for start in range(0, CLUSTER_DRAIN, TRIGGER_CHUNK):
+        batch = min(TRIGGER_CHUNK, CLUSTER_DRAIN - start)
+        triggered = await asyncio.gather(*(stage.control.trigger_job(job.id) for _ in range(batch)))
+        runs += [run.run_id for queued in triggered for run in queued]
+
+    async def under_way() -> bool:
+        return await _final(stage, runs) >= len(runs) // 5
+
+    await eventually(under_way, within=60, interval=0.2, what=f"a fifth of the {len(runs)} runs final")
+    return runs
+
+
+async def _final(stage: Stage, run_ids: Sequence[str]) -> int:
+    return int(await stage.pool.fetchval(
+        """SELECT count(*) FROM (SELECT DISTINCT ON (run_id) status FROM job_executions
+           WHERE run_id = ANY($1::uuid[]) ORDER BY run_id, attempt DESC) latest
+           WHERE status NOT IN ('queued', 'running')""", list(run_ids)))  # fmt: skip
+
+
+async def completed_since(stage: Stage, at: datetime) -> datetime | None:
+    """When the first slot fired after `at` succeeded (it went through the queue after `at`)."""
+    return await stage.pool.fetchval(  # type: ignore[no-any-return]
+        """SELECT min(finished_at) FROM job_executions
+           WHERE status = 'succeeded' AND trigger = 'schedule' AND attempt = 1 AND created_at > $1""",
+        at,
+    )
+
+
+async def _runs_complete_again(stage: Stage, at: datetime, what: str, within: float = 60) -> bool:
+    """Wait until a slot fired after `at` succeeded; a violation (and False) if none did in time."""
+    try:
+        done = await eventually(lambda: completed_since(stage, at), within=within, interval=0.1,
+                                what=f"a run fired after {what} succeeded")  # fmt: skip
+    except TimeoutError as exc:
+        stage.violation("runs did not complete again", str(exc))
+        return False
+    stage.note(f"runs complete again {(done - at).total_seconds():.2f}s after {what}")
+    return True
+
+
+async def _promoted(stage: Stage, slot: int, old: ValkeyNode, at: datetime, within: float = 30) -> ValkeyNode:
+    """The replica that took slot `slot` over from `old`, once every answering node agrees."""
+    valkey = _valkey(stage)
+    node = await eventually(lambda: valkey.serving(slot, not_by=old.id), within=within, interval=0.05,
+                            what=f"slot {slot} served by another master than {old.port}")  # fmt: skip
+    stage.note(f"replica :{node.port} promoted: serves slot {slot} {(now() - at).total_seconds():.2f}s after the fault")
+    return node
+
+
+async def _rejoined(stage: Stage, port: int, within: float = 30) -> None:
+    """Wait until node `port` is a replica in sync with its master (the old master, demoted)."""
+    valkey = _valkey(stage)
+    began = now()
+    try:
+        node = await eventually(lambda: valkey.replica_in_sync(port), within=within, interval=0.1,
+                                what=f":{port} back as a replica in sync")  # fmt: skip
+    except TimeoutError as exc:
+        stage.violation("old master did not rejoin as a replica", str(exc))
+        return
+    master = next((n for n in await valkey.nodes() if n.id == node.master_id), None)
+    stage.note(f":{port} rejoined as a replica of :{master.port if master else '?'} "
+               f"{(now() - began).total_seconds():.2f}s after it came back")  # fmt: skip
+
+
+async def _drained(stage: Stage, runs: Sequence[str], within: float = 120) -> None:
+    """Every run of the drain final (bounded); the checker then says whether each succeeded once."""
+    if await _all_final(stage, runs, within=within, what="drain runs"):
+        stage.note(f"all {len(runs)} drain runs final")
+
+
+async def cluster_master_kill9(stage: Stage) -> None:
+    """kill -9 of the master serving the queue's slot while 3,000 runs drain (and the per-second
+    jobs fire): its replica is promoted by the cluster; what the dead master had not replicated is
+    lost and rebuilt from PostgreSQL. Then the killed node is started again and rejoins as a
+    replica. Recovery: the kill -> a slot fired after it succeeded."""
+    valkey = _valkey(stage)
+    (slot,) = await queue_slots(stage)
+    runs = await cluster_drain(stage, "k9-")
+    master = await valkey.owner(slot)
+    open_runs = len(runs) - await _final(stage, runs)
+    valkey.kill(master.port)
+    at = now()
+    stage.fault(f"kill -9 the master of the queue's slot {slot} (:{master.port}, {open_runs} drain runs open)")
+    stage.mark("kill -9 the queue's master", at, completed=True)
+    await _promoted(stage, slot, master, at)
+    await _runs_complete_again(stage, at, "the kill")
+    await stage.servers.run(lambda: valkey.restart(master.port))
+    await _rejoined(stage, master.port)
+    await _drained(stage, runs)
+
+
+async def cluster_slot_migration(stage: Stage) -> None:
+    """The queue's slot moved to another master and back while 3,000 runs drain: SETSLOT
+    IMPORTING/MIGRATING, MIGRATE of its keys 10 at a time, SETSLOT NODE, as `valkey-cli --cluster
+    reshard` does, each time held half-moved for 3 s (single-key commands get ASK, the queue's
+    multi-key scripts TRYAGAIN: the roles retry, none dies, nothing is lost or run twice).
+    Recovery: the migration's end -> a slot fired after it succeeded."""
+    valkey = _valkey(stage)
+    (slot,) = await queue_slots(stage)
+    runs = await cluster_drain(stage, "mig-")
+    home = await valkey.owner(slot)
+    away = next(node for node in await valkey.nodes() if node.master and node.id != home.id)
+    for source, target in ((home, away), (away, home)):
+        open_runs = len(runs) - await _final(stage, runs)
+        began = now()
+        moved = await valkey.migrate_slot(slot, target, hold=CLUSTER_HOLD_S)
+        at = now()
+        stage.fault(f"migrate the queue's slot {slot} :{source.port} -> :{target.port} "
+                    f"({moved} keys, {(at - began).total_seconds():.1f}s, {open_runs} drain runs open)")  # fmt: skip
+        stage.mark(f"slot {slot} on :{target.port}", at, completed=True)
+        if (await valkey.owner(slot)).id != target.id:
+            stage.violation("slot not moved", f"slot {slot} is not on :{target.port} after its migration")
+        await _runs_complete_again(stage, at, f"the move to :{target.port}")
+    await _drained(stage, runs)
+
+
+async def cluster_master_partition(stage: Stage) -> None:
+    """The master serving the queue's slot cut off from everyone (SIGSTOP: its peers and the
+    clients connect but get no answer) while 3,000 runs drain: its replica is promoted. The cut
+    lasts until runs complete again, or `CLUSTER_CUT_S` after the promotion at most; then SIGCONT:
+    the old master rejoins as a replica. Recovery: the cut -> a slot fired after it succeeded.
+
+    A known limit (the `recovery p99` target says when it is hit): redis-py's cluster client learns
+    the new slot map from a node's error or MOVED, and a node that accepts connections but never
+    answers gives neither (the roles' own call timeouts cancel the calls inside the client), so the
+    roles may go on asking the old master until it answers again."""
+    valkey = _valkey(stage)
+    (slot,) = await queue_slots(stage)
+    runs = await cluster_drain(stage, "part-")
+    master = await valkey.owner(slot)
+    open_runs = len(runs) - await _final(stage, runs)
+    valkey.pause(master.port)
+    at = now()
+    stage.fault(f"SIGSTOP the master of the queue's slot {slot} (:{master.port}, {open_runs} drain runs open)")
+    stage.mark("SIGSTOP the queue's master", at, completed=True)
+    try:
+        await _promoted(stage, slot, master, at)
+        promoted = now()
+        try:
+            await eventually(lambda: completed_since(stage, at), within=CLUSTER_CUT_S, interval=0.1)
+            stage.note(f"runs complete again while :{master.port} is cut off")
+        except TimeoutError:
+            stage.note(f"no run completed in the {CLUSTER_CUT_S:g}s after the promotion while :{master.port} "
+                       "was cut off: the roles still ask the old master (see the scenario's docstring)")  # fmt: skip
+        stage.note(f"cut {(now() - promoted).total_seconds():.1f}s past the promotion")
+    finally:
+        valkey.resume(master.port)
+    stage.note(f"SIGCONT :{master.port} {(now() - at).total_seconds():.1f}s after the cut")
+    await _runs_complete_again(stage, at, "the cut")
+    await _rejoined(stage, master.port)
+    await _drained(stage, runs)
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("leader-kill9", leader_kill9, budget=240, target_p99=3.0,
              description="kill -9 of the leader x10, default TTL"),
@@ -1385,4 +1571,14 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("remote-silent-proxy", remote_silent_proxy, env=SILENT_ENV, handler=REMOTE_HANDLER,
              payload=SILENT_WORK, queue=REMOTE_QUEUE, schedulers=1, workers=0, servers=1, cron_jobs=5,
              budget=120, description="a proxy silently drops a remote worker's stream 30 s (no FIN, no RST)"),
+    # Issue 24: a Valkey Cluster of the scenario's own (3 masters, 3 replicas); roles on redis+cluster://.
+    Scenario("cluster-master-kill9", cluster_master_kill9, env=FAST_WORKERS, valkey_cluster=CLUSTER_NODE_TIMEOUT,
+             budget=150, target_p99=CLUSTER_RECOVERY_S,
+             description="kill -9 of the queue's master during a drain of 3,000 runs"),
+    Scenario("cluster-slot-migration", cluster_slot_migration, env=FAST_WORKERS, valkey_cluster=CLUSTER_NODE_TIMEOUT,
+             budget=150, target_p99=CLUSTER_RECOVERY_S,
+             description="the queue's slot migrated to another master and back under load"),
+    Scenario("cluster-master-partition", cluster_master_partition, env=FAST_WORKERS,
+             valkey_cluster=CLUSTER_NODE_TIMEOUT, budget=150, target_p99=CLUSTER_RECOVERY_S,
+             description="the queue's master cut off (SIGSTOP) during a drain, then back"),
 )  # fmt: skip

@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import Final
 
 from redis.exceptions import (
+    AskError,
     ClusterDownError,
+    ClusterError,
     InvalidResponse,
     MasterDownError,
     NoScriptError,
@@ -22,6 +24,7 @@ from redis.exceptions import (
     ReadOnlyError,
     RedisError,
     ResponseError,
+    SlotNotCoveredError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -36,6 +39,13 @@ _REDIS_CANNOT_SERVE: Final = (
     OutOfMemoryError, ReadOnlyError, NoScriptError, TryAgainError, ClusterDownError, MasterDownError,
 )  # fmt: skip
 _REDIS_CANNOT_SERVE_PREFIXES: Final = ("BUSY", "LOADING", "MISCONF", "NOREPLICAS", "UNBLOCKED", "READONLY", "OOM")
+# A Valkey Cluster in motion, as redis-py's cluster client gives up on it: its redirections and
+# TRYAGAIN answers outlasted the command's retries (`ClusterError`, "TTL exhausted": a slot being
+# migrated, whose multi-key scripts get TRYAGAIN until it has moved), a redirection it does not
+# follow (`AskError` and its `MovedError`, in a MULTI/EXEC pipeline, which EXECABORT then runs none
+# of), or no node of its slot map serves the slot (`SlotNotCoveredError`, during a failover). The
+# command did not run.
+_REDIS_CLUSTER_UNSETTLED: Final = (ClusterError, AskError, SlotNotCoveredError)
 # redis-py's errors of the connection itself: lost, refused, reset, timed out (BusyLoadingError and
 # AuthenticationError are ConnectionErrors too), or a reply cut off mid-stream.
 _REDIS_CONNECTION: Final = (RedisConnectionError, RedisTimeoutError, InvalidResponse)
@@ -79,12 +89,14 @@ def is_fault(exc: BaseException) -> bool:
     now), which a loop rides out, rather than a bug of ours, which ends the role after logging.
 
     Faults: a lost, refused or reset connection and a timeout (redis-py's, asyncpg's, the socket's
-    or our own `asyncio.timeout`), `Unavailable`, Redis's "cannot serve now" answers, and what
+    or our own `asyncio.timeout`), `Unavailable`, Redis's "cannot serve now" answers, a Valkey
+    Cluster's slot in motion (a migration's TRYAGAIN outlasting the client's retries, an ASK or
+    MOVED a transaction does not follow, a slot no node serves during a failover), and what
     `db.faults.is_fault` counts for PostgreSQL. Not faults: any other error of either client, such
     as redis-py's DataError (a bad argument), a Redis answer that the request is wrong, PostgreSQL
     refusing a request, asyncpg refusing a misuse ("another operation is in progress").
     """
-    if is_unreachable(exc):
+    if is_unreachable(exc) or isinstance(exc, _REDIS_CLUSTER_UNSETTLED):
         return True
     if isinstance(exc, ResponseError):
         return isinstance(exc, _REDIS_CANNOT_SERVE) or str(exc).startswith(_REDIS_CANNOT_SERVE_PREFIXES)

@@ -12,7 +12,7 @@ import string
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from datetime import timedelta
 from pathlib import Path
 from typing import cast
@@ -22,11 +22,11 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 from argon2 import PasswordHasher
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.cluster import key_slot
 from redis.exceptions import RedisClusterException, ResponseError
 
-from scheduler_grpc import config, events, resend
+from scheduler_grpc import config, events, resend, stores
 from scheduler_grpc.auth import Authenticator, Unauthenticated
 from scheduler_grpc.cluster import ClusterView
 from scheduler_grpc.connections import open_redis, redis_client
@@ -202,6 +202,95 @@ async def test_the_cluster_refuses_a_script_whose_keys_span_two_slots(cluster: R
             await direct.eval(undeclared, 1, one, other)
     finally:
         await direct.aclose()
+
+
+async def _node_command(host: str, port: int, *args: object) -> object:
+    direct = aioredis.Redis(host=host, port=port, decode_responses=True)
+    try:
+        return await direct.execute_command(*args)  # type: ignore[no-untyped-call]
+    finally:
+        await direct.aclose()
+
+
+async def _move_slot(cluster: RedisCluster, slot_: int, target: ClusterNode, *, keys_first: int) -> None:
+    """Start moving `slot_` to master `target` as `valkey-cli --cluster reshard` does (IMPORTING,
+    MIGRATING, MIGRATE `keys_first` keys). With keys_first >= 0 it stops there (the slot half-moved,
+    as it is while a reshard runs) and returns; call again with -1 to move the rest and hand the slot over."""
+    [source] = [node for node in cluster.get_primaries() if node.name != target.name and slot_ in await _served(node)]
+    target_id = await _node_command(target.host, target.port, "CLUSTER", "MYID")
+    source_id = await _node_command(source.host, source.port, "CLUSTER", "MYID")
+    if keys_first >= 0:
+        await _node_command(target.host, target.port, "CLUSTER", "SETSLOT", slot_, "IMPORTING", source_id)
+        await _node_command(source.host, source.port, "CLUSTER", "SETSLOT", slot_, "MIGRATING", target_id)
+    while True:
+        keys = await _node_command(source.host, source.port, "CLUSTER", "GETKEYSINSLOT", slot_, max(keys_first, 100))
+        assert isinstance(keys, list)
+        if keys:
+            await _node_command(source.host, source.port, "MIGRATE", target.host, target.port, "", 0, 5000, "KEYS",
+                                *keys)  # fmt: skip
+        if keys_first >= 0 or not keys:
+            break
+    if keys_first < 0:
+        for node in (target, source, *(n for n in cluster.get_primaries() if n.name not in (target.name, source.name))):
+            await _node_command(node.host, node.port, "CLUSTER", "SETSLOT", slot_, "NODE", target_id)
+
+
+async def _served(node: ClusterNode) -> set[int]:
+    """The slots `node` serves, as it says itself (CLUSTER SHARDS: its own shard's ranges)."""
+    served: set[int] = set()
+    for line in str(await _node_command(node.host, node.port, "CLUSTER", "NODES")).splitlines():
+        fields = line.split()
+        if "myself" in fields[2].split(","):
+            for span in fields[8:]:
+                if not span.startswith("["):
+                    first, _, last = span.partition("-")
+                    served.update(range(int(first), int(last or first) + 1))
+    return served
+
+
+async def test_a_queue_script_on_a_slot_being_migrated_is_a_fault_and_runs_once_the_slot_has_moved(
+    cluster: RedisCluster,
+) -> None:
+    """While a queue's slot is half-moved to another master, its multi-key scripts get TRYAGAIN (some of
+    their keys on each side); redis-py's cluster client retries a few times, then raises ClusterError
+    ("TTL exhausted."); a MULTI/EXEC pipeline (`Queue.stats`) gets an ASK it does not follow. That is the
+    cluster in motion, a fault every loop rides out, not a bug that ends the role (it ended every role
+    in `python -m chaos cluster-slot-migration`). Once the slot has moved,
+    the same calls run and the queue has lost nothing."""
+    queue = Queue(cluster, "migrating-" + "".join(random.choices(string.ascii_lowercase, k=8)))
+    for index in range(5):
+        assert await queue.enqueue(f"item-{index}", delay=timedelta(hours=1) if index == 4 else None)
+    slot_ = slot(queue.keys.ready)
+    home = cluster.get_node_from_key(queue.keys.ready)
+    away = next(node for node in cluster.get_primaries() if node.name != home.name)
+    await _move_slot(cluster, slot_, away, keys_first=1)
+    try:
+        failed = [
+            await raised(queue.promote_due()),  # TRYAGAIN, until the client's retries run out
+            await raised(queue.dequeue("w", timedelta(seconds=30), count=10)),
+            await raised(queue.stats()),  # MULTI/EXEC: an ASK its transaction does not follow
+        ]
+        await _move_slot(cluster, slot_, away, keys_first=-1)
+        assert slot_ in await _served(away)
+        assert await queue.promote_due() == []
+        leased = await queue.dequeue("w", timedelta(seconds=30), count=10)
+    finally:
+        if slot_ not in await _served(away):
+            await _move_slot(cluster, slot_, away, keys_first=-1)
+        await _move_slot(cluster, slot_, home, keys_first=0)  # back where it was, for the other tests
+        await _move_slot(cluster, slot_, home, keys_first=-1)
+    assert slot_ in await _served(home)
+    assert [stores.is_fault(exc) for exc in failed] == [True, True, True], failed
+    assert sorted(lease.id for lease in leased) == [f"item-{index}" for index in range(4)]
+    assert (await queue.stats()).delayed == 1
+
+
+async def raised(call: Awaitable[object]) -> BaseException:
+    try:
+        await call
+    except Exception as exc:  # the error the real client raised
+        return exc
+    raise AssertionError("expected the call to fail")
 
 
 async def test_the_event_scripts_run_on_the_cluster(cluster: RedisCluster) -> None:
