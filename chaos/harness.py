@@ -32,6 +32,7 @@ from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.migrate import migrate
 from scheduler_grpc.db.pool import create_pool
+from scheduler_grpc.db.queue_shards import QueueShardRepository
 from scheduler_grpc.handlers import HandlerSettings, default_registry
 from scheduler_grpc.jobs import Job, JobSpec, ScheduleKind
 from scheduler_grpc.keys import LeaderKeys, WorkerKeys
@@ -277,6 +278,8 @@ class Scenario:
         valkey_cluster: Run on a Valkey Cluster of the scenario's own (`ChaosValkeyCluster`, 3
             masters and 3 replicas in the run directory, `cluster-node-timeout` this long) instead
             of the suite's one server: every role's REDIS_URL is its `redis+cluster://` URL.
+        queue_shards: The in-process queue's shard count (`sharding.py`), set before any role
+            starts, so it applies to every run at once.
     """
 
     name: str
@@ -294,6 +297,7 @@ class Scenario:
     description: str = ""
     target_p99: float | None = None
     valkey_cluster: timedelta | None = None
+    queue_shards: int = 1
 
 
 def _database_url(url: str, name: str) -> str:
@@ -346,6 +350,9 @@ async def run_scenario(scenario: Scenario, servers: Servers, work_dir: Path) -> 
             await redis.flushall()
         await migrate(pool)
         await install_term_history(pool)
+        if scenario.queue_shards > 1:
+            # No role reads the count yet, so it may apply at once (no lead).
+            await QueueShardRepository(pool).set_shards(IN_PROCESS_QUEUE, scenario.queue_shards, lead=timedelta(0))
         # As a server's: jobs on another queue than the in-process workers' may name remote handlers.
         control = Control(redis, pool, registry, in_process_queue=IN_PROCESS_QUEUE)
         stage = Stage(scenario.name, servers, cluster, pool, redis, control, outcome, valkey=valkey)

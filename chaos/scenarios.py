@@ -43,11 +43,12 @@ from chaos.remote_worker import HANDLER as REMOTE_HANDLER
 from chaos.servers import ChaosValkeyCluster, ValkeyNode
 from chaos.watchers import Watchers, gaps, judge, login
 from scheduler_grpc.db.jobs import JOBS_CHANGED_CHANNEL
+from scheduler_grpc.db.queue_shards import QueueShardRepository
 from scheduler_grpc.errors import FailedPrecondition
 from scheduler_grpc.events import ExecutionEvent, stream_id
 from scheduler_grpc.flows import FlowRun
 from scheduler_grpc.jobs import JobSpec, RetryPolicy
-from scheduler_grpc.keys import EventKeys, QueueKeys
+from scheduler_grpc.keys import EventKeys, QueueKeys, shard_name
 from scheduler_grpc.leader import DEFAULT_TTL
 from scheduler_grpc.limits import LimitKind, LimitRef, LimitSpec
 from scheduler_grpc.queue import Queue
@@ -1343,10 +1344,12 @@ CLUSTER_RECOVERY_S = 10.0  # the recovery aimed at: node timeout, election, the 
 
 
 async def queue_slots(stage: Stage) -> list[int]:
-    """The cluster slots the in-process queue's keys live in (one: every key of a queue has the
-    hash tag `{q:<name>}`), asked of the cluster (CLUSTER KEYSLOT)."""
+    """The cluster slot of each shard of the in-process queue, shard 0 first (every key of a shard
+    has its hash tag, `{q:<name>}` or `{q:<name>#<i>}`), asked of the cluster (CLUSTER KEYSLOT)."""
     valkey = _valkey(stage)
-    return [await valkey.slot_of(QueueKeys(IN_PROCESS_QUEUE).ready)]
+    histories = (await QueueShardRepository(stage.pool).histories())[1].get(IN_PROCESS_QUEUE, ())
+    shards = max((change.shards for change in histories), default=1)
+    return [await valkey.slot_of(QueueKeys(shard_name(IN_PROCESS_QUEUE, i)).ready) for i in range(shards)]
 
 
 def _valkey(stage: Stage) -> ChaosValkeyCluster:
@@ -1434,18 +1437,21 @@ async def _drained(stage: Stage, runs: Sequence[str], within: float = 120) -> No
 
 
 async def cluster_master_kill9(stage: Stage) -> None:
-    """kill -9 of the master serving the queue's slot while 3,000 runs drain (and the per-second
-    jobs fire): its replica is promoted by the cluster; what the dead master had not replicated is
-    lost and rebuilt from PostgreSQL. Then the killed node is started again and rejoins as a
-    replica. Recovery: the kill -> a slot fired after it succeeded."""
+    """kill -9 of the master serving shard 0 of a 3-shard queue while 3,000 runs drain (and the
+    per-second jobs fire): its replica is promoted by the cluster; what the dead master had not
+    replicated is lost and rebuilt from PostgreSQL. Then the killed node is started again and
+    rejoins as a replica. Recovery: the kill -> a slot fired after it succeeded."""
     valkey = _valkey(stage)
-    (slot,) = await queue_slots(stage)
+    slots = await queue_slots(stage)
+    slot = slots[0]
     runs = await cluster_drain(stage, "k9-")
     master = await valkey.owner(slot)
+    on_master = [i for i, other in enumerate(slots) if master.serves(other)]
     open_runs = len(runs) - await _final(stage, runs)
     valkey.kill(master.port)
     at = now()
-    stage.fault(f"kill -9 the master of the queue's slot {slot} (:{master.port}, {open_runs} drain runs open)")
+    stage.fault(f"kill -9 the master of the queue's shards {on_master} of {len(slots)} (slot {slot}, :{master.port}, "
+                f"{open_runs} drain runs open)")  # fmt: skip
     stage.mark("kill -9 the queue's master", at, completed=True)
     await _promoted(stage, slot, master, at)
     await _runs_complete_again(stage, at, "the kill")
@@ -1574,7 +1580,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     # Issue 24: a Valkey Cluster of the scenario's own (3 masters, 3 replicas); roles on redis+cluster://.
     Scenario("cluster-master-kill9", cluster_master_kill9, env=FAST_WORKERS, valkey_cluster=CLUSTER_NODE_TIMEOUT,
              budget=150, target_p99=CLUSTER_RECOVERY_S,
-             description="kill -9 of the queue's master during a drain of 3,000 runs"),
+             queue_shards=3, description="kill -9 of a 3-shard queue's master during a drain of 3,000 runs"),
     Scenario("cluster-slot-migration", cluster_slot_migration, env=FAST_WORKERS, valkey_cluster=CLUSTER_NODE_TIMEOUT,
              budget=150, target_p99=CLUSTER_RECOVERY_S,
              description="the queue's slot migrated to another master and back under load"),
