@@ -1073,7 +1073,9 @@ async def test_a_bad_held_run_in_a_hello_is_invalid_argument_naming_it(deploymen
         assert (caught.value.details() or "").startswith("hello.held_runs[0].execution_id:")
 
 
-@pytest.mark.parametrize("deployment", [{"SCHEDULER_VISIBILITY_TIMEOUT": "3s"}], indirect=True)
+# Leases of 8 s (extended every 2.7 s): nothing here waits for one to expire, and a loaded machine's
+# stall of 2 s (3 s leases) once let the first server lose a lease before the reconnect resumed it.
+@pytest.mark.parametrize("deployment", [{"SCHEDULER_VISIBILITY_TIMEOUT": "8s"}], indirect=True)
 async def test_runs_resume_on_another_server_process(
     deployment: Deployment, redis_url: str, database_url: str, tmp_path: Path
 ) -> None:
@@ -1085,7 +1087,7 @@ async def test_runs_resume_on_another_server_process(
     env = {
         **os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_GRPC_PORT": str(port),
         "SCHEDULER_HTTP_ENABLED": "false", "SCHEDULER_METRICS_PORT": str(free_port()),
-        "SCHEDULER_VISIBILITY_TIMEOUT": "3s", "SCHEDULER_REMOTE_ACK_TIMEOUT": "1s",
+        "SCHEDULER_VISIBILITY_TIMEOUT": "8s", "SCHEDULER_REMOTE_ACK_TIMEOUT": "1s",
     }  # fmt: skip
     other = RoleProcess("server-2", ["server"], env, tmp_path / "server-2.log")
     try:
