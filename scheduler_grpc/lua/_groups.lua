@@ -88,15 +88,28 @@ local function make_ready(id, priority)
   return true
 end
 
+-- The `most` best waiting members of a group (one BYLEX range: O(log n) however long the backlog).
+local function group_items(group, most)
+  return redis.call('ZRANGE', gwait_key, '[' .. group .. '\0', '(' .. group .. '\1', 'BYLEX', 'LIMIT', 0, most)
+end
+
+-- A gwait member's id and ready score.
+local function member_id(group, member)
+  return string.sub(member, #group + 19)
+end
+local function member_score(group, member)
+  return tonumber(string.sub(member, #group + 2, #group + 17))
+end
+
 -- The best waiting item of a group: member, id, ready score, and whether another waits behind it;
 -- nil when the group is empty.
 local function group_head(group)
-  local head = redis.call('ZRANGE', gwait_key, '[' .. group .. '\0', '(' .. group .. '\1', 'BYLEX', 'LIMIT', 0, 2)
+  local head = group_items(group, 2)
   if #head == 0 then
     return nil
   end
   local member = head[1]
-  return member, string.sub(member, #group + 19), tonumber(string.sub(member, #group + 2, #group + 17)), #head > 1
+  return member, member_id(group, member), member_score(group, member), #head > 1
 end
 
 -- Unpark a group (it stays "woken" in gblock, keeping why and since when it waited, until a run of
@@ -183,18 +196,49 @@ local function has_limits(id)
   return any_limits() and redis.call('HEXISTS', lims_key, id) == 1
 end
 
--- Give back the concurrency units a run holds (its holds record, deleted here: a second call finds
--- none, so every return happens once) and wake, per unit, a group parked on each key. Returns true
--- when a group woke.
-local function return_units(id)
-  local rec = redis.call('HGET', holds_key, id)
-  if not rec then
+-- A holds record decoded, once per distinct record per call (the runs of one group hold alike).
+local decoded_holds = {}
+local function holds_of(rec)
+  local holds = decoded_holds[rec]
+  if not holds then
+    holds = cjson.decode(rec)
+    decoded_holds[rec] = holds
+  end
+  return holds
+end
+
+-- Give back the concurrency units the runs `ids` hold (their holds records, deleted here: a second
+-- call finds none, so every return happens once) and wake, per unit, a group parked on each key:
+-- the units of all of them summed per key, one HINCRBY and one wake per key (the groups woken are
+-- the ones the returns one by one would wake). Returns true when a group woke.
+local function return_units_many(ids)
+  if #ids == 0 then
     return false
   end
-  redis.call('HDEL', holds_key, id)
+  local recs = redis.call('HMGET', holds_key, unpack(ids))
+  local holders = {}
+  local keys, units_of = {}, {}
+  for i, id in ipairs(ids) do
+    local rec = recs[i]
+    if rec then
+      holders[#holders + 1] = id
+      for _, h in ipairs(holds_of(rec)) do
+        local lk = h[1]
+        if not units_of[lk] then
+          keys[#keys + 1] = lk
+          units_of[lk] = 0
+        end
+        units_of[lk] = units_of[lk] + tonumber(h[2])
+      end
+    end
+  end
+  if #holders == 0 then
+    return false
+  end
+  redis.call('HDEL', holds_key, unpack(holders))
   local woke = false
-  for _, h in ipairs(cjson.decode(rec)) do
-    local lk, units = h[1], tonumber(h[2])
+  for _, lk in ipairs(keys) do
+    local units = units_of[lk]
     if redis.call('HINCRBY', held_key, lk, -units) <= 0 then
       redis.call('HDEL', held_key, lk)
     end
@@ -203,4 +247,9 @@ local function return_units(id)
     end
   end
   return woke
+end
+
+-- `return_units_many` of one run.
+local function return_units(id)
+  return return_units_many({id})
 end
