@@ -196,46 +196,47 @@ local function has_limits(id)
   return any_limits() and redis.call('HEXISTS', lims_key, id) == 1
 end
 
--- A holds record decoded, once per distinct record per call (the runs of one group hold alike).
-local decoded_holds = {}
-local function holds_of(rec)
-  local holds = decoded_holds[rec]
-  if not holds then
-    holds = cjson.decode(rec)
-    decoded_holds[rec] = holds
-  end
-  return holds
-end
-
 -- Give back the concurrency units the runs `ids` hold (their holds records, deleted here: a second
 -- call finds none, so every return happens once) and wake, per unit, a group parked on each key:
--- the units of all of them summed per key, one HINCRBY and one wake per key (the groups woken are
--- the ones the returns one by one would wake). Returns true when a group woke.
+-- the units of all of them summed per key (each distinct record decoded once), one HINCRBY and one
+-- wake per key (the groups woken are the ones the returns one by one would wake). Returns true
+-- when a group woke.
 local function return_units_many(ids)
   if #ids == 0 then
     return false
   end
   local recs = redis.call('HMGET', holds_key, unpack(ids))
-  local holders = {}
-  local keys, units_of = {}, {}
-  for i, id in ipairs(ids) do
+  local holders, held_by, times = {}, {}, {}
+  local h = 0
+  for i = 1, #ids do
     local rec = recs[i]
     if rec then
-      holders[#holders + 1] = id
-      for _, h in ipairs(holds_of(rec)) do
-        local lk = h[1]
-        if not units_of[lk] then
-          keys[#keys + 1] = lk
-          units_of[lk] = 0
-        end
-        units_of[lk] = units_of[lk] + tonumber(h[2])
+      h = h + 1
+      holders[h] = ids[i]
+      local seen = times[rec]
+      if seen then
+        times[rec] = seen + 1
+      else
+        held_by[#held_by + 1] = rec
+        times[rec] = 1
       end
     end
   end
-  if #holders == 0 then
+  if h == 0 then
     return false
   end
   redis.call('HDEL', holds_key, unpack(holders))
+  local keys, units_of = {}, {}
+  for _, rec in ipairs(held_by) do
+    for _, e in ipairs(cjson.decode(rec)) do
+      local lk = e[1]
+      if not units_of[lk] then
+        keys[#keys + 1] = lk
+        units_of[lk] = 0
+      end
+      units_of[lk] = units_of[lk] + tonumber(e[2]) * times[rec]
+    end
+  end
   local woke = false
   for _, lk in ipairs(keys) do
     local units = units_of[lk]
