@@ -196,6 +196,19 @@ local function has_limits(id)
   return any_limits() and redis.call('HEXISTS', lims_key, id) == 1
 end
 
+-- A holds record: JSON [[lk, units], ...], padded with spaces (JSON whitespace) past the longest
+-- value Valkey keeps in a listpack hash (hash-max-listpack-value, 64 by default). The holds hash
+-- has a field per leased run, hundreds on a busy queue, and as a listpack each HSET, HMGET and
+-- HDEL would scan it and move its tail: the padding keeps it a hash table (O(1) per field).
+local HOLDS_PAD = string.rep(' ', 65)
+local function encode_holds(holds)
+  local rec = cjson.encode(holds)
+  if #rec > 64 then
+    return rec
+  end
+  return rec .. string.sub(HOLDS_PAD, #rec)
+end
+
 -- Give back the concurrency units the runs `ids` hold (their holds records, deleted here: a second
 -- call finds none, so every return happens once) and wake, per unit, a group parked on each key:
 -- the units of all of them summed per key (each distinct record decoded once), one HINCRBY and one

@@ -240,7 +240,7 @@ local function admit(id, group)
     redis.call('HINCRBY', held_key, h[1], h[2])
   end
   if #holds > 0 then
-    redis.call('HSET', holds_key, id, cjson.encode(holds))
+    redis.call('HSET', holds_key, id, encode_holds(holds))
   end
   if #rates > 0 then
     prune_tats()
@@ -317,7 +317,7 @@ local function admit_many(group, n)
     end
     save_tat(r[1], tat_ms, tat_rem)
   end
-  return n, #conc > 0 and cjson.encode(conc) or nil
+  return n, #conc > 0 and encode_holds(conc) or nil
 end
 
 -- Park a group found blocked (see the header), keeping since when it waits for the same key.
