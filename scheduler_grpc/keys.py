@@ -55,7 +55,9 @@ class QueueKeys:
         kpark: ZSET (scores 0, BYLEX) of `lk NUL turn NUL group`: groups parked on a key, FIFO.
         kqueued: HASH lk -> runs waiting in groups that contain the key.
         held: HASH lk -> concurrency units held by leased runs.
-        holds: HASH id -> the units its lease holds (JSON [[lk, units], ...]), deleted on return.
+        holds: HASH id -> the units its lease holds (JSON [[lk, units], ...], padded with spaces past
+            64 bytes so the hash stays a hash table, not a listpack scanned per field), deleted on
+            return.
         tat: ZSET lk -> a rate key's theoretical arrival time, whole ms (GCRA, see `gcra.py`).
         tatrem: HASH lk -> the TAT's remainder in 1/limit ms steps (absent when 0).
         kpause: ZSET lk -> ms until which the key admits nothing (paused by hand or by back-pressure).

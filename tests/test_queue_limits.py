@@ -372,6 +372,89 @@ async def test_a_queue_without_limits_pays_one_check_per_call_not_per_item(redis
     assert delta.get("hget", 0) == 50 * 2 + 50 + 25
 
 
+async def test_a_lone_group_drains_with_writes_per_call_not_per_run(redis: aioredis.Redis) -> None:
+    # The drain of one group (issue 22: a limit costs a drain at most 15 %): its turns are taken at
+    # once, and the acks give their units back at once: one write per key and call, not per run.
+    queue = Queue(redis)
+    await queue.put_limit_definitions([LimitDefinition("cust", "concurrency", 1000)])
+    await queue.enqueue_many([item(f"i{n}", ("cust", "k")) for n in range(60)])
+
+    async def calls() -> dict[str, int]:
+        stats = await redis.info("commandstats")
+        return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+
+    before = await calls()
+    leases = await queue.dequeue("w", VT, 50)
+    assert [lease.id for lease in leases] == [f"i{n}" for n in range(50)]
+    assert await held(redis, queue, "cust", "k") == 50
+    assert all(await queue.finish_many(acks=leases[:40]))
+    assert all(await queue.ack_many(leases[40:]))
+    after = await calls()
+    delta = {name: count - before.get(name, 0) for name, count in after.items() if count != before.get(name)}
+    # A lease counts its delivery; the group's units, its queued count and each return: one each.
+    assert delta.get("hincrby") == 50 + 1 + 1 + 2
+    assert delta.get("zrem") == 50  # processing, per run
+    assert delta.get("zremrangebylex") == 1  # the group's backlog, once
+    assert delta.get("zrange", 0) <= 8  # a few per call (groups, backlog, ready's head)
+    assert await held(redis, queue, "cust", "k") == 0
+    assert await redis.hlen(queue.keys.holds) == 0
+    assert (await queue.key_state("cust", "k")).queued == 10
+    assert [lease.id for lease in await queue.dequeue("w", VT, 50)] == [f"i{n}" for n in range(50, 60)]
+    assert await redis.exists(queue.keys.gactive, queue.keys.gwait, queue.keys.gmem, queue.keys.kqueued) == 0
+
+
+@pytest.mark.parametrize(
+    ("definition", "units", "taken"),
+    [
+        (LimitDefinition("lim", "concurrency", 3), 1, 3),
+        (LimitDefinition("lim", "concurrency", 5), 2, 2),
+        (LimitDefinition("lim", "concurrency", 2), 3, 1),  # more than the cap: alone on its key
+        (LimitDefinition("lim", "concurrency", 3, overrides={"k": (6, 0)}), 1, 6),
+        (LimitDefinition("lim", "rate", 10, timedelta(seconds=1), burst=4), 1, 5),
+        (LimitDefinition("lim", "rate", 10, timedelta(seconds=1), burst=4), 2, 2),
+    ],
+)
+async def test_a_lone_group_takes_in_one_dequeue_exactly_what_its_key_admits(
+    redis: aioredis.Redis, definition: LimitDefinition, units: int, taken: int
+) -> None:
+    queue = Queue(redis)
+    await queue.put_limit_definitions([definition])
+    await queue.enqueue_many([item(f"r{n}", ("lim", "k"), units=units) for n in range(10)])
+    await queue.enqueue_many([NewItem("plain")])
+    leases = await queue.dequeue("w", VT, 20)
+    assert [lease.id for lease in leases] == [f"r{n}" for n in range(taken)] + ["plain"]
+    if definition.kind == "concurrency":
+        assert await held(redis, queue, "lim", "k") == taken * units
+        assert await redis.hlen(queue.keys.holds) == taken
+    blocked = await queue.blocked_by(["r0", f"r{taken}"])
+    assert list(blocked) == [f"r{taken}"]
+    assert (blocked[f"r{taken}"].key, blocked[f"r{taken}"].kind) == ("k", definition.kind)
+    assert (await queue.key_state("lim", "k")).queued == 10 - taken
+
+
+async def test_a_lone_group_with_two_keys_takes_what_both_admit(redis: aioredis.Redis) -> None:
+    queue = Queue(redis)
+    rate = LimitDefinition("b_rate", "rate", 10, timedelta(seconds=1), burst=2)
+    await queue.put_limit_definitions([LimitDefinition("a_cap", "concurrency", 4), rate])
+    await queue.enqueue_many([item(f"r{n}", ("a_cap", "k"), ("b_rate", "k")) for n in range(10)])
+    assert [lease.id for lease in await queue.dequeue("w", VT, 10)] == ["r0", "r1", "r2"]
+    assert await held(redis, queue, "a_cap", "k") == 3
+    # The TAT advanced by exactly the three runs taken: two more T (100 ms) past the first's.
+    now = await redis_ms(redis)
+    tat = int(await redis.zscore(queue.keys.tat, lk("b_rate", "k")) or 0)
+    assert now < tat <= now + 300
+
+
+async def test_groups_with_room_take_turns_one_run_each(redis: aioredis.Redis) -> None:
+    queue = Queue(redis)
+    await queue.put_limit_definitions([LimitDefinition("cust", "concurrency", 2)])
+    await queue.enqueue_many([item(f"a{n}", ("cust", "a")) for n in range(5)])
+    await queue.enqueue_many([item(f"b{n}", ("cust", "b")) for n in range(5)])
+    # Round-robin while both have room; then the lone group with room takes its own.
+    assert [lease.id for lease in await queue.dequeue("w", VT, 3)] == ["a0", "b0", "a1"]
+    assert [lease.id for lease in await queue.dequeue("w", VT, 10)] == ["b1"]
+
+
 async def test_caps_hold_and_nothing_sticks_under_mixed_returns(redis: aioredis.Redis) -> None:
     # Runs of 2 keys each (a customer cap of 1 and a host cap of 2), some asking 2 host units,
     # returned by every path at random: caps never exceed, nothing waits for ever, nothing leaks.

@@ -88,15 +88,28 @@ local function make_ready(id, priority)
   return true
 end
 
+-- The `most` best waiting members of a group (one BYLEX range: O(log n) however long the backlog).
+local function group_items(group, most)
+  return redis.call('ZRANGE', gwait_key, '[' .. group .. '\0', '(' .. group .. '\1', 'BYLEX', 'LIMIT', 0, most)
+end
+
+-- A gwait member's id and ready score.
+local function member_id(group, member)
+  return string.sub(member, #group + 19)
+end
+local function member_score(group, member)
+  return tonumber(string.sub(member, #group + 2, #group + 17))
+end
+
 -- The best waiting item of a group: member, id, ready score, and whether another waits behind it;
 -- nil when the group is empty.
 local function group_head(group)
-  local head = redis.call('ZRANGE', gwait_key, '[' .. group .. '\0', '(' .. group .. '\1', 'BYLEX', 'LIMIT', 0, 2)
+  local head = group_items(group, 2)
   if #head == 0 then
     return nil
   end
   local member = head[1]
-  return member, string.sub(member, #group + 19), tonumber(string.sub(member, #group + 2, #group + 17)), #head > 1
+  return member, member_id(group, member), member_score(group, member), #head > 1
 end
 
 -- Unpark a group (it stays "woken" in gblock, keeping why and since when it waited, until a run of
@@ -183,18 +196,63 @@ local function has_limits(id)
   return any_limits() and redis.call('HEXISTS', lims_key, id) == 1
 end
 
--- Give back the concurrency units a run holds (its holds record, deleted here: a second call finds
--- none, so every return happens once) and wake, per unit, a group parked on each key. Returns true
+-- A holds record: JSON [[lk, units], ...], padded with spaces (JSON whitespace) past the longest
+-- value Valkey keeps in a listpack hash (hash-max-listpack-value, 64 by default). The holds hash
+-- has a field per leased run, hundreds on a busy queue, and as a listpack each HSET, HMGET and
+-- HDEL would scan it and move its tail: the padding keeps it a hash table (O(1) per field).
+local HOLDS_PAD = string.rep(' ', 65)
+local function encode_holds(holds)
+  local rec = cjson.encode(holds)
+  if #rec > 64 then
+    return rec
+  end
+  return rec .. string.sub(HOLDS_PAD, #rec)
+end
+
+-- Give back the concurrency units the runs `ids` hold (their holds records, deleted here: a second
+-- call finds none, so every return happens once) and wake, per unit, a group parked on each key:
+-- the units of all of them summed per key (each distinct record decoded once), one HINCRBY and one
+-- wake per key (the groups woken are the ones the returns one by one would wake). Returns true
 -- when a group woke.
-local function return_units(id)
-  local rec = redis.call('HGET', holds_key, id)
-  if not rec then
+local function return_units_many(ids)
+  if #ids == 0 then
     return false
   end
-  redis.call('HDEL', holds_key, id)
+  local recs = redis.call('HMGET', holds_key, unpack(ids))
+  local holders, held_by, times = {}, {}, {}
+  local h = 0
+  for i = 1, #ids do
+    local rec = recs[i]
+    if rec then
+      h = h + 1
+      holders[h] = ids[i]
+      local seen = times[rec]
+      if seen then
+        times[rec] = seen + 1
+      else
+        held_by[#held_by + 1] = rec
+        times[rec] = 1
+      end
+    end
+  end
+  if h == 0 then
+    return false
+  end
+  redis.call('HDEL', holds_key, unpack(holders))
+  local keys, units_of = {}, {}
+  for _, rec in ipairs(held_by) do
+    for _, e in ipairs(cjson.decode(rec)) do
+      local lk = e[1]
+      if not units_of[lk] then
+        keys[#keys + 1] = lk
+        units_of[lk] = 0
+      end
+      units_of[lk] = units_of[lk] + tonumber(e[2]) * times[rec]
+    end
+  end
   local woke = false
-  for _, h in ipairs(cjson.decode(rec)) do
-    local lk, units = h[1], tonumber(h[2])
+  for _, lk in ipairs(keys) do
+    local units = units_of[lk]
     if redis.call('HINCRBY', held_key, lk, -units) <= 0 then
       redis.call('HDEL', held_key, lk)
     end
@@ -203,4 +261,9 @@ local function return_units(id)
     end
   end
   return woke
+end
+
+-- `return_units_many` of one run.
+local function return_units(id)
+  return return_units_many({id})
 end

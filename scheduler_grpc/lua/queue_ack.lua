@@ -6,7 +6,8 @@
 -- Returns: one integer per lease: 1 = acknowledged and forgotten (no trace left in any hash),
 -- 0 = lease lost (the token is not the item's current one; nothing changed).
 -- No dead_reason here: only dead items have one, and a leased item is never dead. An item with
--- limit keys gives its concurrency units back (once: see _groups.lua), waking groups parked on them.
+-- limit keys gives its concurrency units back (once: see _groups.lua), waking groups parked on them;
+-- the acked items' all at once (one write per key).
 local processing_key, priority_key, data_key, deliveries_key, lease_key, owner_key, ready_key, seq_key,
   marker_key, lims_key, gwait_key, gmem_key, gactive_key, gdelay_key, gblock_key, grr_key, kpark_key,
   kqueued_key, held_key, holds_key =
@@ -17,7 +18,7 @@ local processing_key, priority_key, data_key, deliveries_key, lease_key, owner_k
 -- @include groups
 
 local out = {}
-local woke = false
+local acked = {}
 for i = 1, #ARGV, 2 do
   local id = ARGV[i]
   if redis.call('HGET', lease_key, id) == ARGV[i + 1] then
@@ -27,13 +28,16 @@ for i = 1, #ARGV, 2 do
     redis.call('HDEL', deliveries_key, id)
     redis.call('HDEL', lease_key, id)
     redis.call('HDEL', owner_key, id)
-    if any_limits() and redis.call('HDEL', lims_key, id) == 1 and return_units(id) then
-      woke = true
-    end
+    acked[#acked + 1] = id
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
   end
+end
+local woke = false
+if #acked > 0 and any_limits() then
+  redis.call('HDEL', lims_key, unpack(acked))
+  woke = return_units_many(acked)
 end
 if woke then
   redis.call('ZADD', marker_key, 0, 'ready')

@@ -161,7 +161,38 @@ local function any_paused()
   end
   return paused_seen
 end
+-- An entry's definition, and its limit and burst for the entry's key (an override, else the
+-- definition's); nil when the limit has no definition.
+local function limit_of(e)
+  local d = definition(e[1])
+  if not d then
+    return nil
+  end
+  local o = type(d.o) == 'table' and d.o[e[2]]
+  if o then
+    return d, tonumber(o[1]), tonumber(o[2])
+  end
+  return d, tonumber(d.l), tonumber(d.b)
+end
 local tats_pruned = false
+local function prune_tats()
+  if not tats_pruned then
+    -- A TAT in the past is the same as none: drop a few, so keys no longer used cost no memory.
+    tats_pruned = true
+    for _, stale in ipairs(redis.call('ZRANGE', tat_key, '-inf', string.format('(%.0f', now), 'BYSCORE', 'LIMIT', 0, 4)) do
+      redis.call('ZREM', tat_key, stale)
+      redis.call('HDEL', tatrem_key, stale)
+    end
+  end
+end
+local function save_tat(lk, tat_ms, tat_rem)
+  redis.call('ZADD', tat_key, string.format('%.0f', tat_ms), lk)
+  if tat_rem > 0 then
+    redis.call('HSET', tatrem_key, lk, string.format('%.0f', tat_rem))
+  else
+    redis.call('HDEL', tatrem_key, lk)
+  end
+end
 local function admit(id, group)
   local block
   local function refuse(kind, e, until_ms)
@@ -180,16 +211,7 @@ local function admit(id, group)
       if paused then
         redis.call('ZREM', kpause_key, lk)
       end
-      local d = definition(e[1])
-      local limit, burst
-      if d then
-        local o = type(d.o) == 'table' and d.o[e[2]]
-        if o then
-          limit, burst = tonumber(o[1]), tonumber(o[2])
-        else
-          limit, burst = tonumber(d.l), tonumber(d.b)
-        end
-      end
+      local d, limit, burst = limit_of(e)
       if not d or limit <= 0 then
         refuse('u', e, nil)
       elseif d.k == 'c' then
@@ -218,25 +240,84 @@ local function admit(id, group)
     redis.call('HINCRBY', held_key, h[1], h[2])
   end
   if #holds > 0 then
-    redis.call('HSET', holds_key, id, cjson.encode(holds))
+    redis.call('HSET', holds_key, id, encode_holds(holds))
   end
-  if #rates > 0 and not tats_pruned then
-    -- A TAT in the past is the same as none: drop a few, so keys no longer used cost no memory.
-    tats_pruned = true
-    for _, stale in ipairs(redis.call('ZRANGE', tat_key, '-inf', string.format('(%.0f', now), 'BYSCORE', 'LIMIT', 0, 4)) do
-      redis.call('ZREM', tat_key, stale)
-      redis.call('HDEL', tatrem_key, stale)
-    end
+  if #rates > 0 then
+    prune_tats()
   end
   for _, r in ipairs(rates) do
-    redis.call('ZADD', tat_key, string.format('%.0f', r[2]), r[1])
-    if r[3] > 0 then
-      redis.call('HSET', tatrem_key, r[1], string.format('%.0f', r[3]))
-    else
-      redis.call('HDEL', tatrem_key, r[1])
-    end
+    save_tat(r[1], r[2], r[3])
   end
   return nil, room
+end
+
+-- Admit up to `n` runs of `group` at once, as `admit` run by run would (every run of a group takes
+-- the same units of the same keys): how many in a row every key admits, their units taken (held,
+-- one holds record each, the GCRA TAT advanced once per run). Returns that count (0: nothing
+-- taken; `admit` then finds the block) and the group's holds record (nil without concurrency keys).
+-- Only for a group no other group competes with for a turn (see take_merged), so no per-run turn or
+-- wake is skipped.
+local function admit_many(group, n)
+  local conc, rates = {}, {}
+  for _, e in ipairs(group_entries(group)) do
+    local lk = lk_of(e[1], e[2])
+    local units = tonumber(e[3])
+    local paused = any_paused() and redis.call('ZSCORE', kpause_key, lk)
+    if paused and tonumber(paused) > now then
+      return 0
+    end
+    if paused then
+      redis.call('ZREM', kpause_key, lk)
+    end
+    local d, limit, burst = limit_of(e)
+    if not d or limit <= 0 then
+      return 0
+    end
+    if d.k == 'c' then
+      local held = tonumber(redis.call('HGET', held_key, lk) or '0')
+      local fit = 0
+      while fit < n and not (held > 0 and held + units > limit) do
+        held = held + units
+        fit = fit + 1
+      end
+      n = fit
+      conc[#conc + 1] = {lk, units}
+    else
+      local tat0_ms = tonumber(redis.call('ZSCORE', tat_key, lk) or '0')
+      local tat0_rem = tonumber(redis.call('HGET', tatrem_key, lk) or '0')
+      local tat_ms, tat_rem = tat0_ms, tat0_rem
+      local fit = 0
+      while fit < n do
+        local ok, next_ms, next_rem = gcra(tat_ms, tat_rem, now, limit, tonumber(d.p), burst, units)
+        if not ok then
+          break
+        end
+        tat_ms, tat_rem = next_ms, next_rem
+        fit = fit + 1
+      end
+      n = fit
+      rates[#rates + 1] = {lk, limit, tonumber(d.p), burst, units, tat0_ms, tat0_rem}
+    end
+    if n == 0 then
+      return 0
+    end
+  end
+  for _, c in ipairs(conc) do
+    redis.call('HINCRBY', held_key, c[1], n * c[2])
+  end
+  if #rates > 0 then
+    prune_tats()
+  end
+  for _, r in ipairs(rates) do
+    -- Again from the TAT read above, exactly n admissions (a later key may have admitted fewer).
+    local tat_ms, tat_rem = r[6], r[7]
+    for _ = 1, n do
+      local _, next_ms, next_rem = gcra(tat_ms, tat_rem, now, r[2], r[3], r[4], r[5])
+      tat_ms, tat_rem = next_ms, next_rem
+    end
+    save_tat(r[1], tat_ms, tat_rem)
+  end
+  return n, #conc > 0 and encode_holds(conc) or nil
 end
 
 -- Park a group found blocked (see the header), keeping since when it waits for the same key.
@@ -268,8 +349,65 @@ local function park(group, block)
   blocked_seen = true
 end
 
+-- The turns of a group that is the only one active, taken at once (see take_merged): its best
+-- `members` (up to `most` of them, the ones that beat ready's best score `rscore`), as many in a
+-- row as its keys admit (admit_many), each leased as its own turn would. Returns how many were
+-- taken (0: none admitted, nothing changed but expired pauses dropped). Per run: two string cuts
+-- and one field of two variadic calls; the backlog loses its first n members in one range.
+local function take_batch(group, members, most, rscore)
+  local sub = string.sub
+  local from = #group + 19
+  local want = math.min(most, #members)
+  if rscore then
+    for i = 1, want do
+      if member_score(group, members[i]) > rscore then
+        want = i - 1
+        break
+      end
+    end
+  end
+  local n, holds = admit_many(group, want)
+  if n == 0 then
+    return 0
+  end
+  local ids, args = {}, {}
+  local p = #popped
+  for i = 1, n do
+    local id = sub(members[i], from)
+    ids[i] = id
+    -- (a popped score is never read again: no number is made of it)
+    popped[p + 1] = id
+    popped[p + 2] = 0
+    p = p + 2
+    if holds then
+      args[2 * i - 1] = id
+      args[2 * i] = holds
+    end
+  end
+  if holds then
+    redis.call('HSET', holds_key, unpack(args))
+  end
+  -- Nothing sorts between the group's first member and its n-th but the n-1 others.
+  redis.call('ZREMRANGEBYLEX', gwait_key, '[' .. group .. '\0', '[' .. members[n])
+  redis.call('HDEL', gmem_key, unpack(ids))
+  group_count(group, -n)
+  if any_blocked() then
+    redis.call('HDEL', gblock_key, group)
+  end
+  if n < #members then
+    redis.call('ZADD', gactive_key, 'XX', redis.call('INCR', grr_key), group)
+  else
+    redis.call('ZREM', gactive_key, group)
+  end
+  return n
+end
+
 -- Ready's head (`head`, from ZRANGE WITHSCORES) merged with the active groups, round-robin, into
--- `popped`; a solo run at a group's head goes to an idle caller alone (`solo_id`).
+-- `popped`; a solo run at a group's head goes to an idle caller alone (`solo_id`). A group that is
+-- the only one active, with no solo item anywhere and no group parked on any key (so no run's
+-- admission could wake one), would get every turn in a row until ready's best beats its best or
+-- a key refuses: those turns are taken at once (take_batch), one range read and one write per key
+-- for all of them, so a lone group's drain costs about what ready's does.
 local function take_merged(head)
   local hi = 1
   local turns = 0
@@ -279,19 +417,35 @@ local function take_merged(head)
       hi = hi + 2
     end
     local rid, rscore = head[hi], head[hi] and tonumber(head[hi + 1])
-    local group
+    local group, members, most
     if turns < count + MAX_EXTRA_TURNS then
-      group = redis.call('ZRANGE', gactive_key, 0, 0)[1]
+      local active = redis.call('ZRANGE', gactive_key, 0, 1)
+      group = active[1]
+      if group then
+        if #active == 1 and solo_count == 0 and not any_parked() then
+          most = math.min(count - #popped / 2, count + MAX_EXTRA_TURNS - turns)
+        end
+        members = group_items(group, (most or 1) + 1)
+      end
     end
     local member, gid, gscore, more
     if group then
-      member, gid, gscore, more = group_head(group)
-      if not member then
+      member = members[1]
+      if member then
+        gid, gscore, more = member_id(group, member), member_score(group, member), #members > 1
+      else
         turns = turns + 1
         drop_group(group)
       end
     end
-    if member and not (rid and rscore < gscore) then
+    local batch = 0
+    if member and most and not (rid and rscore < gscore) then
+      batch = take_batch(group, members, most, rid and rscore)
+      turns = turns + batch
+    end
+    if batch > 0 then
+      -- taken: look again
+    elseif member and not (rid and rscore < gscore) then
       turns = turns + 1
       local turn = redis.call('INCR', grr_key)
       if is_solo(gid) and not (idle and #popped == 0) then

@@ -12,7 +12,8 @@
 -- An 'r' of a solo delivery (token ending in 's', see queue_dequeue) keeps the next delivery solo.
 -- An 'r' item that becomes the earliest delayed item sets the marker (as an enqueue does), so an idle
 -- worker sleeping until a later item learns the new time (a reserved run handed back, due soon).
--- Every lease ended here gives its concurrency units back, once (see _groups.lua); an 'r' item with
+-- Every lease ended here gives its concurrency units back, once (see _groups.lua; the acks' all
+-- at once, one write per key); an 'r' item with
 -- limit keys waits in its group rather than in ready; a dead item keeps its limit keys (a requeue
 -- puts it back in its group).
 local processing_key, ready_key, delayed_key, dead_key, priority_key, data_key, deliveries_key, lease_key,
@@ -31,23 +32,37 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 local made_ready = false
 local earliest_added
+-- Acked runs whose limit keys are not yet forgotten nor their units given back: done together
+-- (return_units_many) before the next 'r' or 'd' and at the end, so a run made ready after them
+-- finds the same groups awake as returns one by one would leave.
+local acked = {}
+local function return_acked()
+  if #acked > 0 then
+    redis.call('HDEL', lims_key, unpack(acked))
+    if return_units_many(acked) then
+      made_ready = true
+    end
+    acked = {}
+  end
+end
 for i = 1, #ARGV, 4 do
   local what, id = ARGV[i], ARGV[i + 1]
   if redis.call('HGET', lease_key, id) == ARGV[i + 2] then
     redis.call('ZREM', processing_key, id)
     redis.call('HDEL', lease_key, id)
     redis.call('HDEL', owner_key, id)
-    local limited
     if what == 'a' then
       redis.call('HDEL', priority_key, id)
       redis.call('HDEL', data_key, id)
       redis.call('HDEL', deliveries_key, id)
-      limited = any_limits() and redis.call('HDEL', lims_key, id) == 1
+      if any_limits() then
+        acked[#acked + 1] = id
+      end
     else
-      limited = has_limits(id)
-    end
-    if limited and return_units(id) then
-      made_ready = true
+      return_acked()
+      if has_limits(id) and return_units(id) then
+        made_ready = true
+      end
     end
     if what == 'r' then
       if redis.call('HINCRBY', deliveries_key, id, -1) <= 0 then
@@ -77,6 +92,7 @@ for i = 1, #ARGV, 4 do
     out[#out + 1] = 0
   end
 end
+return_acked()
 if not made_ready and earliest_added then
   -- ZRANGE after the adds: the earliest is one of ours exactly when nothing else was due sooner.
   local earliest = redis.call('ZRANGE', delayed_key, 0, 0, 'WITHSCORES')

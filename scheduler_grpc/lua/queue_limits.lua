@@ -148,7 +148,7 @@ elseif op == 'hold' then
         end
       end
       if #holds > 0 then
-        redis.call('HSET', holds_key, id, cjson.encode(holds))
+        redis.call('HSET', holds_key, id, encode_holds(holds))
         redis.call('ZADD', recount_key, now, id)
         count = count + 1
       end
