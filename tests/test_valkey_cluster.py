@@ -26,6 +26,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.cluster import key_slot
 from redis.exceptions import RedisClusterException, ResponseError
 
+from chaos.servers import ChaosValkeyCluster
 from scheduler_grpc import config, events, resend, stores
 from scheduler_grpc.auth import Authenticator, Unauthenticated
 from scheduler_grpc.cluster import ClusterView
@@ -33,11 +34,12 @@ from scheduler_grpc.connections import open_redis, redis_client
 from scheduler_grpc.db.api_keys import ApiKeyRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.users import UserRepository
-from scheduler_grpc.errors import ConfigError
+from scheduler_grpc.errors import ConfigError, Unavailable
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.keys import AuthKeys, DepthKeys, EventKeys, LeaderKeys, QueueKeys, WorkerKeys
 from scheduler_grpc.queue import Queue, _Op
 from scheduler_grpc.scripts import LUA_DIR
+from tests.engine_helpers import eventually
 from tests.test_engine_processes import process_alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -342,3 +344,47 @@ async def test_the_electors_are_counted_on_every_node(cluster: RedisCluster, poo
     finally:
         for subscription in subscriptions:
             await subscription.aclose()
+
+
+@pytest.mark.parametrize("call", ["script", "transaction"])
+async def test_a_queue_on_a_cut_off_master_works_again_soon_after_its_replica_is_promoted(
+    tmp_path: Path, call: str
+) -> None:
+    """A master that accepts connections but never answers (SIGSTOP: cut off from everyone) gives
+    the client neither an error nor a MOVED: every call to it is cancelled by the caller's own
+    timeout. Its replica is promoted after the cluster's node timeout; the queue must work again
+    within seconds of that, long before the old master answers again, whether the calls that met
+    the silence were scripts (EVALSHA) or a pipeline (a MULTI/EXEC transaction)."""
+    valkey = ChaosValkeyCluster(tmp_path, node_timeout=timedelta(seconds=2))
+    valkey.start()
+    client = cast(RedisCluster, redis_client(valkey.url))
+    try:
+        queue = Queue(cast(aioredis.Redis, client), "cut", call_timeout=timedelta(seconds=0.5))
+        assert await queue.enqueue("before")
+        queue_slot = slot(queue.keys.ready)
+        master = await valkey.owner(queue_slot)
+        valkey.pause(master.port)
+        try:
+            await eventually(lambda: valkey.serving(queue_slot, not_by=master.id), within=30, interval=0.05)
+            promoted = time.monotonic()
+            attempts = 0
+
+            async def answered() -> bool:
+                nonlocal attempts
+                attempts += 1
+                try:
+                    if call == "script":
+                        return await queue.enqueue(f"after-{attempts}")
+                    return (await queue.stats()).ready == 1
+                except Unavailable:
+                    return False
+
+            await eventually(answered, within=5, interval=0.05)
+            served_after = time.monotonic() - promoted
+        finally:
+            valkey.resume(master.port)
+        assert served_after < 5
+        assert attempts > 1  # the first calls went to the silent master
+    finally:
+        await client.aclose()
+        valkey.stop()

@@ -1,0 +1,177 @@
+"""The roles' Valkey Cluster client: redis-py's `RedisCluster`, which also checks its slot map when
+a node goes silent.
+
+redis-py learns a new slot map from a node's error (a lost or refused connection, its own socket
+timeout, CLUSTERDOWN) or a `MOVED` answer. A master that accepts connections but never answers (cut
+off, stopped, its host frozen) gives neither: the roles bound each call with `asyncio.timeout`
+rather than a socket timeout (see `connections.redis_client`), and that timeout cancels the call
+inside the client, which then sees no error at all. When the cluster promotes the silent master's
+replica, redis-py would go on sending the slot's commands to the old master until it answers again.
+
+So a call cancelled after waiting `SILENT_AFTER` for its node (`ClusterClient.execute_command` and
+the pipelines' `execute`: the one place every command passes) starts a `SlotMapWatch` in the
+background, one at a time: it asks every known node for `CLUSTER SLOTS` (each bounded by
+`PROBE_TIMEOUT`); when a node that answers names another master for a slot than the client's map,
+the client's map is loaded again (redis-py's `NodesManager.initialize`, the silent nodes asked
+last), and the watch ends; while a node stays silent and the map is unchanged (the cluster has not
+failed over yet) it asks again every `INTERVAL`, for `WATCH_FOR` at most. The hot path never waits
+for it; a refresh is logged once, when it happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Final
+
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, RedisCluster
+from redis.cluster import get_node_name
+from redis.typing import EncodableT
+
+log = logging.getLogger(__name__)
+
+SILENT_AFTER: Final = 0.1
+"""A call cancelled after waiting this long (seconds) for its node makes the client check its map."""
+PROBE_TIMEOUT: Final = 1.0
+"""How long (seconds) a node may take to answer `CLUSTER SLOTS` before it counts as silent."""
+INTERVAL: Final = 0.5
+"""Seconds between two checks of one watch (a check itself lasts up to `PROBE_TIMEOUT`)."""
+WATCH_FOR: Final = 30.0
+"""Seconds a watch goes on while a node stays silent and the map is unchanged (a later cancelled
+call starts another)."""
+REFRESH_TIMEOUT: Final = 5.0
+"""Bound (seconds) on loading the map again (redis-py asks the nodes one after the other)."""
+
+
+class SlotMapWatch:
+    """Checks one cluster client's slot map against the nodes that answer; see the module docstring.
+
+    Args:
+        nodes: The client's `nodes_manager` (its node cache, slot map and `initialize`).
+    """
+
+    def __init__(self, nodes: NodesManager) -> None:
+        self._nodes = nodes
+        self._task: asyncio.Task[None] | None = None
+        self.refreshes = 0
+        """Slot maps loaded again because a node named another master for a slot (for tests)."""
+
+    def suspect(self) -> None:
+        """A call was cancelled while its node had not answered: check the map in the background,
+        unless a check is under way."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._watch(), name="cluster-slot-map-watch")
+
+    async def stop(self) -> None:
+        """Cancel a check under way (the client is closing)."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        until = time.monotonic() + WATCH_FOR
+        while True:
+            began = time.monotonic()
+            try:
+                silent, stale = await self._check()
+                if stale:
+                    await self._refresh(silent, stale)
+                    return
+            except Exception as exc:  # a watch never fails a call: the next cancelled call tries again
+                log.debug("Valkey Cluster slot map check failed: %r", exc)
+                return
+            if not silent or time.monotonic() >= until:
+                return
+            await asyncio.sleep(max(0.0, began + INTERVAL - time.monotonic()))
+
+    async def _check(self) -> tuple[list[str], dict[str, str]]:
+        """The nodes that did not answer, and the slots' masters (first slot of a range -> node name)
+        that an answering node sees otherwise than the client's map."""
+        nodes = list(self._nodes.nodes_cache.values())
+        answers = await asyncio.gather(*(_slots(node) for node in nodes))
+        silent = [node.name for node, answer in zip(nodes, answers, strict=True) if answer is None]
+        stale: dict[str, str] = {}
+        for answer in answers:
+            for first, last, host, port in answer or ():
+                master = get_node_name(*self._nodes.remap_host_port(host, port))
+                if self._serves_otherwise(first, last, master):
+                    stale[f"{first}-{last}"] = master
+            if stale:
+                break
+        return silent, stale
+
+    def _serves_otherwise(self, first: int, last: int, name: str) -> bool:
+        cache = self._nodes.slots_cache
+        return any(not cache.get(slot) or cache[slot][0].name != name for slot in range(first, last + 1))
+
+    async def _refresh(self, silent: list[str], stale: dict[str, str]) -> None:
+        async with asyncio.timeout(REFRESH_TIMEOUT):
+            await self._nodes.initialize(last_failed_node_name=silent[0] if silent else None)
+        self.refreshes += 1
+        moved = ", ".join(f"{span} -> {name}" for span, name in stale.items())
+        log.warning(
+            "Valkey Cluster: slot map refreshed from the nodes that answer (silent: %s; now served: %s)",
+            ", ".join(silent) or "none",
+            moved,
+        )
+
+
+async def _slots(node: ClusterNode) -> list[tuple[int, int, str, int]] | None:
+    """`CLUSTER SLOTS` of one node as (first, last, master's host, master's port) ranges; None if it
+    did not answer within `PROBE_TIMEOUT` (or failed)."""
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT):
+            reply = await node.execute_command("CLUSTER SLOTS")
+    except Exception:
+        return None
+    ranges = []
+    for first, last, master, *_ in reply:
+        host = master[0].decode() if isinstance(master[0], bytes) else str(master[0])
+        ranges.append((int(first), int(last), host or node.host, int(master[1])))
+    return ranges
+
+
+class ClusterClient(RedisCluster):
+    """`RedisCluster` whose calls cancelled while their node was silent start a `SlotMapWatch`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slot_map_watch = SlotMapWatch(self.nodes_manager)
+
+    async def execute_command(self, *args: EncodableT, **kwargs: Any) -> Any:
+        began = time.monotonic()
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except asyncio.CancelledError:
+            if time.monotonic() - began >= SILENT_AFTER:
+                self.slot_map_watch.suspect()
+            raise
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # (refused by redis-py)
+        # (redis-py's typing declares an attribute abstract that its own ClusterPipeline sets at run time)
+        return _Pipeline(self, transaction)  # type: ignore[abstract]
+
+    async def aclose(self) -> None:
+        await self.slot_map_watch.stop()
+        await super().aclose()
+
+
+class _Pipeline(ClusterPipeline):
+    """A pipeline of a `ClusterClient`: cancelled while its nodes were silent, it starts the watch."""
+
+    def __init__(self, client: ClusterClient, transaction: Any | None = None) -> None:
+        super().__init__(client, transaction)
+        self._watch = client.slot_map_watch
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
+        began = time.monotonic()
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        except asyncio.CancelledError:
+            if time.monotonic() - began >= SILENT_AFTER:
+                self._watch.suspect()
+            raise
