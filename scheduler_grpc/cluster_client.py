@@ -12,10 +12,13 @@ So a call cancelled after waiting `SILENT_AFTER` for its node (`ClusterClient.ex
 the pipelines' `execute`: the one place every command passes) starts a `SlotMapWatch` in the
 background, one at a time: it asks every known node for `CLUSTER SLOTS` (each bounded by
 `PROBE_TIMEOUT`); when a node that answers names another master for a slot than the client's map,
-the client's map is loaded again (redis-py's `NodesManager.initialize`, the silent nodes asked
-last), and the watch ends; while a node stays silent and the map is unchanged (the cluster has not
-failed over yet) it asks again every `INTERVAL`, for `WATCH_FOR` at most. The hot path never waits
-for it; a refresh is logged once, when it happens.
+the client's map is loaded again (redis-py's `NodesManager.initialize`, a silent node asked last),
+the connections of the silent nodes that serve no slot any more are closed (the calls still waiting
+on them fail with a connection error at once, and redis-py resends them by the new map), and the
+watch ends; while a node stays silent and the map is unchanged (the cluster has not failed over
+yet) it asks again every `INTERVAL`, for `WATCH_FOR` at most. The hot path never waits for it; a
+refresh is logged once, when it happens. The first check starts at the first call that times out:
+roles whose calls wait `SCHEDULER_CONNECT_TIMEOUT` (5 s) notice a silent master that late at best.
 """
 
 from __future__ import annotations
@@ -86,12 +89,12 @@ class SlotMapWatch:
                 return
             await asyncio.sleep(max(0.0, began + INTERVAL - time.monotonic()))
 
-    async def _check(self) -> tuple[list[str], dict[str, str]]:
+    async def _check(self) -> tuple[list[ClusterNode], dict[str, str]]:
         """The nodes that did not answer, and the slots' masters (first slot of a range -> node name)
         that an answering node sees otherwise than the client's map."""
         nodes = list(self._nodes.nodes_cache.values())
         answers = await asyncio.gather(*(_slots(node) for node in nodes))
-        silent = [node.name for node, answer in zip(nodes, answers, strict=True) if answer is None]
+        silent = [node for node, answer in zip(nodes, answers, strict=True) if answer is None]
         stale: dict[str, str] = {}
         for answer in answers:
             for first, last, host, port in answer or ():
@@ -106,15 +109,22 @@ class SlotMapWatch:
         cache = self._nodes.slots_cache
         return any(not cache.get(slot) or cache[slot][0].name != name for slot in range(first, last + 1))
 
-    async def _refresh(self, silent: list[str], stale: dict[str, str]) -> None:
+    async def _refresh(self, silent: list[ClusterNode], stale: dict[str, str]) -> None:
+        """Load the map again; then close the connections of the silent nodes that serve no slot in
+        it: the calls still waiting on them (sent before the new map) would wait out their own
+        timeouts, and closed they fail at once with a connection error, on which redis-py loads the
+        map again and resends them to the slot's master (the queue's scripts that are not
+        idempotent carry a request key: `resend`)."""
         async with asyncio.timeout(REFRESH_TIMEOUT):
-            await self._nodes.initialize(last_failed_node_name=silent[0] if silent else None)
+            await self._nodes.initialize(last_failed_node_name=silent[0].name if silent else None)
+            masters = {nodes[0].name for nodes in self._nodes.slots_cache.values() if nodes}
+            dropped = [node for node in silent if node.name not in masters]
+            await asyncio.gather(*(node.disconnect() for node in dropped), return_exceptions=True)
         self.refreshes += 1
-        moved = ", ".join(f"{span} -> {name}" for span, name in stale.items())
         log.warning(
-            "Valkey Cluster: slot map refreshed from the nodes that answer (silent: %s; now served: %s)",
-            ", ".join(silent) or "none",
-            moved,
+            "Valkey Cluster: slot map refreshed from the nodes that answer (silent, calls resent: %s; now served: %s)",
+            ", ".join(node.name for node in silent) or "none",
+            ", ".join(f"{span} -> {name}" for span, name in stale.items()),
         )
 
 

@@ -7,6 +7,7 @@ The queue's and the leader's own test files also run against this cluster (`CLUS
 
 from __future__ import annotations
 
+import asyncio
 import random
 import string
 import subprocess
@@ -361,10 +362,13 @@ async def test_a_queue_on_a_cut_off_master_works_again_soon_after_its_replica_is
     try:
         queue = Queue(cast(aioredis.Redis, client), "cut", call_timeout=timedelta(seconds=0.5))
         assert await queue.enqueue("before")
+        patient = Queue(cast(aioredis.Redis, client), "cut", call_timeout=timedelta(seconds=60))
         queue_slot = slot(queue.keys.ready)
         master = await valkey.owner(queue_slot)
         valkey.pause(master.port)
         try:
+            # A call sent to the silent master before the new map, waiting far longer than the cut.
+            waiting = asyncio.create_task(patient.enqueue("waiting"))
             await eventually(lambda: valkey.serving(queue_slot, not_by=master.id), within=30, interval=0.05)
             promoted = time.monotonic()
             attempts = 0
@@ -375,16 +379,20 @@ async def test_a_queue_on_a_cut_off_master_works_again_soon_after_its_replica_is
                 try:
                     if call == "script":
                         return await queue.enqueue(f"after-{attempts}")
-                    return (await queue.stats()).ready == 1
+                    return (await queue.stats()).ready >= 1
                 except Unavailable:
                     return False
 
             await eventually(answered, within=5, interval=0.05)
             served_after = time.monotonic() - promoted
+            # ... is resent to the promoted replica, not left waiting for the old master.
+            async with asyncio.timeout(max(0.0, promoted + 5 - time.monotonic())):
+                assert await waiting
         finally:
             valkey.resume(master.port)
         assert served_after < 5
         assert attempts > 1  # the first calls went to the silent master
+        assert (await queue.states(["waiting"]))["waiting"] is not None
     finally:
         await client.aclose()
         valkey.stop()
