@@ -396,3 +396,38 @@ async def test_a_queue_on_a_cut_off_master_works_again_soon_after_its_replica_is
     finally:
         await client.aclose()
         valkey.stop()
+
+
+async def test_the_other_masters_serve_their_slots_while_a_cut_off_master_is_replaced(tmp_path: Path) -> None:
+    """From the cut of one master to its replica's promotion, a key on another master (the leader
+    lock's) stays writable within the leader's renewal bound: the cluster is not down as a whole
+    while one master fails over (a leader would step down on a renewal that gets no answer)."""
+    valkey = ChaosValkeyCluster(tmp_path, node_timeout=timedelta(seconds=2))
+    valkey.start()
+    client = cast(RedisCluster, redis_client(valkey.url))
+    lock = LeaderKeys().lock
+    try:
+        queue_slot = slot(QueueKeys("default").ready)  # 270: not the master of the lock (11280)
+        assert slot(lock) != queue_slot
+        master = await valkey.owner(queue_slot)
+        assert not master.serves(slot(lock))
+        await client.set(lock, "holder")
+        failures: list[str] = []
+        valkey.pause(master.port)
+        try:
+
+            async def replaced() -> bool:
+                try:
+                    async with asyncio.timeout(0.417):  # the leader's renewal bound (TTL 2.5 s)
+                        await client.set(lock, "holder", px=2500)
+                except Exception as exc:
+                    failures.append(repr(exc))
+                return await valkey.serving(queue_slot, not_by=master.id) is not None
+
+            await eventually(replaced, within=30, interval=0.05)
+        finally:
+            valkey.resume(master.port)
+        assert failures == []
+    finally:
+        await client.aclose()
+        valkey.stop()
