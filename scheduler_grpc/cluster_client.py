@@ -8,34 +8,57 @@ rather than a socket timeout (see `connections.redis_client`), and that timeout 
 inside the client, which then sees no error at all. When the cluster promotes the silent master's
 replica, redis-py would go on sending the slot's commands to the old master until it answers again.
 
-So a call cancelled after waiting `SILENT_AFTER` for its node (`ClusterClient.execute_command` and
-the pipelines' `execute`: the one place every command passes) starts a `SlotMapWatch` in the
-background, one at a time: it asks every known node for `CLUSTER SLOTS` (each bounded by
+So a call unanswered after `UNANSWERED_AFTER` (but a blocking command's wait), or cancelled after
+waiting `SILENT_AFTER` for its node (`ClusterClient.execute_command` and the pipelines' `execute`:
+the one place every command passes), starts a `SlotMapWatch` in the background, one at a time and
+`INTERVAL` apart at least: it asks every known node for `CLUSTER SLOTS` (each bounded by
 `PROBE_TIMEOUT`); when a node that answers names another master for a slot than the client's map,
 the client's map is loaded again (redis-py's `NodesManager.initialize`, a silent node asked last),
 the connections of the silent nodes that serve no slot any more are closed (the calls still waiting
 on them fail with a connection error at once, and redis-py resends them by the new map), and the
-watch ends; while a node stays silent and the map is unchanged (the cluster has not failed over
-yet) it asks again every `INTERVAL`, for `WATCH_FOR` at most. The hot path never waits for it; a
-refresh is logged once, when it happens. The first check starts at the first call that times out:
-roles whose calls wait `SCHEDULER_CONNECT_TIMEOUT` (5 s) notice a silent master that late at best.
+watch ends; while a node stays silent and the map is unchanged (the cluster has not failed over yet)
+it asks again every `INTERVAL`, for `WATCH_FOR` at most. The hot path never waits for it; a refresh
+is logged once, when it happens. A role notices a silent master about a second after its first call
+to it, whatever its calls' own timeouts (`SCHEDULER_CONNECT_TIMEOUT`, 5 s, for most).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from typing import Any, Final
+from collections.abc import Awaitable
+from typing import Any, Final, TypeVar
 
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, RedisCluster
 from redis.cluster import get_node_name
 from redis.typing import EncodableT
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SILENT_AFTER: Final = 0.1
 """A call cancelled after waiting this long (seconds) for its node makes the client check its map."""
+UNANSWERED_AFTER: Final = 1.0
+"""A call (not a blocking command) still unanswered after this long (seconds) makes the client check
+its map, whatever its own timeout."""
+_BLOCKING: Final = frozenset(
+    {
+        "BLPOP",
+        "BRPOP",
+        "BLMOVE",
+        "BRPOPLPUSH",
+        "BLMPOP",
+        "BZPOPMIN",
+        "BZPOPMAX",
+        "BZMPOP",
+        "XREAD",
+        "XREADGROUP",
+        "WAIT",
+        "WAITAOF",
+    }
+)
 PROBE_TIMEOUT: Final = 1.0
 """How long (seconds) a node may take to answer `CLUSTER SLOTS` before it counts as silent."""
 INTERVAL: Final = 0.5
@@ -57,14 +80,33 @@ class SlotMapWatch:
     def __init__(self, nodes: NodesManager) -> None:
         self._nodes = nodes
         self._task: asyncio.Task[None] | None = None
+        self._checked_at = -math.inf  # monotonic: when the last check began
+        self.checks = 0
+        """Checks begun: every node asked for its map (for tests)."""
         self.refreshes = 0
         """Slot maps loaded again because a node named another master for a slot (for tests)."""
 
     def suspect(self) -> None:
         """A call was cancelled while its node had not answered: check the map in the background,
-        unless a check is under way."""
+        unless a check is under way or due (checks begin `INTERVAL` apart at least, however many
+        calls are cancelled)."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._watch(), name="cluster-slot-map-watch")
+
+    async def watching(self, call: Awaitable[T], *, blocking: bool) -> T:
+        """`call`, suspecting a silent node when it has waited `UNANSWERED_AFTER` (unless it is a
+        `blocking` command, which waits by design) or is cancelled after `SILENT_AFTER`."""
+        began = time.monotonic()
+        timer = None if blocking else asyncio.get_running_loop().call_later(UNANSWERED_AFTER, self.suspect)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            if time.monotonic() - began >= SILENT_AFTER:
+                self.suspect()
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def stop(self) -> None:
         """Cancel a check under way (the client is closing)."""
@@ -76,7 +118,9 @@ class SlotMapWatch:
     async def _watch(self) -> None:
         until = time.monotonic() + WATCH_FOR
         while True:
-            began = time.monotonic()
+            await asyncio.sleep(max(0.0, self._checked_at + INTERVAL - time.monotonic()))
+            self._checked_at = time.monotonic()
+            self.checks += 1
             try:
                 silent, stale = await self._check()
                 if stale:
@@ -87,7 +131,6 @@ class SlotMapWatch:
                 return
             if not silent or time.monotonic() >= until:
                 return
-            await asyncio.sleep(max(0.0, began + INTERVAL - time.monotonic()))
 
     async def _check(self) -> tuple[list[ClusterNode], dict[str, str]]:
         """The nodes that did not answer, and the slots' masters (first slot of a range -> node name)
@@ -144,20 +187,15 @@ async def _slots(node: ClusterNode) -> list[tuple[int, int, str, int]] | None:
 
 
 class ClusterClient(RedisCluster):
-    """`RedisCluster` whose calls cancelled while their node was silent start a `SlotMapWatch`."""
+    """`RedisCluster` whose calls left unanswered start a `SlotMapWatch` (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.slot_map_watch = SlotMapWatch(self.nodes_manager)
 
     async def execute_command(self, *args: EncodableT, **kwargs: Any) -> Any:
-        began = time.monotonic()
-        try:
-            return await super().execute_command(*args, **kwargs)
-        except asyncio.CancelledError:
-            if time.monotonic() - began >= SILENT_AFTER:
-                self.slot_map_watch.suspect()
-            raise
+        blocking = isinstance(args[0], str) and args[0].upper() in _BLOCKING if args else False
+        return await self.slot_map_watch.watching(super().execute_command(*args, **kwargs), blocking=blocking)
 
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
         if shard_hint:
@@ -171,17 +209,11 @@ class ClusterClient(RedisCluster):
 
 
 class _Pipeline(ClusterPipeline):
-    """A pipeline of a `ClusterClient`: cancelled while its nodes were silent, it starts the watch."""
+    """A pipeline of a `ClusterClient`: left unanswered, it starts the watch."""
 
     def __init__(self, client: ClusterClient, transaction: Any | None = None) -> None:
         super().__init__(client, transaction)
         self._watch = client.slot_map_watch
 
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
-        began = time.monotonic()
-        try:
-            return await super().execute(raise_on_error, allow_redirections)
-        except asyncio.CancelledError:
-            if time.monotonic() - began >= SILENT_AFTER:
-                self._watch.suspect()
-            raise
+        return await self._watch.watching(super().execute(raise_on_error, allow_redirections), blocking=False)

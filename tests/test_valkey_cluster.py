@@ -31,6 +31,7 @@ from chaos.servers import ChaosValkeyCluster
 from scheduler_grpc import config, events, resend, stores
 from scheduler_grpc.auth import Authenticator, Unauthenticated
 from scheduler_grpc.cluster import ClusterView
+from scheduler_grpc.cluster_client import INTERVAL, ClusterClient
 from scheduler_grpc.connections import open_redis, redis_client
 from scheduler_grpc.db.api_keys import ApiKeyRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
@@ -428,6 +429,48 @@ async def test_the_other_masters_serve_their_slots_while_a_cut_off_master_is_rep
         finally:
             valkey.resume(master.port)
         assert failures == []
+    finally:
+        await client.aclose()
+        valkey.stop()
+
+
+async def test_calls_cancelled_in_a_row_check_the_slot_map_at_most_once_per_interval(cluster: RedisCluster) -> None:
+    """Waits cancelled one after the other (a BZPOPMIN the caller gave up on) each suggest a silent
+    node; on a healthy cluster the map is checked, found current and left alone, and the checks
+    begin `INTERVAL` apart at least, however many calls are cancelled."""
+    assert isinstance(cluster, ClusterClient)
+    watch = cluster.slot_map_watch
+    began = time.monotonic()
+    for _ in range(8):
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.15):
+                await cluster.bzpopmin(["{q:idle}:marker"], timeout=5)
+    elapsed = time.monotonic() - began
+    assert 1 <= watch.checks <= 1 + elapsed / INTERVAL
+    assert watch.refreshes == 0
+
+
+async def test_a_lone_call_waiting_on_a_cut_off_master_is_resent_once_its_replica_is_promoted(tmp_path: Path) -> None:
+    """No call timed out (a role whose calls wait longer than the failover, a new leader's first
+    call): the call still waiting on the cut-off master makes the client check its map, and is
+    resent to the promoted replica within seconds of the promotion."""
+    valkey = ChaosValkeyCluster(tmp_path, node_timeout=timedelta(seconds=2))
+    valkey.start()
+    client = cast(RedisCluster, redis_client(valkey.url))
+    try:
+        queue = Queue(cast(aioredis.Redis, client), "cut", call_timeout=timedelta(seconds=60))
+        assert await queue.enqueue("before")
+        queue_slot = slot(queue.keys.ready)
+        master = await valkey.owner(queue_slot)
+        valkey.pause(master.port)
+        try:
+            waiting = asyncio.create_task(queue.enqueue("waiting"))
+            await eventually(lambda: valkey.serving(queue_slot, not_by=master.id), within=30, interval=0.05)
+            async with asyncio.timeout(5):
+                assert await waiting
+        finally:
+            valkey.resume(master.port)
+        assert (await queue.stats()).ready == 2
     finally:
         await client.aclose()
         valkey.stop()
