@@ -12,14 +12,15 @@ So a call unanswered after `UNANSWERED_AFTER` (but a blocking command's wait), o
 waiting `SILENT_AFTER` for its node (`ClusterClient.execute_command` and the pipelines' `execute`:
 the one place every command passes), starts a `SlotMapWatch` in the background, one at a time and
 `INTERVAL` apart at least: it asks every known node for `CLUSTER SLOTS` (each bounded by
-`PROBE_TIMEOUT`); when a node that answers names another master for a slot than the client's map,
-the client's map is loaded again (redis-py's `NodesManager.initialize`, a silent node asked last),
-the connections of the silent nodes that serve no slot any more are closed (the calls still waiting
-on them fail with a connection error at once, and redis-py resends them by the new map), and the
-watch ends; while a node stays silent and the map is unchanged (the cluster has not failed over yet)
-it asks again every `INTERVAL`, for `WATCH_FOR` at most. The hot path never waits for it; a refresh
-is logged once, when it happens. A role notices a silent master about a second after its first call
-to it, whatever its calls' own timeouts (`SCHEDULER_CONNECT_TIMEOUT`, 5 s, for most).
+`PROBE_TIMEOUT`, judged as the answers come); as soon as a node that answers names another master
+for a slot than the client's map, the client's map is loaded again at once (redis-py's
+`NodesManager.initialize`, a silent node asked last), the connections of the silent nodes that serve
+no slot any more are closed (the calls still waiting on them fail with a connection error at once,
+and redis-py resends them by the new map), and the watch ends; while a node stays silent and the map
+is unchanged (the cluster has not failed over yet) it asks again every `INTERVAL`, for `WATCH_FOR`
+at most. The hot path never waits for it; a refresh is logged once, when it happens. A role notices
+a silent master about a second after its first call to it, whatever its calls' own timeouts
+(`SCHEDULER_CONNECT_TIMEOUT`, 5 s, for most).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class SlotMapWatch:
         self._nodes = nodes
         self._task: asyncio.Task[None] | None = None
         self._checked_at = -math.inf  # monotonic: when the last check began
+        self._seen_silent: set[str] = set()  # nodes that let a probe of this watch time out
         self.checks = 0
         """Checks begun: every node asked for its map (for tests)."""
         self.refreshes = 0
@@ -117,6 +119,7 @@ class SlotMapWatch:
 
     async def _watch(self) -> None:
         until = time.monotonic() + WATCH_FOR
+        self._seen_silent = set()
         while True:
             await asyncio.sleep(max(0.0, self._checked_at + INTERVAL - time.monotonic()))
             self._checked_at = time.monotonic()
@@ -133,19 +136,34 @@ class SlotMapWatch:
                 return
 
     async def _check(self) -> tuple[list[ClusterNode], dict[str, str]]:
-        """The nodes that did not answer, and the slots' masters (first slot of a range -> node name)
-        that an answering node sees otherwise than the client's map."""
-        nodes = list(self._nodes.nodes_cache.values())
-        answers = await asyncio.gather(*(_slots(node) for node in nodes))
-        silent = [node for node, answer in zip(nodes, answers, strict=True) if answer is None]
+        """The nodes that have not answered, and the slots' masters (range -> node name) that an
+        answering node sees otherwise than the client's map. Judged as the answers come: once one
+        shows the map stale, the nodes still silent are not waited for."""
+        probes = {asyncio.ensure_future(_slots(node)): node for node in self._nodes.nodes_cache.values()}
+        pending = set(probes)
         stale: dict[str, str] = {}
-        for answer in answers:
-            for first, last, host, port in answer or ():
-                master = get_node_name(*self._nodes.remap_host_port(host, port))
-                if self._serves_otherwise(first, last, master):
-                    stale[f"{first}-{last}"] = master
-            if stale:
-                break
+        try:
+            while pending and not stale:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for probe in done:
+                    for first, last, host, port in probe.result() or ():
+                        master = get_node_name(*self._nodes.remap_host_port(host, port))
+                        if self._serves_otherwise(first, last, master):
+                            stale[f"{first}-{last}"] = master
+            if stale and pending and not any(probes[probe].name in self._seen_silent for probe in pending):
+                # Which of the nodes not answered yet is silent is not known (redis-py must not ask
+                # it first when it loads the map): wait for their probes, each bounded.
+                await asyncio.wait(pending)
+                pending = set()
+        finally:
+            for probe in pending:
+                probe.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        self._seen_silent.update(
+            node.name for probe, node in probes.items() if probe not in pending and probe.result() is None
+        )
+        silent = [node for probe, node in probes.items() if probe in pending or probe.result() is None]
+        silent.sort(key=lambda node: node.name not in self._seen_silent)  # the ones known silent first
         return silent, stale
 
     def _serves_otherwise(self, first: int, last: int, name: str) -> bool:

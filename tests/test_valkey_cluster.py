@@ -392,7 +392,6 @@ async def test_a_queue_on_a_cut_off_master_works_again_soon_after_its_replica_is
         finally:
             valkey.resume(master.port)
         assert served_after < 5
-        assert attempts > 1  # the first calls went to the silent master
         assert (await queue.states(["waiting"]))["waiting"] is not None
     finally:
         await client.aclose()
