@@ -18,6 +18,7 @@ from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer
 
 from scheduler_grpc import stores
+from scheduler_grpc.cluster_client import ClusterClient
 from scheduler_grpc.config import ClusterUrl, Settings, cluster_url
 from scheduler_grpc.db.migrate import migrate
 from scheduler_grpc.db.pool import Pool, create_pool
@@ -74,7 +75,9 @@ def redis_client(url: str, connect_timeout: timedelta = timedelta(seconds=5)) ->
 
 
 def _cluster_client(cluster: ClusterUrl, connect_timeout: timedelta) -> RedisCluster:
-    return RedisCluster(
+    """A `ClusterClient`: it checks its slot map when a call times out on a silent node, as the
+    roles' own call timeouts keep redis-py from seeing the error it would refresh the map on."""
+    return ClusterClient(
         startup_nodes=[ClusterNode(host, port) for host, port in cluster.seeds],
         ssl=cluster.tls,
         username=cluster.username,

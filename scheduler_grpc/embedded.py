@@ -139,6 +139,10 @@ class EmbeddedRedis:
                 "--cluster-node-timeout", str(int(self.cluster_node_timeout.total_seconds() * 1000)),
                 # A replica's full sync starts at once, not after the default 5 s wait for others.
                 "--repl-diskless-sync-delay", "0",
+                # The other masters serve their slots while one is failing over (with the default
+                # `yes` every node answers CLUSTERDOWN until the replica is promoted: see the
+                # architecture's Valkey Cluster paragraph).
+                "--cluster-require-full-coverage", "no",
             ]  # fmt: skip
         process = subprocess.Popen(
             die_with_parent(signal.SIGTERM, args),

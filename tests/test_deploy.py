@@ -236,6 +236,7 @@ def test_the_cluster_profile_forms_a_cluster_and_points_every_role_at_it(compose
     for name, node in nodes.items():
         command = " ".join(node["command"])
         assert "--cluster-enabled yes" in command, name
+        assert "--cluster-require-full-coverage no" in command, name  # the others serve during a failover
         assert "--appendonly yes" in command, name
         assert "noeviction" in command, name
         assert {(v["type"], v["target"]) for v in node["volumes"]} == {("volume", "/data")}, name

@@ -7,6 +7,7 @@ The queue's and the leader's own test files also run against this cluster (`CLUS
 
 from __future__ import annotations
 
+import asyncio
 import random
 import string
 import subprocess
@@ -26,18 +27,21 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.cluster import key_slot
 from redis.exceptions import RedisClusterException, ResponseError
 
+from chaos.servers import ChaosValkeyCluster
 from scheduler_grpc import config, events, resend, stores
 from scheduler_grpc.auth import Authenticator, Unauthenticated
 from scheduler_grpc.cluster import ClusterView
+from scheduler_grpc.cluster_client import INTERVAL, ClusterClient
 from scheduler_grpc.connections import open_redis, redis_client
 from scheduler_grpc.db.api_keys import ApiKeyRepository
 from scheduler_grpc.db.leadership import LeadershipRepository
 from scheduler_grpc.db.users import UserRepository
-from scheduler_grpc.errors import ConfigError
+from scheduler_grpc.errors import ConfigError, Unavailable
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.keys import AuthKeys, DepthKeys, EventKeys, LeaderKeys, QueueKeys, WorkerKeys
 from scheduler_grpc.queue import Queue, _Op
 from scheduler_grpc.scripts import LUA_DIR
+from tests.engine_helpers import eventually
 from tests.test_engine_processes import process_alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -342,3 +346,130 @@ async def test_the_electors_are_counted_on_every_node(cluster: RedisCluster, poo
     finally:
         for subscription in subscriptions:
             await subscription.aclose()
+
+
+@pytest.mark.parametrize("call", ["script", "transaction"])
+async def test_a_queue_on_a_cut_off_master_works_again_soon_after_its_replica_is_promoted(
+    tmp_path: Path, call: str
+) -> None:
+    """A master that accepts connections but never answers (SIGSTOP: cut off from everyone) gives
+    the client neither an error nor a MOVED: every call to it is cancelled by the caller's own
+    timeout. Its replica is promoted after the cluster's node timeout; the queue must work again
+    within seconds of that, long before the old master answers again, whether the calls that met
+    the silence were scripts (EVALSHA) or a pipeline (a MULTI/EXEC transaction)."""
+    valkey = ChaosValkeyCluster(tmp_path, node_timeout=timedelta(seconds=2))
+    valkey.start()
+    client = cast(RedisCluster, redis_client(valkey.url))
+    try:
+        queue = Queue(cast(aioredis.Redis, client), "cut", call_timeout=timedelta(seconds=0.5))
+        assert await queue.enqueue("before")
+        patient = Queue(cast(aioredis.Redis, client), "cut", call_timeout=timedelta(seconds=60))
+        queue_slot = slot(queue.keys.ready)
+        master = await valkey.owner(queue_slot)
+        valkey.pause(master.port)
+        try:
+            # A call sent to the silent master before the new map, waiting far longer than the cut.
+            waiting = asyncio.create_task(patient.enqueue("waiting"))
+            await eventually(lambda: valkey.serving(queue_slot, not_by=master.id), within=30, interval=0.05)
+            promoted = time.monotonic()
+            attempts = 0
+
+            async def answered() -> bool:
+                nonlocal attempts
+                attempts += 1
+                try:
+                    if call == "script":
+                        return await queue.enqueue(f"after-{attempts}")
+                    return (await queue.stats()).ready >= 1
+                except Unavailable:
+                    return False
+
+            await eventually(answered, within=5, interval=0.05)
+            served_after = time.monotonic() - promoted
+            # ... is resent to the promoted replica, not left waiting for the old master.
+            async with asyncio.timeout(max(0.0, promoted + 5 - time.monotonic())):
+                assert await waiting
+        finally:
+            valkey.resume(master.port)
+        assert served_after < 5
+        assert (await queue.states(["waiting"]))["waiting"] is not None
+    finally:
+        await client.aclose()
+        valkey.stop()
+
+
+async def test_the_other_masters_serve_their_slots_while_a_cut_off_master_is_replaced(tmp_path: Path) -> None:
+    """From the cut of one master to its replica's promotion, a key on another master (the leader
+    lock's) stays writable within the leader's renewal bound: the cluster is not down as a whole
+    while one master fails over (a leader would step down on a renewal that gets no answer)."""
+    valkey = ChaosValkeyCluster(tmp_path, node_timeout=timedelta(seconds=2))
+    valkey.start()
+    client = cast(RedisCluster, redis_client(valkey.url))
+    lock = LeaderKeys().lock
+    try:
+        queue_slot = slot(QueueKeys("default").ready)  # 270: not the master of the lock (11280)
+        assert slot(lock) != queue_slot
+        master = await valkey.owner(queue_slot)
+        assert not master.serves(slot(lock))
+        await client.set(lock, "holder")
+        failures: list[str] = []
+        valkey.pause(master.port)
+        try:
+
+            async def replaced() -> bool:
+                try:
+                    async with asyncio.timeout(0.417):  # the leader's renewal bound (TTL 2.5 s)
+                        await client.set(lock, "holder", px=2500)
+                except Exception as exc:
+                    failures.append(repr(exc))
+                return await valkey.serving(queue_slot, not_by=master.id) is not None
+
+            await eventually(replaced, within=30, interval=0.05)
+        finally:
+            valkey.resume(master.port)
+        assert failures == []
+    finally:
+        await client.aclose()
+        valkey.stop()
+
+
+async def test_calls_cancelled_in_a_row_check_the_slot_map_at_most_once_per_interval(cluster: RedisCluster) -> None:
+    """Waits cancelled one after the other (a BZPOPMIN the caller gave up on) each suggest a silent
+    node; on a healthy cluster the map is checked, found current and left alone, and the checks
+    begin `INTERVAL` apart at least, however many calls are cancelled."""
+    assert isinstance(cluster, ClusterClient)
+    watch = cluster.slot_map_watch
+    began = time.monotonic()
+    for _ in range(8):
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.15):
+                await cluster.bzpopmin(["{q:idle}:marker"], timeout=5)
+    elapsed = time.monotonic() - began
+    assert 1 <= watch.checks <= 1 + elapsed / INTERVAL
+    assert watch.refreshes == 0
+
+
+async def test_a_lone_call_waiting_on_a_cut_off_master_is_resent_once_its_replica_is_promoted(tmp_path: Path) -> None:
+    """No call timed out (a role whose calls wait longer than the failover, a new leader's first
+    call): the call still waiting on the cut-off master makes the client check its map, and is
+    resent to the promoted replica within seconds of the promotion."""
+    valkey = ChaosValkeyCluster(tmp_path, node_timeout=timedelta(seconds=2))
+    valkey.start()
+    client = cast(RedisCluster, redis_client(valkey.url))
+    try:
+        queue = Queue(cast(aioredis.Redis, client), "cut", call_timeout=timedelta(seconds=60))
+        assert await queue.enqueue("before")
+        queue_slot = slot(queue.keys.ready)
+        master = await valkey.owner(queue_slot)
+        valkey.pause(master.port)
+        try:
+            waiting = asyncio.create_task(queue.enqueue("waiting"))
+            await eventually(lambda: valkey.serving(queue_slot, not_by=master.id), within=30, interval=0.05)
+            async with asyncio.timeout(5):
+                assert await waiting
+        finally:
+            valkey.resume(master.port)
+        assert (await queue.stats()).ready == 2
+    finally:
+        await client.aclose()
+        valkey.stop()
