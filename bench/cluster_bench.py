@@ -50,10 +50,7 @@ import os
 import signal
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -68,7 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from benchlib import servers  # noqa: E402
+from benchlib import servers, valkey_cluster  # noqa: E402
 from floors import postgres_pid, proc_cpu_seconds, tree_cpu_seconds, valkey_pid  # noqa: E402
 
 from scheduler_grpc.config import cluster_url  # noqa: E402
@@ -80,7 +77,6 @@ from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
 from scheduler_grpc.db.queue_shards import QueueShardRepository  # noqa: E402
 from scheduler_grpc.dispatch import Queues, enqueue_runs  # noqa: E402
-from scheduler_grpc.embedded import EmbeddedValkeyCluster  # noqa: E402
 from scheduler_grpc.executions import Trigger  # noqa: E402
 from scheduler_grpc.handlers import HandlerSettings, default_registry  # noqa: E402
 from scheduler_grpc.jobs import JobSpec, RetryPolicy  # noqa: E402
@@ -352,22 +348,9 @@ async def main(args: argparse.Namespace, one_url: str, database_url: str, cluste
         figures["sharded_not_exactly_once"] = sum(d.duplicates + d.missing for d in sharded)
         return figures
     finally:
+        # The shared PostgreSQL of `make bench`: the next measurements' queue is unsharded again.
+        await pool.execute("TRUNCATE job_executions, jobs, queue_shards CASCADE")
         await pool.close()
-
-
-@contextmanager
-def valkey_cluster(replicas: int) -> Iterator[str]:
-    """BENCH_CLUSTER_URL, or an embedded cluster of 3 masters with `replicas` replicas each."""
-    if url := os.environ.get("BENCH_CLUSTER_URL"):
-        yield url
-        return
-    (ROOT / ".data").mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="bench-cluster-", dir=ROOT / ".data") as tmp:
-        embedded = EmbeddedValkeyCluster(Path(tmp), replicas=replicas)
-        try:
-            yield embedded.start()
-        finally:
-            embedded.stop()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
