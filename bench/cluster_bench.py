@@ -31,8 +31,9 @@ while the workers drain; it closes when PostgreSQL records every run succeeded.
 
 Per configuration the median over rounds of executions/s and of CPU per execution, the median
 split by process (worker, Valkey masters, Valkey replicas, PostgreSQL), and each process's share of
-a core during the drain (`*_core`: per worker, the busiest master, PostgreSQL), so where a next
-machine would help is read off the busiest; and, before the drains, each deployment's Valkey CPU
+a core during the drain (`*_core`: per worker, the busiest master, PostgreSQL) and the rate each
+would carry at a whole core (`*_ceiling_per_s`: the drain's rate per process over that share), so
+where a next machine would help first is the lowest ceiling; and, before the drains, each deployment's Valkey CPU
 at rest over `--idle` seconds (a cluster's nodes gossip on their bus: a cost per second that a slow
 drain spreads over fewer executions). On one shared 2-core machine the cluster cannot be faster
 than one server (its six Valkey processes and the workers share the same cores); the figure that
@@ -51,6 +52,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -123,9 +125,16 @@ class Drained:
     missing: int
     left_in_redis: int
 
+    workers: int = 1
+
     @property
     def cpu_us(self) -> float:
         return self.worker_cpu_us + self.master_cpu_us + self.replica_cpu_us + self.postgres_cpu_us
+
+    def ceiling(self, core: float, processes: int = 1) -> float | None:
+        """Executions/s one process would carry at a whole core: this drain's rate per process over
+        the share of a core it used (where a next machine helps first is the lowest)."""
+        return self.executions_per_s / processes / core if core > 0 else None
 
 
 @dataclass
@@ -275,6 +284,7 @@ async def drain(
             duplicates=int(check["duplicates"]),
             missing=int(check["missing"]) + args.runs - int(check["runs"]),
             left_in_redis=left,
+            workers=config.workers,
         )
     finally:
         for worker in workers:
@@ -302,8 +312,16 @@ def summary(name: str, drains: list[Drained]) -> dict[str, Any]:
         "per_shard": drains[-1].per_shard,
         "duplicates": sum(d.duplicates for d in drains), "missing": sum(d.missing for d in drains),
         "left_in_redis": sum(d.left_in_redis for d in drains),
+        "worker_ceiling_per_s": _median_known(d.ceiling(d.worker_core, d.workers) for d in drains),
+        "busiest_master_ceiling_per_s": _median_known(d.ceiling(d.busiest_master_core) for d in drains),
+        "postgres_ceiling_per_s": _median_known(d.ceiling(d.postgres_core) for d in drains),
     }  # fmt: skip
     return {f"{name}_{key}": value for key, value in figures.items()}
+
+
+def _median_known(values: Iterable[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return float(statistics.median(known)) if known else None
 
 
 async def main(args: argparse.Namespace, one_url: str, database_url: str, cluster: str) -> dict[str, Any]:

@@ -873,13 +873,17 @@ def notes(results: dict[str, Any]) -> list[str]:
         out.append(f"cluster: {cluster.get('runs')} runs per drain, {cluster.get('rounds')} round(s); "
                    f"{cluster.get('sharded_runs_verified')} sharded runs checked in PostgreSQL, duplicates "
                    f"{cluster.get('cluster1_duplicates', 0) + cluster.get('cluster3_duplicates', 0)}, missing "
-                   f"{cluster.get('cluster1_missing', 0) + cluster.get('cluster3_missing', 0)}; runs per shard "
+                   f"{cluster.get('cluster1_missing', 0) + cluster.get('cluster3_missing', 0)}; shards on "
+                   f"{cluster.get('cluster_shard_masters')} masters, runs per shard "
                    f"{cluster.get('cluster3_per_shard')}; idle Valkey CPU: one "
                    f"{100 * (cluster.get('one_idle_valkey_core') or 0):.1f} %, cluster "
                    f"{100 * (cluster.get('cluster_idle_valkey_core') or 0):.1f} % of a core; 3 workers on the "
                    f"cluster: each worker {100 * (cluster.get('cluster3_worker_core') or 0):.0f} %, busiest master "
                    f"{100 * (cluster.get('cluster3_busiest_master_core') or 0):.0f} %, PostgreSQL "
-                   f"{100 * (cluster.get('cluster3_postgres_core') or 0):.0f} % of a core")  # fmt: skip
+                   f"{100 * (cluster.get('cluster3_postgres_core') or 0):.0f} % of a core; at a whole core "
+                   f"would carry: a worker process {cluster.get('cluster3_worker_ceiling_per_s') or 0:,.0f}/s, the "
+                   f"busiest master {cluster.get('cluster3_busiest_master_ceiling_per_s') or 0:,.0f}/s, PostgreSQL "
+                   f"{cluster.get('cluster3_postgres_ceiling_per_s') or 0:,.0f}/s per core")  # fmt: skip
     if drain := figures.get("drain"):
         out.append(f"drain: {drain.get('runs')} runs in {drain.get('drain_seconds', float('nan')):.1f} s")
     return out
