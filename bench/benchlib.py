@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scheduler_grpc.embedded import ServerUrls, embedded_servers  # noqa: E402
+from scheduler_grpc.embedded import EmbeddedValkeyCluster, ServerUrls, embedded_servers  # noqa: E402
 
 
 @contextmanager
@@ -29,3 +30,19 @@ def servers(data: Path | None = None) -> Iterator[ServerUrls]:
         throwaway=True,
     ) as urls:
         yield urls
+
+
+@contextmanager
+def valkey_cluster(replicas: int = 1) -> Iterator[str]:
+    """The `redis+cluster://` URL of BENCH_CLUSTER_URL (a cluster the bench may flush), or of a
+    throwaway embedded cluster of 3 masters with `replicas` replicas each under `.data/`."""
+    if url := os.environ.get("BENCH_CLUSTER_URL"):
+        yield url
+        return
+    (ROOT / ".data").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-", dir=ROOT / ".data") as tmp:
+        embedded = EmbeddedValkeyCluster(Path(tmp), replicas=replicas)
+        try:
+            yield embedded.start()
+        finally:
+            embedded.stop()

@@ -11,7 +11,9 @@ inserted with COPY. Three modes:
 * steady (default): `--jobs` per-second cron jobs (`* * * * * *`), all with the same first slot,
   for `--seconds`, with `--schedulers` scheduler and `--workers` worker processes (default
   settings); with `--shipped`, `scheduler-grpc up --schedulers N --workers M` starts them beside
-  a server role, the topology `make run` starts (its defaults: 2 schedulers, 3 workers).
+  a server role, the topology `make run` starts (its defaults: 2 schedulers, 3 workers); with
+  `--cluster`, on a Valkey Cluster of 3 masters and 3 replicas (embedded, or BENCH_CLUSTER_URL)
+  instead of REDIS_URL, and with `--shards N` the queue `default` has N shards (issue 24).
   Lateness of every slot in the window, attempt 1 of trigger `schedule`: start (`started_at -
   scheduled_for`, the figure of issue 11) and fire (`created_at - scheduled_for`:
   the row was recorded by the leader's fire statement) as p50 / p99 / max, plus the slots fired
@@ -51,13 +53,14 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import servers  # noqa: E402
+from benchlib import servers, valkey_cluster  # noqa: E402
 from floors import tree_cpu_seconds  # noqa: E402
 
 from scheduler_grpc.connections import redis_client  # noqa: E402
 from scheduler_grpc.db.leadership import LeadershipRepository  # noqa: E402
 from scheduler_grpc.db.migrate import migrate  # noqa: E402
 from scheduler_grpc.db.pool import create_pool  # noqa: E402
+from scheduler_grpc.db.queue_shards import QueueShardRepository  # noqa: E402
 from scheduler_grpc.keys import WorkerKeys  # noqa: E402
 from scheduler_grpc.leader import LeaderElector, Term  # noqa: E402
 from scheduler_grpc.scheduler import LeaderLoops, LoopSettings  # noqa: E402
@@ -113,9 +116,11 @@ def line(label: str, figures: dict[str, float]) -> str:
             f"   max {figures['max_ms']:8.1f} ms   (n={figures['n']})")  # fmt: skip
 
 
-async def fresh(pool: asyncpg.Pool, redis_url: str) -> None:
+async def fresh(pool: asyncpg.Pool, redis_url: str, shards: int = 1) -> None:
     await migrate(pool)
-    await pool.execute("TRUNCATE job_executions, jobs, leader_state CASCADE")
+    await pool.execute("TRUNCATE job_executions, jobs, leader_state, queue_shards CASCADE")
+    if shards > 1:  # for every run made from now on (lead 0): the roles start after it
+        await QueueShardRepository(pool).set_shards("default", shards, lead=timedelta(0))
     redis = redis_client(redis_url)
     try:
         await redis.flushdb()
@@ -257,7 +262,8 @@ async def steady(args: argparse.Namespace, pool: asyncpg.Pool, procs: Processes,
     cpu = {role: round((cpu_after[role] - cpu_before[role]) / slots * 1e6, 1) for role in cpu_before}
     result = {
         "mode": "steady", "jobs": args.jobs, "seconds": args.seconds, "schedulers": args.schedulers,
-        "workers": args.workers, "shipped": args.shipped, "slots_expected": expected, "slots_fired": len(fired),
+        "workers": args.workers, "shipped": args.shipped, "cluster": args.cluster, "shards": args.shards,
+        "slots_expected": expected, "slots_fired": len(fired),
         "slots_started": len(started_l), "start": percentiles(started_l), "fire": percentiles(fired),
         "cpu_us_per_slot": cpu,
     }  # fmt: skip
@@ -400,7 +406,7 @@ async def _timed_scans(args: argparse.Namespace, pool: asyncpg.Pool, redis: Any)
 async def main(args: argparse.Namespace, redis_url: str, database_url: str, log_dir: Path) -> dict[str, Any]:
     pool = await create_pool(database_url, size=4, connect_timeout=timedelta(seconds=5))
     try:
-        await fresh(pool, redis_url)
+        await fresh(pool, redis_url, args.shards)
         if args.scan_tick:
             return await scan_tick(args, pool, redis_url)
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
@@ -426,6 +432,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="worker processes [2]")
     parser.add_argument("--shipped", action="store_true",
                         help="steady mode: roles from `scheduler-grpc up` (a server too), as `make run`")  # fmt: skip
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="Redis: a Valkey Cluster of 3 masters and 3 replicas (embedded, or BENCH_CLUSTER_URL)",
+    )
+    parser.add_argument("--shards", type=int, default=1, help="shards of the queue `default` [1]")
     parser.add_argument("--drain", type=float, default=60.0, help="longest wait for the window's slots to start [60]")
     parser.add_argument("--burst", type=int, default=0, help="burst mode: this many jobs due in the same second")
     parser.add_argument("--kind", choices=["once", "cron"], default="once", help="burst mode: job kind [once]")
@@ -449,8 +461,9 @@ if __name__ == "__main__":
     with (
         tempfile.TemporaryDirectory() as tmp,
         servers() as urls,
+        valkey_cluster() if arguments.cluster else contextlib.nullcontext(urls.redis_url) as redis_url,
     ):
         logs = Path(os.environ.get("BENCH_LOG_DIR") or tmp)
         logs.mkdir(parents=True, exist_ok=True)
-        outcome = uvloop.run(main(arguments, urls.redis_url, urls.database_url, logs))
+        outcome = uvloop.run(main(arguments, redis_url, urls.database_url, logs))
     print(json.dumps(outcome, sort_keys=True))

@@ -166,6 +166,16 @@ MEASUREMENTS = (
         "the same 1,000 per-second cron jobs on `make run`'s topology (`scheduler-grpc up`: a server, "
         "2 schedulers, 3 workers of 10 slots)",
     ),
+    # Issue 24: the same on a 3-master Valkey Cluster (3 replicas) with the queue in 3 shards.
+    Measurement(
+        "lateness-cluster",
+        "lateness_bench.py",
+        ("--jobs", "1000", "--seconds", "60", "--cluster", "--shards", "3"),
+        ("--jobs", "50", "--seconds", "5", "--cluster", "--shards", "3"),
+        300,
+        "the same 1,000 per-second cron jobs (2 schedulers, 2 workers) on a 3-master, 3-replica Valkey Cluster "
+        "with the queue in 3 shards",
+    ),
     Measurement(
         "burst-200",
         "lateness_bench.py",
@@ -228,6 +238,17 @@ MEASUREMENTS = (
         "never blocks, alternated five times; the median of each, in executions/s and in CPU per execution "
         "(worker, Valkey and PostgreSQL together)",
     ),
+    # Issue 24: the drain on a 3-master Valkey Cluster with a 3-shard queue beside one server.
+    Measurement(
+        "cluster",
+        "cluster_bench.py",
+        ("--runs", "50000", "--rounds", "3"),
+        ("--runs", "2000", "--rounds", "1", "--idle", "2"),
+        1800,
+        "50,000 test.echo runs drained on one Valkey (unsharded queue) and on a 3-master, 3-replica Valkey Cluster "
+        "(3-shard queue), by 1 and by 3 workers of 200 slots; the four alternated three times, the median of each; "
+        "every sharded drain checked exactly-once in PostgreSQL",
+    ),
     Measurement(
         "idle",
         "idle_bench.py",
@@ -259,14 +280,14 @@ def lateness_figures(results: dict[str, Any]) -> None:
     """
     flat: dict[str, Any] = {}
     errors: list[str] = []
-    for name in ("lateness", "burst", "scan-tick", "lateness-200", "burst-200", "lateness-shipped"):
+    for name in ("lateness", "burst", "scan-tick", "lateness-200", "burst-200", "lateness-shipped", "lateness-cluster"):
         result = results.get(name)
         if result is None:
             continue
         if result.get("error"):
             errors.append(f"{name}: {result['error']}")
         raw = result.get("figures", {})
-        suffix = "_200" if name.endswith("-200") else "_shipped" if name.endswith("-shipped") else ""
+        suffix = {"-200": "_200", "-shipped": "_shipped", "-cluster": "_cluster"}.get(name[name.rfind("-") :], "")
         if suffix and raw.get("mode") in ("steady", "burst"):
             figures: dict[str, Any] = {}
             _flatten(raw, figures)
@@ -544,6 +565,14 @@ ROWS = (
         "1,000 timers/s p99",
     ),
     Row(
+        "lateness p99 on the Valkey Cluster (3-shard queue, 1,000 per-second cron)",
+        ("lateness", "lateness_p99_ms_cluster"),
+        "ms",
+        ("<", 50),
+        floor_of("lateness", "lateness_p99_ms"),
+        "the same on one Valkey",
+    ),
+    Row(
         "scan tick, 1,000 definitions (100 due)",
         ("lateness", "scan_tick_1k_ms"),
         "ms",
@@ -632,6 +661,62 @@ ROWS = (
         "the same drain, no limit",
     ),
     Row(
+        "one Valkey, 1 worker: executions/s (50,000 runs, median of 3)",
+        ("cluster", "one_executions_per_s"),
+        "/s",
+    ),
+    Row(
+        "one Valkey, 1 worker: CPU per execution (worker, Valkey, PostgreSQL)",
+        ("cluster", "one_cpu_us"),
+        "µs",
+    ),
+    Row(
+        "Valkey Cluster (3 masters, 3-shard queue), 1 worker: executions/s",
+        ("cluster", "cluster1_executions_per_s"),
+        "/s",
+        None,  # one machine: the cluster's six Valkey processes share its cores with the rest
+        floor_of("cluster", "one_executions_per_s"),
+        "one Valkey, 1 worker",
+    ),
+    Row(
+        "Valkey Cluster, 1 worker: CPU per execution (worker, 6 Valkey, PostgreSQL)",
+        ("cluster", "cluster1_cpu_us"),
+        "µs",
+        ("ratio≤", 1.5),  # 1.2x the cluster and shards, 0.3x the replicas (docs/performance.md)
+        floor_of("cluster", "one_cpu_us"),
+        "one Valkey, 1 worker",
+    ),
+    Row(
+        "Valkey Cluster, 3 workers: executions/s",
+        ("cluster", "cluster3_executions_per_s"),
+        "/s",
+        None,
+        floor_of("cluster", "one_executions_per_s"),
+        "one Valkey, 1 worker",
+    ),
+    Row(
+        "one Valkey, 3 workers: CPU per execution",
+        ("cluster", "one3_cpu_us"),
+        "µs",
+        None,  # what three workers cost against one, without the cluster
+        floor_of("cluster", "one_cpu_us"),
+        "one Valkey, 1 worker",
+    ),
+    Row(
+        "Valkey Cluster, 3 workers: CPU per execution",
+        ("cluster", "cluster3_cpu_us"),
+        "µs",
+        ("ratio≤", 1.5),  # 1.2x the cluster and shards, 0.3x the replicas (docs/performance.md)
+        floor_of("cluster", "one3_cpu_us"),
+        "one Valkey, 3 workers",
+    ),
+    Row(
+        "sharded drains: runs not succeeded exactly once",
+        ("cluster", "sharded_not_exactly_once"),
+        "",
+        ("≤", 0),
+    ),
+    Row(
         "idle worker CPU (60 s)",
         ("idle", "worker_idle_pct"),
         "% core",
@@ -667,6 +752,8 @@ Floors (measured in the same run, on the same servers, right before or beside th
   no-op gRPC fan-out   a no-op grpc.aio server pushing as many tiny messages to as many streams (same client code)
   bare uvloop process  a Python process whose loop wakes every 100 ms and does nothing
   failover             no floor: the time includes the wait for the next whole-second slot (0-1 s)
+  one Valkey, N workers  cluster rows (issue 24): the same drain in the same run on the one Valkey, queue unsharded,
+                       as many workers; alternated with the cluster's, the median of each
   no limit / alone     limits (issue 22): the same work in the same run without the limit, or without the noisy key
 ratio = value ÷ floor (for µs, %, ms and s lower is better; for /s higher is better)."""
 
@@ -782,6 +869,21 @@ def notes(results: dict[str, Any]) -> list[str]:
         ratios = ", ".join(f"{r.get('remote_ratio', float('nan')):.2f}" for r in rounds if isinstance(r, dict))
         out.append(f"remote: {remote.get('runs')} runs per drain, {len(rounds)} round(s), remote ÷ in-process by"
                    f" round: {ratios or '—'}")  # fmt: skip
+    if cluster := figures.get("cluster"):
+        out.append(f"cluster: {cluster.get('runs')} runs per drain, {cluster.get('rounds')} round(s); "
+                   f"{cluster.get('sharded_runs_verified')} sharded runs checked in PostgreSQL, duplicates "
+                   f"{cluster.get('cluster1_duplicates', 0) + cluster.get('cluster3_duplicates', 0)}, missing "
+                   f"{cluster.get('cluster1_missing', 0) + cluster.get('cluster3_missing', 0)}; shards on "
+                   f"{cluster.get('cluster_shard_masters')} masters, runs per shard "
+                   f"{cluster.get('cluster3_per_shard')}; idle Valkey CPU: one "
+                   f"{100 * (cluster.get('one_idle_valkey_core') or 0):.1f} %, cluster "
+                   f"{100 * (cluster.get('cluster_idle_valkey_core') or 0):.1f} % of a core; 3 workers on the "
+                   f"cluster: each worker {100 * (cluster.get('cluster3_worker_core') or 0):.0f} %, busiest master "
+                   f"{100 * (cluster.get('cluster3_busiest_master_core') or 0):.0f} %, PostgreSQL "
+                   f"{100 * (cluster.get('cluster3_postgres_core') or 0):.0f} % of a core; at a whole core "
+                   f"would carry: a worker process {cluster.get('cluster3_worker_ceiling_per_s') or 0:,.0f}/s, the "
+                   f"busiest master {cluster.get('cluster3_busiest_master_ceiling_per_s') or 0:,.0f}/s, PostgreSQL "
+                   f"{cluster.get('cluster3_postgres_ceiling_per_s') or 0:,.0f}/s per core")  # fmt: skip
     if drain := figures.get("drain"):
         out.append(f"drain: {drain.get('runs')} runs in {drain.get('drain_seconds', float('nan')):.1f} s")
     return out

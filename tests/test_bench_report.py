@@ -183,3 +183,44 @@ def test_the_remote_drain_row_is_judged_on_its_ratio_to_the_in_process_drain(har
     figures["remote_executions_per_s"] = 4400.0
     assert by_figure(harness.build_rows(results))[drain["figure"]]["result"] == "pass"
     assert "remote: 20000 runs per drain, 1 round(s), remote ÷ in-process by round: 0.38" in harness.notes(results)
+
+
+def test_cluster_rows_judge_cpu_per_execution_against_one_valkey_and_exactly_once(harness: ModuleType) -> None:
+    figures = {"one_executions_per_s": 6000.0, "one_cpu_us": 200.0, "cluster1_executions_per_s": 4000.0,
+               "cluster1_cpu_us": 320.0, "one3_cpu_us": 250.0, "cluster3_executions_per_s": 4500.0,
+               "cluster3_cpu_us": 350.0, "sharded_not_exactly_once": 0, "sharded_runs_verified": 600000,
+               "cluster1_duplicates": 0, "cluster3_duplicates": 0, "cluster1_missing": 0, "cluster3_missing": 0,
+               "runs": 50000, "rounds": 3, "cluster3_per_shard": [16600, 16700, 16700]}  # fmt: skip
+    results = {"cluster": {"figures": figures, "error": ""}}
+    rows = by_figure(harness.build_rows(results))
+    one_worker = rows["Valkey Cluster, 1 worker: CPU per execution (worker, 6 Valkey, PostgreSQL)"]
+    assert one_worker["ratio"] == pytest.approx(1.6)
+    assert one_worker["result"] == "MISS"  # over 1.5x one Valkey's CPU per execution
+    three = rows["Valkey Cluster, 3 workers: CPU per execution"]
+    assert three["floor"] == pytest.approx(250)  # against one Valkey with as many workers
+    assert three["result"] == "pass"
+    speed = rows["Valkey Cluster (3 masters, 3-shard queue), 1 worker: executions/s"]
+    assert speed["floor"] == pytest.approx(6000)
+    assert speed["result"] == ""  # no target on speed: one machine
+    assert rows["sharded drains: runs not succeeded exactly once"]["result"] == "pass"
+    figures["sharded_not_exactly_once"] = 1
+    assert by_figure(harness.build_rows(results))["sharded drains: runs not succeeded exactly once"]["result"] == "MISS"
+    assert any(note.startswith("cluster: 50000 runs per drain, 3 round(s); 600000 sharded runs checked")
+               for note in harness.notes(results))  # fmt: skip
+
+
+def test_the_cluster_lateness_run_gives_its_own_rows_beside_the_one_valkey_run(harness: ModuleType) -> None:
+    def steady(start_p99: float, fire_p99: float) -> dict[str, object]:
+        return {"mode": "steady", "start": {"p50_ms": 5.0, "p99_ms": start_p99, "max_ms": 90.0},
+                "fire": {"p50_ms": 1.0, "p99_ms": fire_p99}, "slots_expected": 100, "slots_started": 100}  # fmt: skip
+
+    results: dict[str, object] = {
+        "lateness": {"figures": steady(20.0, 4.0), "error": ""},
+        "lateness-cluster": {"figures": steady(60.0, 12.0), "error": ""},
+    }
+    harness.lateness_figures(results)
+    rows = by_figure(harness.build_rows(results))
+    assert results["lateness"]["figures"]["fire_p99_ms_cluster"] == 12.0  # type: ignore[index]
+    start = rows["lateness p99 on the Valkey Cluster (3-shard queue, 1,000 per-second cron)"]
+    assert (start["value"], start["floor"], start["result"]) == (60.0, 20.0, "MISS")
+    assert rows["lateness p99"]["value"] == 20.0  # the one-Valkey row keeps its own figure
