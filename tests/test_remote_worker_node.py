@@ -286,6 +286,12 @@ async def test_a_cancel_aborts_the_unary_node_handlers_signal_within_a_second(de
     (run_id,) = await deployment.runs(1, payload={"hold": True})
     async with node_worker(deployment, slots=2, transport="unary") as worker:
         execution_id = await worker.line("held")
+        remote = deployment.server.api.remote
+        assert remote is not None
+        [session] = remote.sessions
+        # Its ack read first (a unary ack travels on the next call): a cancel before it drops the
+        # assignment, and the handler's end is then answered Rejected, a different case.
+        await eventually(lambda: _true(bool(session._pending) and all(p.acked for p in session._pending.values())))
         asked = time.monotonic()
         await deployment.server.api.control.cancel_execution(run_id)  # a long poll is waiting: it answers
         aborted = await worker.line("aborted", within=5)

@@ -323,7 +323,10 @@ async def test_a_long_outage_of_500_jobs_is_one_missed_row_each_and_the_current_
     await loops.scan_once(current)  # one batch (500 jobs): the whole outage, every job
     took = time.perf_counter() - began
     print(f"first scan after the outage: {took:.3f}s")
-    assert took < 1.0, f"the first scan after the outage took {took:.2f}s"
+    # A bound on the work's shape, not a speed figure (bench rows measure speed): planning the
+    # 600,000 slots one by one takes tens of seconds; a range per job well under a second, and
+    # 5 s leaves a loaded machine its stalls (1.01 s seen on CI with two test processes).
+    assert took < 5.0, f"the first scan after the outage took {took:.2f}s"
     rows = await pool.fetch(
         """SELECT e.job_id::text, e.run_id::text, e.status, e.scheduled_for, e.missed_through, e.missed_count,
                   j.next_run_time
