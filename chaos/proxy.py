@@ -184,12 +184,16 @@ class FaultProxy:
         self.stats.reset += len(connections)
         return len(connections)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A task of the proxy's own, not the one asyncio makes of a coroutine callback: `close`
+        # cancels it, and on Python 3.11 asyncio's done-callback for that task calls `exception()`
+        # on it cancelled, logging "Exception in callback ... CancelledError" into every test.
+        handler = asyncio.create_task(self._serve(reader, writer))
+        self._handlers.add(handler)
+        handler.add_done_callback(self._handlers.discard)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.stats.accepted += 1
-        me = asyncio.current_task()
-        if me is not None:
-            self._handlers.add(me)
-            me.add_done_callback(self._handlers.discard)
         if self._refuse:
             _abort(writer)
             self.stats.reset += 1
