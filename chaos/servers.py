@@ -155,7 +155,7 @@ class ChaosPostgres:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
-        self._server = EmbeddedPostgres(data_dir, fast=True)
+        self._server = EmbeddedPostgres(data_dir, fast=True, port=free_port())  # fixed: restarts keep it
         self.port = self._server.port
         self._stopped: list[int] = []
 

