@@ -122,7 +122,8 @@ class HistoryRepository:
     async def prune(self, older_than: datetime) -> int:
         """Drop the day partitions that end by `older_than` and hold no open run (system.cleanup;
         `PartitionRepository.drop_before`): whole days, never a DELETE of executions. Returns the
-        number of executions they held. Over a pool only (each day in a transaction of its own).
+        number of executions they held (`Retention.executions`: the planner's count of an analyzed
+        day). Over a pool only (each day in transactions of its own).
         """
         if not isinstance(self._pool, asyncpg.Pool):
             raise TypeError("pruning needs a pool: each day is dropped in a transaction of its own")
