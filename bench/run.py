@@ -928,7 +928,7 @@ def notes(results: dict[str, Any]) -> list[str]:
                    f"{history.get('generate_s')} s by {history.get('loaders')} connections (heap "
                    f"{history.get('heap_gb')} GB, indexes {history.get('index_gb')} GB), schema as migrated: "
                    f"{'yes' if history.get('schema_identical') else 'NO'}; claim batches by round "
-                   f"{history.get('claim_batch_ms_rounds')} ms (1,000,000 rows: "
+                   f"{history.get('claim_batch_ms_rounds')} ms ({history.get('floor_rows', 0):,} rows: "
                    f"{history.get('floor_claim_batch_ms_rounds')}), completion "
                    f"{history.get('complete_batch_ms_rounds')} ms ({history.get('floor_complete_batch_ms_rounds')}); "
                    f"a day holding an open run kept: {'yes' if history.get('open_day_kept') else 'NO'}")  # fmt: skip
