@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from benchlib import servers  # noqa: E402
 from console_bench import HANDLERS, QUEUES, SEED_JOBS  # noqa: E402
+from floors import proc_cpu_seconds  # noqa: E402
 from partition_migration_bench import hot_path  # noqa: E402
 
 from scheduler_grpc.db.executions import Queryable  # noqa: E402
@@ -283,9 +284,11 @@ async def generate(url: str, days: list[date], rows: int, loaders: int) -> tuple
         work.put_nowait((day, first, count))
         first += count
     loaded: list[Loaded] = []
+    cpu: list[float | None] = []
 
     async def loader() -> None:
         conn = await asyncpg.connect(url)
+        backend = await conn.fetchval("SELECT pg_backend_pid()")
         try:
             # Sorts in memory; one process per loader (the loaders already use the cores).
             await conn.execute("SET maintenance_work_mem = '512MB'; SET max_parallel_maintenance_workers = 0")
@@ -299,6 +302,10 @@ async def generate(url: str, days: list[date], rows: int, loaders: int) -> tuple
                     f" indexes {done.index_s:.1f} s, attach {done.attach_s:.1f} s",
                     file=sys.stderr, flush=True,
                 )  # fmt: skip
+            try:  # the backend's CPU, when the server runs on this machine
+                cpu.append(proc_cpu_seconds(backend))
+            except OSError:
+                cpu.append(None)
         finally:
             await conn.close()
 
@@ -314,7 +321,11 @@ async def generate(url: str, days: list[date], rows: int, loaders: int) -> tuple
         "generate_vacuum_s": round(sum(done.vacuum_s for done in loaded), 1),
         "generate_index_s": round(sum(done.index_s for done in loaded), 1),
         "generate_attach_s": round(sum(done.attach_s for done in loaded), 1),
+        # PostgreSQL's CPU for it (the loaders' backends), the machine's cost whatever its load.
+        "generate_cpu_s": None if None in cpu else round(sum(c for c in cpu if c is not None), 1),
     }
+    if figures["generate_cpu_s"] is not None:
+        figures["generate_cpu_us_per_row"] = round(figures["generate_cpu_s"] * 1e6 / rows, 1)
     return figures, {done.day: done.rows for done in loaded}
 
 
@@ -381,8 +392,8 @@ async def make_history(server_url: str, label: str, database: str, rows: int, ar
 
         print(f"{label}: generating {rows:,} rows over {len(days)} days ({days[0]} to {days[-1]})", file=sys.stderr)
         figures, counts = await generate(url, days, rows, args.loaders)
-        print(f"{label}: generated in {figures['generate_s']} s, {figures['generated_rows_per_s']:,} rows/s",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"{label}: generated in {figures['generate_s']} s, {figures['generated_rows_per_s']:,} rows/s, PostgreSQL"
+              f" CPU {figures['generate_cpu_s']} s", file=sys.stderr, flush=True)  # fmt: skip
 
         async with pool.acquire() as conn:
             await conn.execute("SET TIME ZONE 'UTC'")
@@ -414,17 +425,18 @@ async def make_history(server_url: str, label: str, database: str, rows: int, ar
 
 async def hot_paths(sizes: list[History], args: argparse.Namespace) -> None:
     """partition_migration_bench's claim and completion batches on each size, alternated `--rounds`
-    times (so that a change in the machine's load falls on both): the median of each size's."""
+    times, which goes first changing each round (so that a change in the machine's load, or what
+    the first leaves behind, falls on both): the median of each size's."""
     rounds: dict[str, list[dict[str, float]]] = {size.label: [] for size in sizes}
     for round_ in range(args.rounds):
-        for size in sizes:
+        for size in sizes if round_ % 2 == 0 else sizes[::-1]:
             measured = await hot_path(size.pool, args.runs, args.batch, slots=True, explain=False)
             rounds[size.label].append(measured)
             print(f"{size.label} round {round_ + 1}: claim batch {measured['claim_batch_ms']} ms, completion batch"
                   f" {measured['complete_batch_ms']} ms", file=sys.stderr, flush=True)  # fmt: skip
     for size in sizes:
-        claim = statistics.median(r["claim_batch_ms"] for r in rounds[size.label])
-        complete = statistics.median(r["complete_batch_ms"] for r in rounds[size.label])
+        claim = round(statistics.median(r["claim_batch_ms"] for r in rounds[size.label]), 2)
+        complete = round(statistics.median(r["complete_batch_ms"] for r in rounds[size.label]), 2)
         size.figures |= {
             "claim_batch_ms": claim,
             "complete_batch_ms": complete,
