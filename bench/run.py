@@ -258,7 +258,7 @@ MEASUREMENTS = (
         7200,
         "100,000,000 finished attempts over 30 days (3.3M a day) generated straight into day partitions, beside "
         "1,000,000 in a database of their own; claim and completion batches of 200 through RunRepository on each, "
-        "alternated three times; retention of the oldest day, and of one holding an open run (kept)",
+        "alternated five times; retention of the oldest day, and of one holding an open run (kept)",
     ),
     Measurement(
         "idle",
