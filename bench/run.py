@@ -249,6 +249,17 @@ MEASUREMENTS = (
         "(3-shard queue), by 1 and by 3 workers of 200 slots; the four alternated three times, the median of each; "
         "every sharded drain checked exactly-once in PostgreSQL",
     ),
+    # Issue 24: the worker's hot path and retention on a 100,000,000-row history, beside 1,000,000 rows.
+    Measurement(
+        "history",
+        "history_bench.py",
+        ("--history", "100000000", "--floor", "1000000"),
+        ("--history", "200000", "--floor", "50000", "--days", "4", "--runs", "400", "--batch", "100", "--rounds", "1"),
+        7200,
+        "100,000,000 finished attempts over 30 days (3.3M a day) generated straight into day partitions, beside "
+        "1,000,000 in a database of their own; claim and completion batches of 200 through RunRepository on each, "
+        "alternated five times; retention of the oldest day, and of one holding an open run (kept)",
+    ),
     Measurement(
         "idle",
         "idle_bench.py",
@@ -717,6 +728,32 @@ ROWS = (
         ("≤", 0),
     ),
     Row(
+        "history of 100,000,000 rows: claim per execution (batches of 200)",
+        ("history", "claim_us"),
+        "µs",
+        ("ratio≤", 1.2),
+        floor_of("history", "floor_claim_us"),
+        "the same on 1,000,000 rows",
+    ),
+    Row(
+        "history of 100,000,000 rows: completion per execution",
+        ("history", "complete_us"),
+        "µs",
+        ("ratio≤", 1.2),
+        floor_of("history", "floor_complete_us"),
+        "the same on 1,000,000 rows",
+    ),
+    Row(
+        "history of 100,000,000 rows: retention of a day (detach + drop, 3.3M rows)",
+        ("history", "retention_day_s"),
+        "s",
+        ("<", 1),
+        floor_of("history", "floor_retention_day_s"),
+        "the same on 1,000,000 rows",
+    ),
+    Row("history: rows generated/s (straight into the day partitions)", ("history", "generated_rows_per_s"), "/s"),
+    Row("history of 100,000,000 rows: size on disk", ("history", "database_gb"), "GB"),
+    Row(
         "idle worker CPU (60 s)",
         ("idle", "worker_idle_pct"),
         "% core",
@@ -755,6 +792,8 @@ Floors (measured in the same run, on the same servers, right before or beside th
   one Valkey, N workers  cluster rows (issue 24): the same drain in the same run on the one Valkey, queue unsharded,
                        as many workers; alternated with the cluster's, the median of each
   no limit / alone     limits (issue 22): the same work in the same run without the limit, or without the noisy key
+  the same on 1,000,000 rows  history (issue 24): a database of its own in the same run, 1,000,000 rows over the
+                       same 30 days, its claim and completion batches alternated with the large history's
 ratio = value ÷ floor (for µs, %, ms and s lower is better; for /s higher is better)."""
 
 
@@ -884,6 +923,15 @@ def notes(results: dict[str, Any]) -> list[str]:
                    f"would carry: a worker process {cluster.get('cluster3_worker_ceiling_per_s') or 0:,.0f}/s, the "
                    f"busiest master {cluster.get('cluster3_busiest_master_ceiling_per_s') or 0:,.0f}/s, PostgreSQL "
                    f"{cluster.get('cluster3_postgres_ceiling_per_s') or 0:,.0f}/s per core")  # fmt: skip
+    if history := figures.get("history"):
+        out.append(f"history: {history.get('rows', 0):,} rows over {history.get('days')} days, generated in "
+                   f"{history.get('generate_s')} s by {history.get('loaders')} connections (heap "
+                   f"{history.get('heap_gb')} GB, indexes {history.get('index_gb')} GB), schema as migrated: "
+                   f"{'yes' if history.get('schema_identical') else 'NO'}; claim batches by round "
+                   f"{history.get('claim_batch_ms_rounds')} ms ({history.get('floor_rows', 0):,} rows: "
+                   f"{history.get('floor_claim_batch_ms_rounds')}), completion "
+                   f"{history.get('complete_batch_ms_rounds')} ms ({history.get('floor_complete_batch_ms_rounds')}); "
+                   f"a day holding an open run kept: {'yes' if history.get('open_day_kept') else 'NO'}")  # fmt: skip
     if drain := figures.get("drain"):
         out.append(f"drain: {drain.get('runs')} runs in {drain.get('drain_seconds', float('nan')):.1f} s")
     return out

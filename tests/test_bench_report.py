@@ -224,3 +224,42 @@ def test_the_cluster_lateness_run_gives_its_own_rows_beside_the_one_valkey_run(h
     start = rows["lateness p99 on the Valkey Cluster (3-shard queue, 1,000 per-second cron)"]
     assert (start["value"], start["floor"], start["result"]) == (60.0, 20.0, "MISS")
     assert rows["lateness p99"]["value"] == 20.0  # the one-Valkey row keeps its own figure
+
+
+def test_history_rows_judge_the_hot_path_against_1m_rows_and_retention_under_a_second(harness: ModuleType) -> None:
+    figures = {"claim_us": 70.0, "complete_us": 90.0, "floor_claim_us": 60.0, "floor_complete_us": 70.0,
+               "retention_day_s": 0.4, "floor_retention_day_s": 0.05, "generated_rows_per_s": 80000,
+               "database_gb": 52.0, "rows": 100_000_000, "floor_rows": 1_000_000, "days": 30, "generate_s": 1250.0,
+               "loaders": 2,
+               "heap_gb": 20.0, "index_gb": 32.0, "schema_identical": True, "open_day_kept": True,
+               "claim_batch_ms_rounds": [14.0, 15.0, 13.0], "floor_claim_batch_ms_rounds": [12.0, 12.5, 11.0],
+               "complete_batch_ms_rounds": [18.0], "floor_complete_batch_ms_rounds": [14.0]}  # fmt: skip
+    results = {"history": {"figures": figures, "error": ""}}
+    rows = by_figure(harness.build_rows(results))
+    claim = rows["history of 100,000,000 rows: claim per execution (batches of 200)"]
+    assert claim["ratio"] == pytest.approx(70 / 60)
+    assert claim["result"] == "pass"  # within 1.2x the 1,000,000-row figure
+    assert claim["target"] == "≤ 1.2× floor"  # noqa: RUF001
+    completion = rows["history of 100,000,000 rows: completion per execution"]
+    assert completion["ratio"] == pytest.approx(90 / 70)
+    assert completion["result"] == "MISS"  # 1.29x
+    day = rows["history of 100,000,000 rows: retention of a day (detach + drop, 3.3M rows)"]
+    assert (day["value"], day["floor"], day["result"]) == (0.4, 0.05, "pass")  # judged on the value: < 1 s
+    figures["retention_day_s"] = 1.2
+    assert by_figure(harness.build_rows(results))[day["figure"]]["result"] == "MISS"
+    assert rows["history: rows generated/s (straight into the day partitions)"]["result"] == ""  # informative
+    assert any(note.startswith("history: 100,000,000 rows over 30 days, generated in 1250.0 s by 2 connections")
+               and "schema as migrated: yes" in note and "(1,000,000 rows: [12.0, 12.5, 11.0])" in note
+               for note in harness.notes(results))  # fmt: skip
+
+
+def test_the_history_measurement_has_a_quick_variant_with_small_sizes(harness: ModuleType) -> None:
+    (history,) = [m for m in harness.MEASUREMENTS if m.name == "history"]
+    assert (ROOT / "bench" / history.script).exists()
+    full, quick = (
+        dict(zip(history.args[::2], history.args[1::2], strict=True)),
+        dict(zip(history.quick[::2], history.quick[1::2], strict=True)),
+    )
+    assert (int(full["--history"]), int(full["--floor"])) == (100_000_000, 1_000_000)
+    assert int(quick["--history"]) <= 1_000_000
+    assert int(quick["--floor"]) < int(quick["--history"])
