@@ -1,7 +1,7 @@
 """Sharded queues (issue 24) with real scheduler and worker processes: a 3-shard queue drains its
 runs, each succeeded exactly once, through the leader's recovery of a killed worker's leases on
-every shard and its reconcile of runs Redis lost from one shard; and a shard count lowered live.
-Checked from PostgreSQL, polled with deadlines."""
+every shard and its reconcile of runs Redis lost from one shard; and a shard count lowered and
+raised live. Checked from PostgreSQL, polled with deadlines."""
 
 from __future__ import annotations
 
@@ -152,4 +152,42 @@ async def test_lowering_the_count_live_runs_everything_once(
 
     counts = await eventually(drained, within=90)
     assert Counter(counts.values()) == {1: 300}
+    await registry.aclose()
+
+
+@pytest.mark.cluster_too
+async def test_raising_the_count_while_workers_drain_runs_everything_once(
+    roles: Roles, pool: asyncpg.Pool, redis: aioredis.Redis
+) -> None:
+    """1 -> 3 while the workers drain: runs made before stay on shard 0, runs made after spread to
+    the new shards, and every worker starts taking from them once the change is in effect."""
+    shards = QueueShardRepository(pool)
+    registry = default_registry(HandlerSettings(dev_mode=True))
+    producer = Control(redis, pool, registry, shard_map=ShardMap(shards.histories, lead=timedelta(seconds=1)))
+    job = await producer.create_job(manual("slow-echo", "test.delay", {"seconds": 0.05}))
+    roles.start("scheduler", **LEAD)
+    for _ in range(2):
+        roles.start("worker", "--concurrency", "4", **LEAD)
+    before = await trigger(producer, job.id, 400)  # 2.5 s of work for 8 slots: draining through the change
+    effective = await shards.set_shards("default", 3, lead=timedelta(seconds=1))
+
+    async def in_effect() -> bool:
+        return bool(await pool.fetchval("SELECT clock_timestamp() > $1", effective))
+
+    await eventually(in_effect, within=10)
+    after = await trigger(producer, job.id, 300)
+    plan = await ShardMap(shards.histories).refresh()
+    assert {plan.shard_of("default", run_id) for run_id in before} == {0}
+    assert {plan.shard_of("default", run_id) for run_id in after} == {0, 1, 2}
+
+    async def drained() -> dict[str, int]:
+        counts = await succeeded_once(pool, before + after)
+        return counts if all(counts.values()) else {}
+
+    counts = await eventually(drained, within=90)
+    assert Counter(counts.values()) == {1: 700}
+    for index in range(3):  # every shard emptied: the workers took from the new ones too
+        keys = QueueKeys(shard_name("default", index))
+        assert await redis.zcard(keys.ready) == 0
+        assert await redis.zcard(keys.processing) == 0
     await registry.aclose()
