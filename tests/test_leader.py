@@ -270,7 +270,10 @@ async def test_at_most_one_valid_leader_while_leadership_changes(
     stints = cluster.recorder.stints
     tokens = [stint.token for stint in stints]
     assert tokens == sorted(set(tokens)), f"fencing tokens must strictly increase: {tokens}"
-    assert await pool.fetchval("SELECT term FROM leader_state WHERE scope = $1", SCOPE) == tokens[-1]
+    # A term may be recorded and never lead: a campaign whose recording took most of the TTL (a
+    # loaded machine) gives its lock back instead of leading on it (`_try_acquire`), and one may
+    # be in flight as the loop ends. Never behind the last leader's, though.
+    assert await pool.fetchval("SELECT term FROM leader_state WHERE scope = $1", SCOPE) >= tokens[-1]
     assert sampler.samples > 1000
     outside = [(valid, since_last(at, tampers)) for at, valid in sampler.overlaps if not in_tamper_window(at, tampers)]
     assert outside == [], "two valid leaders at once without outside interference (tokens, s after last tamper)"
@@ -511,9 +514,9 @@ async def test_deposed_leaders_write_is_fenced(cluster: Cluster, pool: asyncpg.P
     assert old is not None
     await first.release()
     # The prompt handover is test_graceful_handover_is_sub_second's; here, the fencing. On a Valkey
-    # Cluster a standby's campaign can fail once and retry after its backoff (ci23): the lock's TTL
-    # bounds the wait there.
-    await eventually(lambda: second.is_leader, 2 if redis_backend == "single" else TTL_S + 2, "second leads")
+    # Cluster a standby's campaign can fail and retry after its backoff (ci23), and on a loaded
+    # machine give back a term whose recording took most of the short TTL (ci31): a longer wait.
+    await eventually(lambda: second.is_leader, 2 if redis_backend == "single" else 10, "second leads")
     new = second.term
     assert new is not None
     assert new.token > old.token
