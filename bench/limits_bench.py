@@ -199,9 +199,9 @@ async def rate(args: argparse.Namespace, pool: asyncpg.Pool, control: Control, p
         await drain(pool, control, procs, free.id, runs=args.runs, name="worker-free", within=args.timeout)
     ).executions_per_s
     free_starts = await starts(pool, free.id)
-    capped_per_s = await drain(
-        pool, control, procs, capped.id, runs=args.runs, name="worker-capped", within=args.timeout
-    )
+    capped_per_s = (
+        await drain(pool, control, procs, capped.id, runs=args.runs, name="worker-capped", within=args.timeout)
+    ).executions_per_s
     capped_starts = await starts(pool, capped.id)
     result = {
         "mode": "rate", "runs": args.runs, "rate": args.rate, "burst": args.burst,
