@@ -1,4 +1,5 @@
-"""What every bench script shares: the servers it measures on.
+"""What every bench script shares: the servers it measures on, the role processes' environment
+and where their logs go.
 
 Imported by the scripts in this folder as `from benchlib import ...` (a script's own folder is on
 `sys.path` when it runs).
@@ -46,3 +47,22 @@ def valkey_cluster(replicas: int = 1) -> Iterator[str]:
             yield embedded.start()
         finally:
             embedded.stop()
+
+
+def role_env(redis_url: str, database_url: str, **settings: str) -> dict[str, str]:
+    """The environment of a role process the bench starts: this one's without any SCHEDULER_*
+    setting (the bench decides them), the servers, no metrics port, logs at BENCH_LOG_LEVEL
+    (WARNING), then `settings` (SCHEDULER_X=value)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
+            "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_METRICS_PORT": "0",
+            "SCHEDULER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"), **settings}  # fmt: skip
+
+
+@contextmanager
+def log_dir() -> Iterator[Path]:
+    """Where the role processes' logs go: BENCH_LOG_DIR (`bench/run.py` sets it; kept), else a
+    temporary folder removed at the end."""
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = Path(os.environ.get("BENCH_LOG_DIR") or tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        yield logs

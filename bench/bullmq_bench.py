@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from benchlib import servers  # noqa: E402
+from benchlib import log_dir, role_env, servers  # noqa: E402
 from floors import postgres_pid, valkey_pid  # noqa: E402
 from lateness_bench import Processes  # noqa: E402
 from limits_bench import NO_RETRY, Drained, _median_known, drain  # noqa: E402
@@ -85,10 +83,7 @@ async def race(args: argparse.Namespace, redis_url: str, database_url: str, log_
         await redis.flushdb()
         control = Control(redis, pool, registry)
         servers_pids = (await valkey_pid(redis), await postgres_pid(pool))
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
-               "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_METRICS_PORT": "0",
-               "SCHEDULER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
-               "SCHEDULER_WORKER_CONCURRENCY": str(args.concurrency)}  # fmt: skip
+        env = role_env(redis_url, database_url, SCHEDULER_WORKER_CONCURRENCY=str(args.concurrency))
         procs = Processes(env, log_dir)
         ours: list[Drained] = []
         theirs: list[dict[str, Any]] = []
@@ -138,8 +133,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     arguments = parse_args()
-    with tempfile.TemporaryDirectory() as tmp, servers() as urls:
-        logs = Path(os.environ.get("BENCH_LOG_DIR") or tmp)
-        logs.mkdir(parents=True, exist_ok=True)
+    with log_dir() as logs, servers() as urls:
         outcome = uvloop.run(race(arguments, urls.redis_url, urls.database_url, logs))
     print(json.dumps(outcome, sort_keys=True))

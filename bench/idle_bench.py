@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
 import time
@@ -28,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from benchlib import servers  # noqa: E402
+from benchlib import role_env, servers  # noqa: E402
 from floors import proc_cpu_seconds  # noqa: E402
 
 from scheduler_grpc.connections import redis_client  # noqa: E402
@@ -49,9 +48,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
     term = await pool.fetchval(LEADER_TERM)
     redis = redis_client(redis_url)
     await redis.flushdb()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
-           "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
-           "SCHEDULER_METRICS_PORT": "0"}  # fmt: skip
+    env = role_env(redis_url, database_url)
     processes = {
         role: await asyncio.create_subprocess_exec(sys.executable, "-m", "scheduler_grpc", role, env=env, cwd=ROOT)
         for role in ("scheduler", "worker")

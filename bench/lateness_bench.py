@@ -41,7 +41,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -53,7 +52,7 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import servers, valkey_cluster  # noqa: E402
+from benchlib import log_dir, role_env, servers, valkey_cluster  # noqa: E402
 from floors import tree_cpu_seconds  # noqa: E402
 
 from scheduler_grpc.connections import redis_client  # noqa: E402
@@ -409,10 +408,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str, log_
         await fresh(pool, redis_url, args.shards)
         if args.scan_tick:
             return await scan_tick(args, pool, redis_url)
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
-               "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_METRICS_PORT": "0",
-               "SCHEDULER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
-               **dict(setting.split("=", 1) for setting in args.set)}  # fmt: skip
+        env = role_env(redis_url, database_url, **dict(setting.split("=", 1) for setting in args.set))
         procs = Processes(env, log_dir)
         try:
             if args.burst:
@@ -459,11 +455,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 if __name__ == "__main__":
     arguments = parse_args()
     with (
-        tempfile.TemporaryDirectory() as tmp,
+        log_dir() as logs,
         servers() as urls,
         valkey_cluster() if arguments.cluster else contextlib.nullcontext(urls.redis_url) as redis_url,
     ):
-        logs = Path(os.environ.get("BENCH_LOG_DIR") or tmp)
-        logs.mkdir(parents=True, exist_ok=True)
         outcome = uvloop.run(main(arguments, redis_url, urls.database_url, logs))
     print(json.dumps(outcome, sort_keys=True))

@@ -39,10 +39,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -57,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from benchlib import servers  # noqa: E402
+from benchlib import log_dir, role_env, servers  # noqa: E402
 from floors import postgres_pid, tree_cpu_seconds, valkey_pid  # noqa: E402
 from lateness_bench import Processes, cpu_seconds, leader_ready, percentiles, workers_ready  # noqa: E402
 
@@ -343,11 +341,8 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str, log_
         await pool.execute("TRUNCATE job_executions, jobs, leader_state, limits CASCADE")
         await redis.flushdb()
         control = Control(redis, pool, registry)
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
-               "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_METRICS_PORT": "0",
-               "SCHEDULER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
-               "SCHEDULER_WORKER_CONCURRENCY": "200" if args.mode != "noisy" else "10",
-               **dict(setting.split("=", 1) for setting in args.set)}  # fmt: skip
+        env = role_env(redis_url, database_url, SCHEDULER_WORKER_CONCURRENCY="200" if args.mode != "noisy" else "10",
+                       **dict(setting.split("=", 1) for setting in args.set))  # fmt: skip
         procs = Processes(env, log_dir)
         try:
             mode = {"rate": rate, "noisy": noisy, "overhead": overhead}[args.mode]
@@ -383,8 +378,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     arguments = parse_args()
-    with tempfile.TemporaryDirectory() as tmp, servers() as urls:
-        logs = Path(os.environ.get("BENCH_LOG_DIR") or tmp)
-        logs.mkdir(parents=True, exist_ok=True)
+    with log_dir() as logs, servers() as urls:
         outcome = uvloop.run(main(arguments, urls.redis_url, urls.database_url, logs))
     print(json.dumps(outcome, sort_keys=True))

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +34,7 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import servers  # noqa: E402
+from benchlib import log_dir, role_env, servers  # noqa: E402
 
 from scheduler_grpc.config import SETTINGS  # noqa: E402
 from scheduler_grpc.connections import redis_client  # noqa: E402
@@ -122,9 +120,7 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str, log_
     await pool.execute("TRUNCATE job_executions, jobs CASCADE")
     redis = redis_client(redis_url)
     await redis.flushdb()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
-           "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_METRICS_PORT": "0",
-           "SCHEDULER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING")}  # fmt: skip
+    env = role_env(redis_url, database_url)
     if args.ttl:
         env["SCHEDULER_LEADER_TTL"] = args.ttl
     ttl = args.ttl or DEFAULT_TTL
@@ -189,10 +185,5 @@ if __name__ == "__main__":
     parser.add_argument("--stops", type=int, default=5, help="SIGTERMs of the leader (graceful failover)")
     parser.add_argument("--ttl", default="", help="SCHEDULER_LEADER_TTL (default: the setting's default)")
     arguments = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        servers() as urls,
-    ):
-        logs = Path(os.environ.get("BENCH_LOG_DIR") or tmp)
-        logs.mkdir(parents=True, exist_ok=True)
+    with log_dir() as logs, servers() as urls:
         uvloop.run(main(arguments, urls.redis_url, urls.database_url, logs))

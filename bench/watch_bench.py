@@ -28,7 +28,6 @@ import asyncio
 import collections
 import gc
 import json
-import os
 import signal
 import sys
 import time
@@ -45,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from api_load_bench import wait_serving  # noqa: E402
-from benchlib import servers  # noqa: E402
+from benchlib import role_env, servers  # noqa: E402
 from floors import grpc_fanout_floor, percentile  # noqa: E402
 from scheduler_client.v1 import auth_pb2, auth_pb2_grpc, executions_pb2, executions_pb2_grpc  # noqa: E402
 
@@ -82,10 +81,8 @@ async def main(args: argparse.Namespace, redis_url: str, database_url: str) -> d
     queues = Queues(redis)  # the bench enqueues its runs itself (no events)
     job = await control.create_job(JobSpec(name="watched", handler="test.echo", retry=RetryPolicy(max_retries=0)))
     port, metrics_port = free_port(), free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
-           "REDIS_URL": redis_url, "DATABASE_URL": database_url, "SCHEDULER_LOG_LEVEL": "WARNING",
-           "SCHEDULER_GRPC_PORT": str(port), "SCHEDULER_METRICS_PORT": str(metrics_port),
-           "SCHEDULER_HTTP_PORT": "0"}  # fmt: skip
+    env = role_env(redis_url, database_url, SCHEDULER_GRPC_PORT=str(port), SCHEDULER_METRICS_PORT=str(metrics_port),
+                   SCHEDULER_HTTP_PORT="0")  # fmt: skip
     server = await asyncio.create_subprocess_exec(sys.executable, "-m", "scheduler_grpc", "server", env=env, cwd=ROOT)
     worker = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "scheduler_grpc", "worker", env={**env, "SCHEDULER_METRICS_PORT": "0"}, cwd=ROOT
