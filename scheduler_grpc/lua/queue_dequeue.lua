@@ -161,6 +161,19 @@ local function any_paused()
   end
   return paused_seen
 end
+-- The end (ms) of the pause of limit key `lk` while it lasts, else nil; a pause that has ended is
+-- dropped here, so the key is admitted as if never paused.
+local function pause_until(lk)
+  local paused = any_paused() and redis.call('ZSCORE', kpause_key, lk)
+  if not paused then
+    return nil
+  end
+  if tonumber(paused) > now then
+    return tonumber(paused)
+  end
+  redis.call('ZREM', kpause_key, lk)
+  return nil
+end
 -- An entry's definition, and its limit and burst for the entry's key (an override, else the
 -- definition's); nil when the limit has no definition.
 local function limit_of(e)
@@ -204,13 +217,10 @@ local function admit(id, group)
   for _, e in ipairs(group_entries(group)) do
     local lk = lk_of(e[1], e[2])
     local units = tonumber(e[3])
-    local paused = any_paused() and redis.call('ZSCORE', kpause_key, lk)
-    if paused and tonumber(paused) > now then
-      refuse('p', e, tonumber(paused))
+    local paused_until = pause_until(lk)
+    if paused_until then
+      refuse('p', e, paused_until)
     else
-      if paused then
-        redis.call('ZREM', kpause_key, lk)
-      end
       local d, limit, burst = limit_of(e)
       if not d or limit <= 0 then
         refuse('u', e, nil)
@@ -262,12 +272,8 @@ local function admit_many(group, n)
   for _, e in ipairs(group_entries(group)) do
     local lk = lk_of(e[1], e[2])
     local units = tonumber(e[3])
-    local paused = any_paused() and redis.call('ZSCORE', kpause_key, lk)
-    if paused and tonumber(paused) > now then
+    if pause_until(lk) then
       return 0
-    end
-    if paused then
-      redis.call('ZREM', kpause_key, lk)
     end
     local d, limit, burst = limit_of(e)
     if not d or limit <= 0 then
