@@ -32,7 +32,7 @@ from scheduler_grpc.db.jobs import JobPage, JobRepository
 from scheduler_grpc.db.limit_keys import LimitKeyQueries
 from scheduler_grpc.db.limits import LimitRepository
 from scheduler_grpc.db.pool import Pool
-from scheduler_grpc.db.queue_shards import QueueShardRepository
+from scheduler_grpc.db.queue_shards import QueueShardRepository, ShardHistoryPage
 from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.db.search import DeadLetter as DeadLetter  # noqa: PLC0414 - re-exported: the console's rows
 from scheduler_grpc.db.search import SearchQueries
@@ -713,7 +713,7 @@ class Control:
         """
         return await self._shards.history(_queue_name(queue))
 
-    async def list_queue_shards(self, *, page_size: int = 0, page_token: str = "") -> tuple[list[ShardHistory], str]:
+    async def list_queue_shards(self, *, page_size: int = 0, page_token: str = "") -> ShardHistoryPage:
         """A page of the queues whose shard count was ever set, by name, and the next page's token.
 
         Raises:

@@ -124,3 +124,21 @@ async def test_only_an_admin_sets_a_count(api: Harness, pool: asyncpg.Pool) -> N
     # Reading is a viewer's right.
     got = await api.queue.GetQueueShards(queue_pb2.GetQueueShardsRequest(queue="reports"), metadata=api.viewer)
     assert got.served_shards == 1
+
+
+async def test_a_list_page_ends_before_a_mebibyte(api: Harness, pool: asyncpg.Pool) -> None:  # noqa: F811
+    # Two queues of 40,000 changes each (~0.6 MiB each as messages): one per page, then the end.
+    await pool.execute(
+        """INSERT INTO queue_shards (queue, effective_at, shards)
+           SELECT q, now() - make_interval(secs => n), 1 + n % 64
+             FROM unnest(ARRAY['big-a', 'big-b', 'small']) AS q, generate_series(1, 40000) AS n
+            WHERE q <> 'small' OR n = 1"""
+    )
+    first = await api.queue.ListQueueShards(queue_pb2.ListQueueShardsRequest(), metadata=api.viewer)
+    assert [(q.queue, len(q.changes)) for q in first.queues] == [("big-a", 40000)]
+    assert first.ByteSize() < 1 << 20
+    rest = await api.queue.ListQueueShards(
+        queue_pb2.ListQueueShardsRequest(page_token=first.next_page_token), metadata=api.viewer
+    )
+    assert [(q.queue, len(q.changes)) for q in rest.queues] == [("big-b", 40000), ("small", 1)]
+    assert not rest.next_page_token

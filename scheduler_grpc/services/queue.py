@@ -91,12 +91,13 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
     async def ListQueueShards(
         self, request: queue_pb2.ListQueueShardsRequest, context: Context
     ) -> queue_pb2.ListQueueShardsResponse:
-        histories, token = await self._control.list_queue_shards(
+        page = await self._control.list_queue_shards(
             page_size=convert.page_size(request.page_size), page_token=request.page_token
         )
-        return queue_pb2.ListQueueShardsResponse(
-            queues=[convert.queue_shards(history) for history in histories], next_page_token=token
-        )
+        # A page ends before 1 MiB (a queue's history has a row per change made).
+        queues, cut = convert.fill_page(page.histories, convert.queue_shards)
+        token = page.token_after(page.histories[len(queues) - 1]) if cut else page.next_page_token
+        return queue_pb2.ListQueueShardsResponse(queues=queues, next_page_token=token)
 
     async def SetQueueShards(
         self, request: queue_pb2.SetQueueShardsRequest, context: Context
