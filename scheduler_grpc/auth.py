@@ -206,6 +206,10 @@ METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "/scheduler.v1.QueueService/ListDeadLetters": _V,
     "/scheduler.v1.QueueService/RequeueDeadLetters": _O,
     "/scheduler.v1.QueueService/PurgeDeadLetters": _A,
+    # Shard counts: viewers read them, admins set them (deployment configuration, as limits are).
+    "/scheduler.v1.QueueService/GetQueueShards": _V,
+    "/scheduler.v1.QueueService/ListQueueShards": _V,
+    "/scheduler.v1.QueueService/SetQueueShards": _A,
     "/scheduler.v1.ClusterService/ListWorkers": _V,
     "/scheduler.v1.ClusterService/GetSchedulerStatus": _V,
     "/scheduler.v1.ClusterService/ListHandlers": _V,

@@ -342,8 +342,9 @@ SETTINGS: tuple[Setting, ...] = (
         parse_duration,
         "10s",
         "Sharded queues: a change of a queue's shard count applies to the runs made this long after it "
-        "(`scheduler-grpc shards set`); every role reads the counts again within a quarter of it. "
-        "Every role of a deployment must have the same value. At least 1s.",
+        "(`SetQueueShards`, `schedctl queues shards set`, `scheduler-grpc shards set`); every role reads "
+        "the counts again within a quarter of it. Every role of a deployment must have the same value. "
+        "At least 1s.",
     ),
     Setting(
         "max_stalls",

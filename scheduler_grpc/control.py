@@ -32,7 +32,7 @@ from scheduler_grpc.db.jobs import JobPage, JobRepository
 from scheduler_grpc.db.limit_keys import LimitKeyQueries
 from scheduler_grpc.db.limits import LimitRepository
 from scheduler_grpc.db.pool import Pool
-from scheduler_grpc.db.queue_shards import QueueShardRepository
+from scheduler_grpc.db.queue_shards import QueueShardRepository, ShardHistoryPage
 from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.db.search import DeadLetter as DeadLetter  # noqa: PLC0414 - re-exported: the console's rows
 from scheduler_grpc.db.search import SearchQueries
@@ -48,7 +48,7 @@ from scheduler_grpc.queue import DeadItem as DeadItem  # noqa: PLC0414 - re-expo
 from scheduler_grpc.queue_depth import Sample as Sample  # noqa: PLC0414 - re-exported: depth samples
 from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.schedule import CronSchedule, FireTime, fire_times
-from scheduler_grpc.sharding import SHARD_LEAD, ShardMap
+from scheduler_grpc.sharding import SHARD_LEAD, ShardChange, ShardHistory, ShardMap, check_shards
 from scheduler_grpc.trigger_batch import BulkRequest, TriggerBatcher
 
 if TYPE_CHECKING:
@@ -82,6 +82,18 @@ def _is_uuid(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _queue_name(name: str) -> str:
+    """A queue name as the API takes it ("" is `default`).
+
+    Raises:
+        InvalidArgument: not a queue name (field `queue`).
+    """
+    name = name or "default"
+    if not is_queue_name(name):
+        raise InvalidArgument("queue", QUEUE_NAME_RULE)
+    return name
 
 
 def _check_request_id(request_id: str | None) -> str | None:
@@ -169,7 +181,8 @@ class Control:
         limits = LimitRepository(pool)
         # The queues' shard counts (`sharding.py`), read from PostgreSQL unless the caller shares its
         # map, with the deployment's SCHEDULER_QUEUE_SHARD_LEAD.
-        shard_map = shard_map or ShardMap(QueueShardRepository(pool, timeout=read_timeout).histories, lead=shard_lead)
+        self._shards = QueueShardRepository(pool, timeout=read_timeout)
+        shard_map = shard_map or ShardMap(self._shards.histories, lead=shard_lead)
         self._queues = Queues(redis, capacity=QUEUE_CACHE_SIZE, definitions=Definitions(limits), shard_map=shard_map)
         self._triggers = TriggerBatcher(self._firing, self._dispatch)
         self._bulk = BulkControl(
@@ -679,10 +692,7 @@ class Control:
         Raises:
             InvalidArgument: not a queue name (field `queue`).
         """
-        name = name or "default"
-        if not is_queue_name(name):
-            raise InvalidArgument("queue", QUEUE_NAME_RULE)
-        return self._queues.get(name)
+        return self._queues.get(_queue_name(name))
 
     async def queue_stats(self, queue: str) -> QueueStats:
         """How many items of `queue` are ready, leased, delayed and dead (read atomically)."""
@@ -691,6 +701,42 @@ class Control:
     async def list_dead_letters(self, queue: str, page_size: int, page_token: str | None = None) -> DeadPage:
         """A page of `queue`'s dead-letter queue, oldest first."""
         return await self._queue(queue).list_dead(page_size, page_token)
+
+    # Sharded queues (`sharding.py`): the counts are read from PostgreSQL, not from the process's
+    # plan, so a change shows at once (before it applies).
+
+    async def queue_shards(self, queue: str) -> ShardHistory:
+        """`queue`'s shard counts over time ("" is `default`; a queue never changed has one shard).
+
+        Raises:
+            InvalidArgument: not a queue name (field `queue`).
+        """
+        return await self._shards.history(_queue_name(queue))
+
+    async def list_queue_shards(self, *, page_size: int = 0, page_token: str = "") -> ShardHistoryPage:
+        """A page of the queues whose shard count was ever set, by name, and the next page's token.
+
+        Raises:
+            InvalidArgument: `page_size` out of range or a `page_token` of another listing.
+        """
+        return await self._shards.list_page(page_size=page_size, page_token=page_token)
+
+    async def set_queue_shards(self, queue: str, shards: int) -> ShardChange:
+        """Give `queue` ("" is `default`) `shards` shards for the runs made from the deployment's
+        SCHEDULER_QUEUE_SHARD_LEAD after now (database clock) on; the change recorded, with when it
+        applies. Runs made before keep their shard; every shard the queue ever had stays served.
+
+        Raises:
+            InvalidArgument: not a queue name (field `queue`) or not 1 to `SHARDS_MAX` (`shards`);
+                nothing is written.
+        """
+        name = _queue_name(queue)
+        check_shards(shards)
+        # The lead the processes' shard maps assume (this one's is the deployment's setting).
+        effective = await self._shards.set_shards(name, shards, lead=self._queues.shard_map.lead)
+        # In whole ms rounded half up, as the histories are read (`db/queue_shards.py`).
+        micros = (effective - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+        return ShardChange((micros + 500) // 1000, shards)
 
     # The console's reads: lists with its filters and the overview's aggregates, each bounded by
     # `read_timeout` (`db/console.py`).

@@ -57,6 +57,31 @@ class ShardChange:
     shards: int
 
 
+@dataclass(frozen=True, slots=True)
+class ShardHistory:
+    """A queue's shard counts over time, read at `now_ms` (database clock).
+
+    Attributes:
+        queue: The queue.
+        changes: Its changes, oldest first (one ahead of `now_ms` included); none: one shard.
+        now_ms: The database clock when it was read (ms since the epoch).
+    """
+
+    queue: str
+    changes: tuple[ShardChange, ...]
+    now_ms: int
+
+    @property
+    def shards(self) -> int:
+        """The count in effect at `now_ms`: what new runs are spread over."""
+        return ShardPlan({self.queue: self.changes}).count_at(self.queue, self.now_ms)
+
+    @property
+    def served(self) -> int:
+        """The shards consumers serve (`ShardPlan.served`)."""
+        return ShardPlan({self.queue: self.changes}).served(self.queue)
+
+
 def check_shards(shards: object, field_name: str = "shards") -> int:
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= SHARDS_MAX:
         raise InvalidArgument(field_name, f"must be an integer from 1 to {SHARDS_MAX}, got {shards!r}")
@@ -165,6 +190,11 @@ class ShardMap:
         self._lock = asyncio.Lock()
         self._background: asyncio.Task[None] | None = None
         self._failing = False
+
+    @property
+    def lead(self) -> timedelta:
+        """The lead time this map assumes changes are made with: a change must be made with it."""
+        return timedelta(milliseconds=self._lead_ms)
 
     async def refresh(self) -> ShardPlan:
         """Read the histories now. Raises what the source raises."""

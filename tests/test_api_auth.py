@@ -98,8 +98,8 @@ async def test_every_rpc_refuses_a_role_too_small(api: Harness) -> None:  # noqa
     restricted = {full_name(m) for m in methods(*API_MODULES) if METHOD_ROLES[full_name(m)] in too_small}
     assert codes.keys() == restricted
     # CancelFlowRun (operator), the 8 of UserService (admin), the six Batch* methods, the four
-    # LimitService writes (admin) and its key pause and resume (operator) included
-    assert len(restricted) == 34
+    # LimitService writes (admin), its key pause and resume (operator) and SetQueueShards (admin) included
+    assert len(restricted) == 35
     assert {code for found in codes.values() for code in found} == {grpc.StatusCode.PERMISSION_DENIED}, codes
 
 

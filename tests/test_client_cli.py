@@ -369,6 +369,9 @@ def test_api_field_errors_name_the_flag(server_api: Api, tmp_path: Path) -> None
         ("id: 'x' is not a valid id", "flows", "FLOW_RUN_ID: 'x' is not a valid id"),
         ("update_mask: unknown field 'x'", "jobs", "update_mask: unknown field 'x'"),
         ("no colon here", "jobs", "no colon here"),
+        ("shards: must be an integer from 1 to 64, got 0", "queues", "N: must be an integer from 1 to 64, got 0"),
+        ("queue: expected 1-64 letters", "queues", "QUEUE: expected 1-64 letters"),
+        ("queue: expected 1-64 letters", "dlq", "--queue: expected 1-64 letters"),
     ],
 )  # fmt: skip
 def test_flag_message_names_the_flag_of_an_api_field(message: str, command: str, expected: str) -> None:

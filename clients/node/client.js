@@ -184,6 +184,35 @@ class SchedulerClient {
   }
 
   /**
+   * A queue's shard counts (default 'default'): { queue, shards (in effect now), served_shards,
+   * changes: [{ shards, effective_time }] } (effective_time a Timestamp: `fromTimestamp`).
+   */
+  async getQueueShards(queue = '') {
+    return this.call('QueueService', 'GetQueueShards', { queue });
+  }
+
+  /** The queues whose shard count was ever set, by name: every page, as one array. */
+  async listQueueShards({ pageSize = 0 } = {}) {
+    const queues = [];
+    let pageToken = '';
+    do {
+      const response = await this.call('QueueService', 'ListQueueShards', { page_size: pageSize, page_token: pageToken });
+      queues.push(...response.queues);
+      pageToken = response.next_page_token;
+    } while (pageToken);
+    return queues;
+  }
+
+  /**
+   * Give `queue` `shards` shards (1 to 64) for the runs made from the server's
+   * SCHEDULER_QUEUE_SHARD_LEAD after now on (admin). Resolves with the change: { shards,
+   * effective_time }. Bad input rejects with INVALID_ARGUMENT naming the field (`shards: ...`).
+   */
+  async setQueueShards(queue, shards) {
+    return (await this.call('QueueService', 'SetQueueShards', { queue, shards })).change;
+  }
+
+  /**
    * Execution events as an async iterator. The stream is reopened from the last event's cursor
    * when it breaks with UNAVAILABLE or RESOURCE_EXHAUSTED (after `maxReconnects` failures in a row
    * without an event, the error is thrown). `onOpen(call)` is called with each new call.

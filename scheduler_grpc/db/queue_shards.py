@@ -4,16 +4,45 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
 import asyncpg
 
+from scheduler_grpc import pagetokens
+from scheduler_grpc.db.keyset import page_by_name
 from scheduler_grpc.errors import InvalidArgument
 from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
-from scheduler_grpc.sharding import SHARD_LEAD, ShardChange, check_shards
+from scheduler_grpc.sharding import SHARD_LEAD, ShardChange, ShardHistory, check_shards
 
 _DEFAULT_TIMEOUT: Final = timedelta(seconds=5)
+_PAGE_KIND: Final = "queue_shards"
+# Each queue's changes in one row, with the database clock: what `history` and `list_page` read.
+_HISTORIES: Final = """
+    SELECT * FROM (
+        SELECT queue,
+               array_agg((extract(epoch FROM effective_at) * 1000)::bigint ORDER BY effective_at) AS ms,
+               array_agg(shards ORDER BY effective_at) AS counts,
+               (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+          FROM queue_shards GROUP BY queue) AS histories"""
+
+
+def _history(row: asyncpg.Record) -> ShardHistory:
+    changes = tuple(ShardChange(int(ms), int(n)) for ms, n in zip(row["ms"], row["counts"], strict=True))
+    return ShardHistory(row["queue"], changes, int(row["now_ms"]))
+
+
+@dataclass(frozen=True)
+class ShardHistoryPage:
+    """A page of the queues with a shard history, by name."""
+
+    histories: list[ShardHistory]
+    next_page_token: str
+
+    def token_after(self, history: ShardHistory) -> str:
+        """The token of the page after `history` (a page cut short, e.g. by its size)."""
+        return pagetokens.encode(_PAGE_KIND, {}, [history.queue])
 
 
 class QueueShardRepository:
@@ -36,6 +65,35 @@ class QueueShardRepository:
         for row in rows:
             histories.setdefault(row["queue"], []).append(ShardChange(int(row["ms"]), int(row["shards"])))
         return int(now_ms), histories
+
+    async def history(self, queue: str) -> ShardHistory:
+        """`queue`'s changes, oldest first (none: it has one shard), with the database clock."""
+        async with asyncio.timeout(self._timeout):
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(f"{_HISTORIES} WHERE queue = $1", queue)
+                if row is None:
+                    now_ms = await conn.fetchval("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+                    return ShardHistory(queue, (), int(now_ms))
+        return _history(row)
+
+    async def list_page(self, *, page_size: int, page_token: str) -> ShardHistoryPage:
+        """A page of the queues with a history, by name, and the next page's token ("" at the end).
+
+        Raises:
+            InvalidArgument: `page_size` out of range or a `page_token` this server did not issue.
+        """
+        histories, token = await page_by_name(
+            self._pool,
+            self._timeout,
+            kind=_PAGE_KIND,
+            select=_HISTORIES,
+            column="queue",
+            page_size=page_size,
+            page_token=page_token,
+            item=_history,
+            name_of=lambda history: history.queue,
+        )
+        return ShardHistoryPage(histories, token)
 
     async def set_shards(self, queue: str, shards: int, *, lead: timedelta = SHARD_LEAD) -> datetime:
         """Give `queue` `shards` shards for the runs made from `lead` after now (database clock) on.

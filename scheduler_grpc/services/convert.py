@@ -41,6 +41,7 @@ from scheduler_grpc.jobs import (
 )
 from scheduler_grpc.limits import Limit, LimitKind, LimitRef, LimitSpec, Override
 from scheduler_grpc.schedule import DstEffect, FireTime, FoldPolicy, GapPolicy
+from scheduler_grpc.sharding import ShardChange, ShardHistory
 
 E = TypeVar("E")
 T = TypeVar("T")
@@ -688,6 +689,22 @@ def dead_letter(item: DeadItem) -> queue_pb2.DeadLetter:
         dead_time=timestamp(item.parked_at),
         priority=item.priority,
         handler=handler_of_breaker_key(item_breaker_key(item.data)),
+    )
+
+
+def shard_change(change: ShardChange) -> queue_pb2.QueueShardChange:
+    seconds, ms = divmod(change.effective_ms, 1000)
+    return queue_pb2.QueueShardChange(
+        shards=change.shards, effective_time=timestamp_pb2.Timestamp(seconds=seconds, nanos=ms * 1_000_000)
+    )
+
+
+def queue_shards(history: ShardHistory) -> queue_pb2.QueueShards:
+    return queue_pb2.QueueShards(
+        queue=history.queue,
+        shards=history.shards,
+        served_shards=history.served,
+        changes=[shard_change(change) for change in history.changes],
     )
 
 

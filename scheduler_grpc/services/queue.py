@@ -79,3 +79,28 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
     ) -> queue_pb2.PurgeDeadLettersResponse:
         purged = await self._control.purge_dead_runs(request.queue, _selection(request.run_ids, request.all))
         return queue_pb2.PurgeDeadLettersResponse(run_ids=purged)
+
+    async def GetQueueShards(
+        self, request: queue_pb2.GetQueueShardsRequest, context: Context
+    ) -> queue_pb2.GetQueueShardsResponse:
+        shards = convert.queue_shards(await self._control.queue_shards(request.queue))
+        return queue_pb2.GetQueueShardsResponse(
+            queue=shards.queue, shards=shards.shards, served_shards=shards.served_shards, changes=shards.changes
+        )
+
+    async def ListQueueShards(
+        self, request: queue_pb2.ListQueueShardsRequest, context: Context
+    ) -> queue_pb2.ListQueueShardsResponse:
+        page = await self._control.list_queue_shards(
+            page_size=convert.page_size(request.page_size), page_token=request.page_token
+        )
+        # A page ends before 1 MiB (a queue's history has a row per change made).
+        queues, cut = convert.fill_page(page.histories, convert.queue_shards)
+        token = page.token_after(page.histories[len(queues) - 1]) if cut else page.next_page_token
+        return queue_pb2.ListQueueShardsResponse(queues=queues, next_page_token=token)
+
+    async def SetQueueShards(
+        self, request: queue_pb2.SetQueueShardsRequest, context: Context
+    ) -> queue_pb2.SetQueueShardsResponse:
+        change = await self._control.set_queue_shards(request.queue, request.shards)
+        return queue_pb2.SetQueueShardsResponse(change=convert.shard_change(change))

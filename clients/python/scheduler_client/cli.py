@@ -61,7 +61,7 @@ from scheduler_client.errors import (
     Unauthenticated,
     Unavailable,
 )
-from scheduler_client.v1 import executions_pb2, jobs_pb2, limits_pb2, users_pb2
+from scheduler_client.v1 import executions_pb2, jobs_pb2, limits_pb2, queue_pb2, users_pb2
 
 PROG = "schedctl"
 EXIT_FAILURE = 1
@@ -784,6 +784,38 @@ async def cmd_dlq_purge(ctx: Context) -> int:
     return await _dlq_action(ctx, "purge")
 
 
+def _shard_row(queue: str, shards: int, served: int, changes: Sequence[queue_pb2.QueueShardChange]) -> list[object]:
+    steps = ", ".join(f"{change.shards} from {show.when(change.effective_time)}" for change in changes)
+    return [queue, shards, served, steps or "-"]
+
+
+async def cmd_queues_shards_show(ctx: Context) -> int:
+    headers = ["QUEUE", "SHARDS", "SERVED", "CHANGES"]
+    if ctx.args.queue is not None:
+        one = await ctx.client.get_queue_shards(ctx.args.queue)
+        if ctx.json:
+            show.print_json(show.message_dict(one))
+        else:
+            show.print_table(headers, [_shard_row(one.queue, one.shards, one.served_shards, one.changes)])
+        return 0
+    queues = [queue async for queue in ctx.client.iter_queue_shards(page_size=1000)]
+    if ctx.json:
+        show.print_json({"queues": [show.message_dict(queue) for queue in queues]})
+    else:
+        show.print_table(headers, [_shard_row(q.queue, q.shards, q.served_shards, q.changes) for q in queues])
+    return 0
+
+
+async def cmd_queues_shards_set(ctx: Context) -> int:
+    change = await ctx.client.set_queue_shards(ctx.args.queue, ctx.args.shards)
+    if ctx.json:
+        show.print_json(show.message_dict(change))
+    else:
+        count = f"{change.shards} shard{'s' if change.shards != 1 else ''}"
+        print(f"{ctx.args.queue}: {count} for the runs made from {show.when(change.effective_time)}")
+    return 0
+
+
 async def cmd_workers(ctx: Context) -> int:
     workers = await ctx.client.list_workers()
     if ctx.json:
@@ -1384,6 +1416,17 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--all", action="store_true", help="every dead run of the queue")
         sub.add_argument("--queue", help="the queue (default: default)")
 
+    queues = command(commands, "queues", "show and set the queues' shard counts")
+    queue_commands = queues.add_subparsers(dest="queues_command", metavar="ACTION", required=True)
+    shards = command(queue_commands, "shards", "show or set a queue's shard count")
+    shard_commands = shards.add_subparsers(dest="shards_command", metavar="ACTION", required=True)
+    shards_show = command(shard_commands, "show", "the shard counts of a queue, or of every queue ever sharded",
+                          cmd_queues_shards_show)  # fmt: skip
+    shards_show.add_argument("queue", metavar="QUEUE", nargs="?", help="the queue (default: every queue ever set)")
+    shards_set = command(shard_commands, "set", "give a queue N shards for the runs made a lead time from now on "
+                         "(admin; the server's SCHEDULER_QUEUE_SHARD_LEAD)", cmd_queues_shards_set)  # fmt: skip
+    shards_set.add_argument("queue", metavar="QUEUE", help="the queue")
+    shards_set.add_argument("shards", metavar="N", type=int32, help="shards (1-64)")
     command(commands, "workers", "list live workers", cmd_workers)
     command(commands, "handlers", "list handlers and their circuit breakers", cmd_handlers)
     status = command(commands, "status", "scheduler leader, term and queue counts", cmd_status)
@@ -1429,6 +1472,8 @@ _FLAGS = {
     "types": "--type",
     "run_ids": "RUN_ID",
 }
+# Per command, fields its positional arguments set (they win over `_FLAGS`).
+_COMMAND_FIELDS = {"queues": {"queue": "QUEUE", "shards": "N"}}
 # The positional argument a request's `id` comes from, per command.
 _ID_ARGUMENT = {"jobs": "JOB", "executions": "EXECUTION", "flows": "FLOW_RUN_ID"}
 _FIELD = re.compile(r"^([a-z_][a-z0-9_]*(?:\[\d+\])?(?:\.[a-z_][a-z0-9_]*(?:\[\d+\])?)*): (.+)$", re.DOTALL)
@@ -1444,8 +1489,9 @@ def flag_message(message: str, command: str) -> str:
     parts = re.sub(r"\[\d+\]", "", path.removeprefix("job.")).split(".")
     if parts == ["id"] and command in _ID_ARGUMENT:
         return f"{_ID_ARGUMENT[command]}: {text}"
+    fields = {**_FLAGS, **_COMMAND_FIELDS.get(command, {})}
     for end in range(len(parts), 0, -1):
-        flag = _FLAGS.get(".".join(parts[:end]))
+        flag = fields.get(".".join(parts[:end]))
         if flag is not None:
             inside = ".".join(parts[end:])  # e.g. a payload field: `--payload: message: ...`
             return f"{flag}: {inside}: {text}" if inside else f"{flag}: {text}"

@@ -1237,6 +1237,46 @@ class SchedulerClient:
         )
         return list(response.run_ids)
 
+    async def get_queue_shards(
+        self, queue: str | None = None, *, rpc_timeout: float | None = None
+    ) -> queue_pb2.GetQueueShardsResponse:
+        """A queue's shard counts (default "default"): in effect now, served, and every change."""
+        return await self._call(
+            _QUEUE + "GetQueueShards",
+            queue_pb2.GetQueueShardsRequest(queue=queue or ""),
+            queue_pb2.GetQueueShardsResponse,
+            rpc_timeout,
+        )
+
+    async def list_queue_shards(
+        self, *, page_size: int = 0, page_token: str = "", rpc_timeout: float | None = None
+    ) -> Page[queue_pb2.QueueShards]:
+        """One page of the queues whose shard count was ever set, by name."""
+        response = await self._call(
+            _QUEUE + "ListQueueShards",
+            queue_pb2.ListQueueShardsRequest(page_size=page_size, page_token=page_token),
+            queue_pb2.ListQueueShardsResponse,
+            rpc_timeout,
+        )
+        return Page(list(response.queues), response.next_page_token)
+
+    def iter_queue_shards(self, *, page_size: int = 0) -> AsyncIterator[queue_pb2.QueueShards]:
+        """Every queue whose shard count was ever set, page after page."""
+        return _pages(lambda token: self.list_queue_shards(page_size=page_size, page_token=token))
+
+    async def set_queue_shards(
+        self, queue: str, shards: int, *, rpc_timeout: float | None = None
+    ) -> queue_pb2.QueueShardChange:
+        """Give `queue` `shards` shards (1 to 64) for the runs made from the server's
+        SCHEDULER_QUEUE_SHARD_LEAD after now on (admin); the change, with when it applies."""
+        response = await self._call(
+            _QUEUE + "SetQueueShards",
+            queue_pb2.SetQueueShardsRequest(queue=queue, shards=shards),
+            queue_pb2.SetQueueShardsResponse,
+            rpc_timeout,
+        )
+        return response.change
+
     # -- ClusterService --
 
     async def list_workers(self, *, rpc_timeout: float | None = None) -> list[cluster_pb2.Worker]:

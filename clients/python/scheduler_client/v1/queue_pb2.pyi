@@ -92,3 +92,71 @@ class PurgeDeadLettersResponse(_message.Message):
     RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     run_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class QueueShardChange(_message.Message):
+    __slots__ = ("shards", "effective_time")
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_TIME_FIELD_NUMBER: _ClassVar[int]
+    shards: int
+    effective_time: _timestamp_pb2.Timestamp
+    def __init__(self, shards: _Optional[int] = ..., effective_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class QueueShards(_message.Message):
+    __slots__ = ("queue", "shards", "served_shards", "changes")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    shards: int
+    served_shards: int
+    changes: _containers.RepeatedCompositeFieldContainer[QueueShardChange]
+    def __init__(self, queue: _Optional[str] = ..., shards: _Optional[int] = ..., served_shards: _Optional[int] = ..., changes: _Optional[_Iterable[_Union[QueueShardChange, _Mapping]]] = ...) -> None: ...
+
+class GetQueueShardsRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class GetQueueShardsResponse(_message.Message):
+    __slots__ = ("queue", "shards", "served_shards", "changes")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    shards: int
+    served_shards: int
+    changes: _containers.RepeatedCompositeFieldContainer[QueueShardChange]
+    def __init__(self, queue: _Optional[str] = ..., shards: _Optional[int] = ..., served_shards: _Optional[int] = ..., changes: _Optional[_Iterable[_Union[QueueShardChange, _Mapping]]] = ...) -> None: ...
+
+class ListQueueShardsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListQueueShardsResponse(_message.Message):
+    __slots__ = ("queues", "next_page_token")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueShards]
+    next_page_token: str
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueShards, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class SetQueueShardsRequest(_message.Message):
+    __slots__ = ("queue", "shards")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    shards: int
+    def __init__(self, queue: _Optional[str] = ..., shards: _Optional[int] = ...) -> None: ...
+
+class SetQueueShardsResponse(_message.Message):
+    __slots__ = ("change",)
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    change: QueueShardChange
+    def __init__(self, change: _Optional[_Union[QueueShardChange, _Mapping]] = ...) -> None: ...

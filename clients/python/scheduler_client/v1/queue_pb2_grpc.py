@@ -55,6 +55,21 @@ class QueueServiceStub:
                 request_serializer=scheduler_dot_v1_dot_queue__pb2.PurgeDeadLettersRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_queue__pb2.PurgeDeadLettersResponse.FromString,
                 _registered_method=True)
+        self.GetQueueShards = channel.unary_unary(
+                '/scheduler.v1.QueueService/GetQueueShards',
+                request_serializer=scheduler_dot_v1_dot_queue__pb2.GetQueueShardsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_queue__pb2.GetQueueShardsResponse.FromString,
+                _registered_method=True)
+        self.ListQueueShards = channel.unary_unary(
+                '/scheduler.v1.QueueService/ListQueueShards',
+                request_serializer=scheduler_dot_v1_dot_queue__pb2.ListQueueShardsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_queue__pb2.ListQueueShardsResponse.FromString,
+                _registered_method=True)
+        self.SetQueueShards = channel.unary_unary(
+                '/scheduler.v1.QueueService/SetQueueShards',
+                request_serializer=scheduler_dot_v1_dot_queue__pb2.SetQueueShardsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_queue__pb2.SetQueueShardsResponse.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
@@ -89,6 +104,28 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetQueueShards(self, request, context):
+        """A queue's shard count: the one in effect, the one served and every change.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQueueShards(self, request, context):
+        """Every queue whose shard count was ever set, by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetQueueShards(self, request, context):
+        """Gives a queue a shard count for the runs made from a lead time after now on
+        (SCHEDULER_QUEUE_SHARD_LEAD).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +148,21 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.PurgeDeadLetters,
                     request_deserializer=scheduler_dot_v1_dot_queue__pb2.PurgeDeadLettersRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_queue__pb2.PurgeDeadLettersResponse.SerializeToString,
+            ),
+            'GetQueueShards': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueueShards,
+                    request_deserializer=scheduler_dot_v1_dot_queue__pb2.GetQueueShardsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_queue__pb2.GetQueueShardsResponse.SerializeToString,
+            ),
+            'ListQueueShards': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueueShards,
+                    request_deserializer=scheduler_dot_v1_dot_queue__pb2.ListQueueShardsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_queue__pb2.ListQueueShardsResponse.SerializeToString,
+            ),
+            'SetQueueShards': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQueueShards,
+                    request_deserializer=scheduler_dot_v1_dot_queue__pb2.SetQueueShardsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_queue__pb2.SetQueueShardsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +274,87 @@ class QueueService:
             '/scheduler.v1.QueueService/PurgeDeadLetters',
             scheduler_dot_v1_dot_queue__pb2.PurgeDeadLettersRequest.SerializeToString,
             scheduler_dot_v1_dot_queue__pb2.PurgeDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueueShards(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.QueueService/GetQueueShards',
+            scheduler_dot_v1_dot_queue__pb2.GetQueueShardsRequest.SerializeToString,
+            scheduler_dot_v1_dot_queue__pb2.GetQueueShardsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueueShards(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.QueueService/ListQueueShards',
+            scheduler_dot_v1_dot_queue__pb2.ListQueueShardsRequest.SerializeToString,
+            scheduler_dot_v1_dot_queue__pb2.ListQueueShardsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQueueShards(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.QueueService/SetQueueShards',
+            scheduler_dot_v1_dot_queue__pb2.SetQueueShardsRequest.SerializeToString,
+            scheduler_dot_v1_dot_queue__pb2.SetQueueShardsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,14 @@ class QueueServiceStub:
     """Gives dead runs a new attempt and puts them back in the queue."""
     PurgeDeadLetters: _grpc.UnaryUnaryMultiCallable[_queue_pb2.PurgeDeadLettersRequest, _queue_pb2.PurgeDeadLettersResponse]
     """Forgets dead runs (their history stays)."""
+    GetQueueShards: _grpc.UnaryUnaryMultiCallable[_queue_pb2.GetQueueShardsRequest, _queue_pb2.GetQueueShardsResponse]
+    """A queue's shard count: the one in effect, the one served and every change."""
+    ListQueueShards: _grpc.UnaryUnaryMultiCallable[_queue_pb2.ListQueueShardsRequest, _queue_pb2.ListQueueShardsResponse]
+    """Every queue whose shard count was ever set, by name."""
+    SetQueueShards: _grpc.UnaryUnaryMultiCallable[_queue_pb2.SetQueueShardsRequest, _queue_pb2.SetQueueShardsResponse]
+    """Gives a queue a shard count for the runs made from a lead time after now on
+    (SCHEDULER_QUEUE_SHARD_LEAD).
+    """
 
 @_typing.type_check_only
 class QueueServiceAsyncStub(QueueServiceStub):
@@ -55,6 +63,14 @@ class QueueServiceAsyncStub(QueueServiceStub):
     """Gives dead runs a new attempt and puts them back in the queue."""
     PurgeDeadLetters: _aio.UnaryUnaryMultiCallable[_queue_pb2.PurgeDeadLettersRequest, _queue_pb2.PurgeDeadLettersResponse]  # type: ignore[assignment]
     """Forgets dead runs (their history stays)."""
+    GetQueueShards: _aio.UnaryUnaryMultiCallable[_queue_pb2.GetQueueShardsRequest, _queue_pb2.GetQueueShardsResponse]  # type: ignore[assignment]
+    """A queue's shard count: the one in effect, the one served and every change."""
+    ListQueueShards: _aio.UnaryUnaryMultiCallable[_queue_pb2.ListQueueShardsRequest, _queue_pb2.ListQueueShardsResponse]  # type: ignore[assignment]
+    """Every queue whose shard count was ever set, by name."""
+    SetQueueShards: _aio.UnaryUnaryMultiCallable[_queue_pb2.SetQueueShardsRequest, _queue_pb2.SetQueueShardsResponse]  # type: ignore[assignment]
+    """Gives a queue a shard count for the runs made from a lead time after now on
+    (SCHEDULER_QUEUE_SHARD_LEAD).
+    """
 
 class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
     """The Redis queues and their dead-letter queues."""
@@ -90,5 +106,31 @@ class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_queue_pb2.PurgeDeadLettersResponse, _abc.Awaitable[_queue_pb2.PurgeDeadLettersResponse]]:
         """Forgets dead runs (their history stays)."""
+
+    @_abc_1.abstractmethod
+    def GetQueueShards(
+        self,
+        request: _queue_pb2.GetQueueShardsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.GetQueueShardsResponse, _abc.Awaitable[_queue_pb2.GetQueueShardsResponse]]:
+        """A queue's shard count: the one in effect, the one served and every change."""
+
+    @_abc_1.abstractmethod
+    def ListQueueShards(
+        self,
+        request: _queue_pb2.ListQueueShardsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.ListQueueShardsResponse, _abc.Awaitable[_queue_pb2.ListQueueShardsResponse]]:
+        """Every queue whose shard count was ever set, by name."""
+
+    @_abc_1.abstractmethod
+    def SetQueueShards(
+        self,
+        request: _queue_pb2.SetQueueShardsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.SetQueueShardsResponse, _abc.Awaitable[_queue_pb2.SetQueueShardsResponse]]:
+        """Gives a queue a shard count for the runs made from a lead time after now on
+        (SCHEDULER_QUEUE_SHARD_LEAD).
+        """
 
 def add_QueueServiceServicer_to_server(servicer: QueueServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
