@@ -25,9 +25,9 @@ import contextlib
 import dataclasses
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, TypeVar, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -55,6 +55,8 @@ from scheduler_grpc.queue import (
 from scheduler_grpc.sharding import ShardMap, ShardPlan
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _SEP: Final = "~"
 _DEFAULT_WAIT: Final = timedelta(seconds=5)
@@ -151,11 +153,11 @@ class ShardedQueue(Queue):
         by_shard: dict[int, list[NewItem]] = defaultdict(list)
         for item in items:
             by_shard[plan.shard_of(self.name, item.id, has_limits=bool(item.limits))].append(item)
-        # Definitions go to shard 0 (where every run with limits is), first.
-        added = await self.shard_queue(0).enqueue_many(by_shard.pop(0, []), definitions)
-        for index, batch in sorted(by_shard.items()):
-            added += await self.shard_queue(index).enqueue_many(batch)
-        return added
+        # Definitions go to shard 0, where every run with limits is; the shards' scripts run at once
+        # (on a cluster each is a round trip to its own master, in parallel rather than in series).
+        shard0 = self.shard_queue(0).enqueue_many(by_shard.pop(0, []), definitions)
+        return sum(await _all([shard0, *(self.shard_queue(index).enqueue_many(batch)
+                                         for index, batch in sorted(by_shard.items()))]))  # fmt: skip
 
     # -- taking work ----------------------------------------------------------------------------
 
@@ -513,12 +515,26 @@ async def _route_entries(
     for position, (kind, lease, extra) in enumerate(entries):
         index, own = _unwrapped(lease)
         by_shard[index].append((position, (kind, own, extra)))
+    shards = sorted(by_shard.items())
+    # Every shard at once: on a cluster each shard is a round trip to its own master.
+    answered = await _all([call(queue.shard_queue(index), [entry for _, entry in batch]) for index, batch in shards])
     replies: list[Any] = [None] * len(entries)
-    for index, batch in sorted(by_shard.items()):
-        answers = await call(queue.shard_queue(index), [entry for _, entry in batch])
+    for (_, batch), answers in zip(shards, answered, strict=True):
         for (position, _), answer in zip(batch, answers, strict=True):
             replies[position] = answer
     return replies
+
+
+async def _all(calls: Sequence[Awaitable[T]]) -> list[T]:
+    """Await every call concurrently; once all have ended, raise the first failure, if any. A
+    single call is awaited as is (no task)."""
+    if len(calls) == 1:
+        return [await calls[0]]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return cast("list[T]", results)
 
 
 async def _wait_any(shards: Sequence[Queue], seconds: float) -> None:
