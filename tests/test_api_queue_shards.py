@@ -3,6 +3,7 @@ on a real server, Redis and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -10,7 +11,7 @@ import grpc
 import pytest
 from scheduler_client.v1 import queue_pb2
 
-from scheduler_grpc.db.queue_shards import QueueShardRepository
+from scheduler_grpc.db.queue_shards import MAX_CHANGES, QueueShardRepository
 from scheduler_grpc.sharding import SHARDS_MAX
 from tests.test_api_support import Harness, api  # noqa: F401 - `api` is a fixture
 
@@ -111,6 +112,29 @@ async def test_bad_reads_are_invalid_argument_naming_the_field(api: Harness) -> 
             await call
         assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert (refused.value.details() or "").startswith(f"{field}: "), refused.value.details()
+
+
+async def test_a_queue_records_at_most_max_changes_and_concurrent_sets_cannot_pass_it(
+    api: Harness,  # noqa: F811
+    pool: asyncpg.Pool,
+) -> None:
+    # Every role re-reads the whole table every lead/4 and a change is never removed: its growth is
+    # bounded where it grows. Ten sets racing for the last two places: exactly two get them.
+    shards = QueueShardRepository(pool)
+    for n in range(MAX_CHANGES - 2):
+        await shards.set_shards("reports", 1 + n % 3, lead=timedelta(0))
+    calls = [
+        api.queue.SetQueueShards(queue_pb2.SetQueueShardsRequest(queue="reports", shards=2), metadata=api.admin)
+        for _ in range(10)
+    ]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+    assert len(refused) == 8, outcomes
+    assert {o.code() for o in refused} == {grpc.StatusCode.FAILED_PRECONDITION}
+    assert f"{MAX_CHANGES} shard changes" in (refused[0].details() or "")
+    assert await pool.fetchval("SELECT count(*) FROM queue_shards WHERE queue = 'reports'") == MAX_CHANGES
+    # Another queue is not limited by this one's history.
+    await api.queue.SetQueueShards(queue_pb2.SetQueueShardsRequest(queue="other", shards=2), metadata=api.admin)
 
 
 async def test_only_an_admin_sets_a_count(api: Harness, pool: asyncpg.Pool) -> None:  # noqa: F811

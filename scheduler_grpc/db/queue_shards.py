@@ -12,11 +12,14 @@ import asyncpg
 
 from scheduler_grpc import pagetokens
 from scheduler_grpc.db.keyset import page_by_name
-from scheduler_grpc.errors import InvalidArgument
+from scheduler_grpc.errors import FailedPrecondition, InvalidArgument
 from scheduler_grpc.rules import QUEUE_NAME_RULE, is_queue_name
 from scheduler_grpc.sharding import SHARD_LEAD, ShardChange, ShardHistory, check_shards
 
 _DEFAULT_TIMEOUT: Final = timedelta(seconds=5)
+# Changes one queue may record. Every role re-reads the whole table every lead/4, and a change can
+# never be removed (runs made under it may still be open), so its size is bounded where it grows.
+MAX_CHANGES: Final = 100
 _PAGE_KIND: Final = "queue_shards"
 # Each queue's changes in one row, with the database clock: what `history` and `list_page` read.
 _HISTORIES: Final = """
@@ -100,18 +103,29 @@ class QueueShardRepository:
 
         `lead` must be the one every role reads the histories with (`SCHEDULER_QUEUE_SHARD_LEAD`),
         so each has read the change before it applies. Returns when it applies.
+
+        Raises:
+            InvalidArgument: not a queue name, shards out of range, a negative lead.
+            FailedPrecondition: the queue has `MAX_CHANGES` changes already; nothing is written.
         """
         if not is_queue_name(queue):
             raise InvalidArgument("queue", QUEUE_NAME_RULE)
         check_shards(shards)
         if lead < timedelta(0):
             raise InvalidArgument("lead", "must not be negative")
-        async with asyncio.timeout(self._timeout):
-            effective: datetime = await self._pool.fetchval(
+        async with asyncio.timeout(self._timeout), self._pool.acquire() as conn, conn.transaction():
+            # One change of a queue at a time, so concurrent sets cannot pass the count together.
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext('queue_shards'), hashtext($1))", queue)
+            effective: datetime | None = await conn.fetchval(
                 """INSERT INTO queue_shards (queue, effective_at, shards)
-                   VALUES ($1, clock_timestamp() + $3::interval, $2) RETURNING effective_at""",
+                   SELECT $1, clock_timestamp() + $3::interval, $2
+                   WHERE (SELECT count(*) FROM queue_shards WHERE queue = $1) < $4
+                   RETURNING effective_at""",
                 queue,
                 shards,
                 lead,
+                MAX_CHANGES,
             )
+        if effective is None:
+            raise FailedPrecondition(f"queue {queue!r} has {MAX_CHANGES} shard changes, the most one queue may record")
         return effective
