@@ -1,6 +1,6 @@
 """`make bench`: every figure of issue 11 in one table, each beside a floor measured in the same run.
 
-    .venv/bin/python bench/run.py [--only drain,trigger,...] [--quick] [--json .data/bench.json]
+    .venv/bin/python bench/run.py [--only drain,trigger,...] [--skip history,...] [--quick] [--json .data/bench.json]
     .venv/bin/python bench/run.py --from-json .data/bench.json [--markdown | --docs]
 
 Starts ONE embedded Valkey and PostgreSQL for the whole run (or uses REDIS_URL / DATABASE_URL; the
@@ -1068,6 +1068,7 @@ def load_report(path: Path) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated measurements: " + ",".join(m.name for m in MEASUREMENTS))
+    parser.add_argument("--skip", help="comma-separated measurements not to run (e.g. history: ~30 of the ~55 min)")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run of the harness, ~2 min)")
     parser.add_argument("--json", default=str(ROOT / ".data" / "bench.json"), help="where the JSON report goes")
     parser.add_argument("--from-json", help="print the table of a saved report instead of measuring")
@@ -1081,9 +1082,13 @@ def main() -> int:
         else:
             print_report(saved, markdown=args.markdown)
         return 0
-    chosen = [m for m in MEASUREMENTS if not args.only or m.name in args.only.split(",")]
-    if args.only and (unknown := set(args.only.split(",")) - {m.name for m in MEASUREMENTS}):
+    only = set(args.only.split(",")) if args.only else set()
+    skip = set(args.skip.split(",")) if args.skip else set()
+    if unknown := (only | skip) - {m.name for m in MEASUREMENTS}:
         parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
+    chosen = [m for m in MEASUREMENTS if (not only or m.name in only) and m.name not in skip]
+    if not chosen:
+        parser.error("--only and --skip leave no measurement to run")  # and the saved report untouched
     sys.path.insert(0, str(ROOT))
     from scheduler_grpc.embedded import embedded_servers
 
