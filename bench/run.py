@@ -253,12 +253,12 @@ MEASUREMENTS = (
     Measurement(
         "history",
         "history_bench.py",
-        ("--history", "100000000", "--floor", "1000000"),
+        ("--history", "100000000", "--floor", "1000000", "--rounds", "11"),
         ("--history", "200000", "--floor", "50000", "--days", "4", "--runs", "400", "--batch", "100", "--rounds", "1"),
         7200,
         "100,000,000 finished attempts over 30 days (3.3M a day) generated straight into day partitions, beside "
         "1,000,000 in a database of their own; claim and completion batches of 200 through RunRepository on each, "
-        "alternated five times; retention of the oldest day, and of one holding an open run (kept)",
+        "alternated eleven times; retention of the oldest day, and of one holding an open run (kept)",
     ),
     Measurement(
         "idle",
