@@ -383,6 +383,19 @@ class ChaosValkeyCluster:
             return None
         return next(node for node in await self.nodes() if node.id in found)
 
+    async def repl_offset(self, port: int) -> int:
+        """How far master `port`'s replication stream has come (what it holds now)."""
+        return int((await self.command(port, "INFO", "replication"))["master_repl_offset"])
+
+    async def replicated(self, port: int, offset: int) -> bool:
+        """Whether every replica of master `port` has acknowledged its stream up to `offset`.
+        Replication is asynchronous: a write the master acknowledged and had not yet sent is lost
+        when its replica is promoted, so a test that cuts the master off after a write waits for
+        this first. Replicas acknowledge once a second."""
+        info = await self.command(port, "INFO", "replication")
+        replicas = [value for key, value in info.items() if key.startswith("slave") and isinstance(value, dict)]
+        return bool(replicas) and all(int(replica["offset"]) >= offset for replica in replicas)
+
     async def replica_in_sync(self, port: int) -> ValkeyNode | None:
         """Node `port` as itself, once it is a replica whose link to its master is up."""
         try:

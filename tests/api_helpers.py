@@ -7,6 +7,7 @@ admin and the worker beats.
 
 from __future__ import annotations
 
+import random
 import socket
 from dataclasses import dataclass
 
@@ -26,6 +27,38 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections (32768 where /proc says nothing)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def metrics_base(workers: int = 1, schedulers: int = 1) -> int:
+    """A SCHEDULER_METRICS_BASE for `up` whose every role's port (server base, scheduler-i base+i,
+    worker-i base+9+i) is free now. Below the kernel's ephemeral range: there, base+10 may be the
+    local end of any test's outgoing connection, and a role that cannot bind its /metrics port
+    restarts forever while `up` waits for it (a CI run's console tests once timed out so)."""
+    offsets = [0, *range(1, schedulers + 1), *range(10, 10 + workers)]
+    top = min(_ephemeral_floor(), 65536) - 20
+    for _ in range(100):
+        base = random.randrange(10_000, max(top, 10_001))
+        if all(_free(base + offset) for offset in offsets):
+            return base
+    raise AssertionError("no free metrics ports")
 
 
 @dataclass

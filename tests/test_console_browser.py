@@ -29,7 +29,8 @@ import uvloop
 from argon2 import PasswordHasher
 
 from scheduler_grpc.embedded import EmbeddedRedis, ServerUrls
-from tests.api_helpers import ADMIN_PASSWORD, free_port
+from scheduler_grpc.topology import READY_TIMEOUT_SECONDS
+from tests.api_helpers import ADMIN_PASSWORD, free_port, metrics_base
 from tests.conftest import CHROMIUM_GROUPS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,13 +79,15 @@ def _sql(database_url: str, *statements: tuple[str, Any]) -> None:
         pool.submit(uvloop.run, run()).result()
 
 
-def _wait_for(check: Callable[[], bool], what: str, within: float = 90.0) -> None:
+def _wait_for(check: Callable[[], bool], what: str, within: float = 90.0, log: Path | None = None) -> None:
+    """Poll `check` until it holds; on a timeout, say what was awaited and the tail of `log`."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(0.1)  # polling an observable condition (the banner in a log file), not a sync sleep
-    raise AssertionError(f"timed out waiting for {what}")
+    tail = "" if log is None else "\n" + log.read_text(errors="replace")[-4000:]
+    raise AssertionError(f"timed out waiting for {what}{tail}")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +104,7 @@ def topology(servers: ServerUrls, database_url: str, tmp_path_factory: pytest.Te
             PasswordHasher().hash(VIEWER[1]),
         ),
     )
-    http_port, grpc_port, metrics_base = free_port(), free_port(), free_port()
+    http_port, grpc_port, metrics = free_port(), free_port(), metrics_base()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")},
         "REDIS_URL": redis.url,
@@ -126,7 +129,7 @@ def topology(servers: ServerUrls, database_url: str, tmp_path_factory: pytest.Te
                 "--workers",
                 "1",
                 "--metrics-base",
-                str(metrics_base),
+                str(metrics),
             ],
             env=env,
             stdout=subprocess.DEVNULL,
@@ -134,9 +137,16 @@ def topology(servers: ServerUrls, database_url: str, tmp_path_factory: pytest.Te
             start_new_session=True,
         )
     try:
-        _wait_for(lambda: b"scheduler-grpc is up" in log.read_bytes() or process.poll() is not None, "the banner")
+        # `up` prints its banner anyway after READY_TIMEOUT_SECONDS: wait past it, for the log of why.
+        _wait_for(
+            lambda: b"scheduler-grpc is up" in log.read_bytes() or process.poll() is not None,
+            "the banner",
+            within=READY_TIMEOUT_SECONDS + 10,
+            log=log,
+        )
         banner = log.read_text(errors="replace")
         assert process.poll() is None, banner[-3000:]
+        assert "roles not ready yet" not in banner, banner[-3000:]
         match = re.search(r"web console:\s+(\S+)", banner)
         assert match is not None, banner[-3000:]
         assert match.group(1) == f"http://127.0.0.1:{http_port}/"

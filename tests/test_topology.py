@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -26,25 +25,7 @@ from scheduler_grpc.config import Settings
 from scheduler_grpc.embedded import ServerUrls
 from scheduler_grpc.errors import ConfigError
 from scheduler_grpc.topology import _banner, _children
-from tests.api_helpers import free_port
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _metrics_base() -> int:
-    """A base port whose server (base), scheduler-1 (base+1) and worker-1 (base+10) ports are free."""
-    for _ in range(100):
-        base = random.randrange(20_000, 40_000)
-        if all(_free(base + offset) for offset in (0, 1, 10)):
-            return base
-    raise AssertionError("no free metrics ports")
+from tests.api_helpers import free_port, metrics_base
 
 
 def _http_status(port: int, path: str) -> int:
@@ -69,7 +50,7 @@ async def test_the_banner_comes_when_every_role_is_ready(
     pool: asyncpg.Pool,
     tmp_path: Path,
 ) -> None:
-    grpc_port, http_port, base = free_port(), free_port(), _metrics_base()
+    grpc_port, http_port, base = free_port(), free_port(), metrics_base()
     env = {
         **os.environ,
         "REDIS_URL": servers.redis_url,
@@ -162,7 +143,7 @@ def _alive(pid: int) -> bool:
 async def test_up_restarts_a_role_that_dies_and_stops_every_role_on_sigterm(
     servers: ServerUrls, database_url: str, tmp_path: Path
 ) -> None:
-    base = _metrics_base()
+    base = metrics_base()
     env = {
         **os.environ,
         "REDIS_URL": servers.redis_url,
