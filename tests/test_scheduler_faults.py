@@ -106,7 +106,11 @@ async def test_the_leader_survives_two_postgresql_outages_and_fires_again(  # no
     assert scheduler.process.poll() is None
     # Logged once per outage and loop, not once per retry.
     assert len(_lines(scheduler, "leader loop failing")) <= 2 * 5, "\n".join(_lines(scheduler, "failing"))
-    assert _lines(scheduler, "leader loop recovered")
+    # The end of an outage is said: by the loops that failed, or, when the leader stalled past
+    # its bound meanwhile (a loaded machine) and handed over, by the new term that leads again.
+    handovers = len(_lines(scheduler, "handing leadership over"))
+    led_again = 0 < handovers < len(_lines(scheduler, '"message":"leading"'))
+    assert _lines(scheduler, "leader loop recovered") or led_again, "\n".join(_lines(scheduler, "lead"))
 
 
 async def test_the_scheduler_survives_a_redis_outage_without_flooding_its_log(  # noqa: PLR0917 - pytest fixtures
