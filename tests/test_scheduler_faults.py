@@ -23,6 +23,8 @@ import redis.asyncio as aioredis
 
 from chaos.proxy import FaultProxy
 from scheduler_grpc.control import Control
+from scheduler_grpc.db.executions import TriggerOutcome, TriggerRequest
+from scheduler_grpc.db.firing import FiringRepository
 from scheduler_grpc.db.leadership import LeadershipRepository, TermRecord
 from scheduler_grpc.db.recovery import RecoveryRepository
 from scheduler_grpc.db.runs import RunRepository
@@ -506,6 +508,12 @@ async def test_no_run_can_be_backfilled_into_a_missed_range(
         "SELECT scheduled_for FROM job_executions WHERE job_id = $1 AND trigger = 'backfill'", job.id
     )
     assert [row["scheduled_for"] for row in slots] == [before]
+    # The job keeps the end of its latest range (migration 0019), and a manual run inside it is
+    # refused too (the check a job without ranges skips).
+    assert await pool.fetchval("SELECT missed_through FROM jobs WHERE id = $1", job.id) == through
+    asked = [TriggerRequest(job.id, through), TriggerRequest(job.id, before - timedelta(seconds=1))]
+    manual = await FiringRepository(pool).trigger_now(asked)
+    assert [result.outcome for result in manual] == [TriggerOutcome.MISSED, TriggerOutcome.CREATED]
 
 
 async def test_a_leader_cut_off_from_postgresql_hands_over_to_a_standby_that_reaches_it(  # noqa: PLR0917

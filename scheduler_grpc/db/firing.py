@@ -51,6 +51,21 @@ _SNAPSHOT_OVERRIDDEN = ", ".join(
 )
 
 
+def outside_missed_ranges(job: str, slot: str) -> str:
+    """SQL: `slot` lies in no `missed` range of `job` (an alias of a `jobs` row). Ranges of a job
+    never overlap, so the latest one starting by the slot decides. Only a job whose latest range
+    ends at or after the slot (`jobs.missed_through`, migration 0019) looks at its ranges: the
+    others never read `job_executions` here, whatever plan the statement was prepared with. An OR
+    is evaluated in its written order, so the look runs only when the cheap tests fail."""
+    return f"""({job}.missed_through IS NULL OR {job}.missed_through < {slot} OR NOT EXISTS (
+                SELECT 1 FROM (
+                    SELECT m.missed_through FROM job_executions m
+                    WHERE m.job_id = {job}.id AND m.final_status = 'missed' AND m.scheduled_for <= {slot}
+                    ORDER BY m.scheduled_for DESC LIMIT 1
+                ) AS range WHERE range.missed_through >= {slot}
+            ))"""
+
+
 class FiringRepository:
     """Inserts of new runs into `job_executions` (`ports.FiringStore`, `ports.TriggerStore`).
 
@@ -106,7 +121,12 @@ class FiringRepository:
             WITH fence AS (
                 SELECT term FROM leader_state WHERE scope = $1 AND term = $2 FOR SHARE
             ), advanced AS (
-                UPDATE jobs j SET next_run_time = a.new_next, updated_at = now()
+                -- A job's missed_through only rises (migration 0019): to the end of its latest range.
+                UPDATE jobs j SET next_run_time = a.new_next, updated_at = now(),
+                                  missed_through = greatest(j.missed_through, (
+                                      SELECT max(x.through) FROM unnest($6::uuid[], $10::timestamptz[], $8::text[])
+                                          AS x(job_id, through, status)
+                                      WHERE x.job_id = a.job_id AND x.status = 'missed'))
                 FROM unnest($3::uuid[], $4::timestamptz[], $5::timestamptz[]) AS a(job_id, old_next, new_next)
                 WHERE j.id = a.job_id AND j.next_run_time = a.old_next AND j.status = 'active'
                   AND EXISTS (SELECT 1 FROM fence)
@@ -211,20 +231,15 @@ class FiringRepository:
         ids = [new_execution_id() for _ in slots]
         rows = await self._pool.fetch(
             f"""
-            WITH job AS (SELECT id, priority, {SNAPSHOT_COLUMNS}, {resolved_limit_keys("limits", "payload")} AS resolved
+            WITH job AS (SELECT id, priority, missed_through, {SNAPSHOT_COLUMNS},
+                                {resolved_limit_keys("limits", "payload")} AS resolved
                          FROM jobs WHERE id = $1)
             INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
                                         priority, request_id, limit_keys, error, finished_at, {SNAPSHOT_COLUMNS})
             SELECT s.id, s.id, job.id, s.slot, 1, {_STATUS}, $2, coalesce($5, now()), job.priority, $4,
                    {keys_of("job.resolved")}, {key_error_of("job.resolved")}, {_FINISHED}, {snapshot("job")}
             FROM job, unnest($3::uuid[], $6::timestamptz[]) AS s(id, slot)
-            WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
-                SELECT 1 FROM (
-                    SELECT m.missed_through FROM job_executions m
-                    WHERE m.job_id = job.id AND m.final_status = 'missed' AND m.scheduled_for <= s.slot
-                    ORDER BY m.scheduled_for DESC LIMIT 1
-                ) AS range WHERE range.missed_through >= s.slot
-            )
+            WHERE {outside_missed_ranges("job", "s.slot")}
             ON CONFLICT DO NOTHING
             RETURNING id AS run_id, job_id, scheduled_for, priority, due_at, handler, queue, payload, limit_keys,
                       status, error
@@ -296,13 +311,7 @@ class FiringRepository:
                 SELECT r.id, r.job_id, r.slot, r.request_id, r.trace_context, j.priority, {_SNAPSHOT_OVERRIDDEN},
                        {resolved_limit_keys("j.limits", "coalesce(r.payload, j.payload)")} AS resolved
                 FROM r JOIN jobs j ON j.id = r.job_id
-                WHERE NOT EXISTS (  -- ranges of a job never overlap: the latest one starting by the slot
-                    SELECT 1 FROM (
-                        SELECT m.missed_through FROM job_executions m
-                        WHERE m.job_id = r.job_id AND m.final_status = 'missed' AND m.scheduled_for <= r.slot
-                        ORDER BY m.scheduled_for DESC LIMIT 1
-                    ) AS range WHERE range.missed_through >= r.slot
-                )
+                WHERE {outside_missed_ranges("j", "r.slot")}
             ), inserted AS (
                 INSERT INTO job_executions AS e (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
                                                  priority, request_id, trace_context, limit_keys, error, finished_at,
