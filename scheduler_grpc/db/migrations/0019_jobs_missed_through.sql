@@ -5,7 +5,7 @@
 -- reads `job_executions` for it. Why it matters: the trigger statement is prepared once per pooled
 -- connection, and a generic plan made while the day's partition was nearly empty (a new partition,
 -- a fresh database) scanned that partition for every request, so each trigger cost more with
--- every run of the day (measured: 5 ms to 15 ms for 15 triggers over 2,400 runs of one job).
+-- every run of the day (docs/performance.md, TriggerJob).
 -- Only ever raised (by the statement that records ranges, `FiringRepository.fire_clocked`): a
 -- dropped partition's ranges leave it too high, which costs that job the look, never a wrong answer.
 ALTER TABLE jobs ADD COLUMN missed_through timestamptz;
