@@ -308,7 +308,10 @@ async def test_tokens_keep_growing_when_redis_loses_its_data(
         cluster.start(cluster.add(holder))
     for _ in range(3):
         await eventually(lambda: cluster.leader() is not None, TTL_S + 2, "a leader")
-        before = max(stint.token for stint in cluster.recorder.stints)
+        leader = cluster.leader()
+        assert leader is not None
+        # Its lead() started (is_leader turns true a moment before): its stint is the latest.
+        before = (await stint_of(cluster, leader)).token
         await redis.flushall()
         await redis.script_flush()
         await eventually(
