@@ -24,7 +24,6 @@ import pytest
 import redis.asyncio as aioredis
 import uvloop
 
-from scheduler_grpc.config import cluster_url as cluster_url_of
 from scheduler_grpc.connections import redis_client
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.migrate import migrate
@@ -276,8 +275,11 @@ def redis_url(redis_backend: str, servers: ServerUrls, request: pytest.FixtureRe
 
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    """A client on a flushed Redis database (every master of a cluster flushed)."""
-    client = redis_client(redis_url) if cluster_url_of(redis_url) else aioredis.Redis.from_url(redis_url)
+    """A client on a flushed Redis database (every master of a cluster flushed), made as the roles
+    make theirs: with no socket timeout, whose `asyncio.wait_for` on Python 3.11 can swallow the
+    cancellation of a call bounded by `asyncio.timeout` (a queue's timed wait then sleeps its whole
+    block)."""
+    client = redis_client(redis_url)
     await client.flushdb()
     try:
         yield client

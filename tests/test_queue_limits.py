@@ -4,6 +4,7 @@ paused keys, fairness across keys, and units held exactly while a lease is."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections.abc import Callable
@@ -600,12 +601,16 @@ async def test_a_rate_drains_a_backlog_at_the_rate_and_no_second_exceeds_it_plus
     starts.sort()
     fullest = max(sum(1 for other in starts[i:] if other < start + 1000) for i, start in enumerate(starts))
     rate = (len(starts) - 11) / ((starts[-1] - starts[0]) / 1000)
-    print(f"drained at {rate:.1f}/s, fullest second {fullest} starts")
+    pauses = sum(1 for before, after in itertools.pairwise(starts) if after - before >= 750)
+    print(f"drained at {rate:.1f}/s, fullest second {fullest} starts, {pauses} pauses of 0.75 s or more")
     assert fullest <= 110  # exact: the GCRA never lets more through
-    # Measured 99.9-100.0/s on an idle machine, 48/s on one running four test suites at once and
-    # 29.8/s at a load of 6 on 2 cores (each late wake-up costs the rate its delay); the floor still
-    # catches a queue that lets consumers sleep past the retry time (the 1 s block: 11-22 runs/s).
-    assert 25 <= rate <= 100.5, rate
+    assert rate <= 100.5, rate
+    # Measured 99.9-100.0/s on an idle machine and 48/s on one running four test suites at once
+    # (each late wake-up costs the rate its delay), so the rate cannot tell a loaded machine from a
+    # queue that lets its consumers sleep past the retry time. The pauses can: such a queue leaves a
+    # gap of its whole 1 s block after each burst (13 of 0.87-1.05 s over these 300 runs), where a
+    # late wake-up leaves gaps of the machine's delay (at most 52 ms here, idle).
+    assert pauses <= 2, pauses
 
 
 async def test_runs_with_limits_are_never_reserved_ahead(redis: aioredis.Redis) -> None:
