@@ -1140,6 +1140,13 @@ async def test_runs_resume_on_another_server_process(
             async with serving(worker):
                 await eventually(lambda: _true(len(started) == 3), within=10)
                 first = worker.worker_id
+                # Acknowledged on the first server too: an assignment whose ack the cut overtakes goes
+                # back unspent at the stream's end, and is then not the worker's to resume.
+                remote = deployment.server.api.remote
+                assert remote is not None
+                await eventually(lambda: _true(any(
+                    len(s._pending) == 3 and all(p.acked for p in s._pending.values()) for s in remote.sessions
+                )))  # fmt: skip
                 proxy.target = ("127.0.0.1", port)  # the balancer's next pick
                 proxy.reset()
                 await eventually(lambda: _true(worker.stats.resumed == 3), within=10)
