@@ -946,6 +946,17 @@ def blocking_worker(target: str, deployment: Deployment, slots: int) -> tuple[Wo
     return worker, started, release
 
 
+async def acked_on_the_server(deployment: Deployment, count: int) -> None:
+    """Wait until a session of the deployment's server holds `count` acknowledged assignments: the
+    worker's acks travel after its handlers start, and an assignment whose ack a cut overtakes goes
+    back unspent at the stream's end (not the worker's to resume)."""
+    remote = deployment.server.api.remote
+    assert remote is not None
+    await eventually(lambda: _true(any(
+        len(s._pending) == count and all(p.acked for p in s._pending.values()) for s in remote.sessions
+    )))  # fmt: skip
+
+
 async def exactly_once_in_one_attempt(deployment: Deployment, runs: list[str]) -> None:
     async def drained() -> bool:
         return (await deployment.counts(runs)).get("succeeded", 0) == len(runs)
@@ -964,6 +975,7 @@ async def test_a_cut_stream_is_reconnected_and_its_runs_resumed_each_succeeding_
         worker, started, release = blocking_worker(proxy.url_host_port, deployment, slots=4)
         async with serving(worker):
             await eventually(lambda: _true(len(started) == 4), within=10)
+            await acked_on_the_server(deployment, 4)
             assert proxy.reset() == 1  # the connection killed (RST both ways) with 4 acked runs in flight
             await eventually(lambda: _true(worker.stats.connects == 2 and worker.stats.resumed == 4), within=10)
             assert worker.stats.not_resumed == 0
@@ -1140,13 +1152,7 @@ async def test_runs_resume_on_another_server_process(
             async with serving(worker):
                 await eventually(lambda: _true(len(started) == 3), within=10)
                 first = worker.worker_id
-                # Acknowledged on the first server too: an assignment whose ack the cut overtakes goes
-                # back unspent at the stream's end, and is then not the worker's to resume.
-                remote = deployment.server.api.remote
-                assert remote is not None
-                await eventually(lambda: _true(any(
-                    len(s._pending) == 3 and all(p.acked for p in s._pending.values()) for s in remote.sessions
-                )))  # fmt: skip
+                await acked_on_the_server(deployment, 3)
                 proxy.target = ("127.0.0.1", port)  # the balancer's next pick
                 proxy.reset()
                 await eventually(lambda: _true(worker.stats.resumed == 3), within=10)
