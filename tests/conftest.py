@@ -276,9 +276,9 @@ def redis_url(redis_backend: str, servers: ServerUrls, request: pytest.FixtureRe
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     """A client on a flushed Redis database (every master of a cluster flushed), made as the roles
-    make theirs: with no socket timeout, whose `asyncio.wait_for` on Python 3.11 can swallow the
-    cancellation of a call bounded by `asyncio.timeout` (a queue's timed wait then sleeps its whole
-    block)."""
+    make theirs (`connections.redis_client`): without a socket timeout. With one, redis-py sends each
+    command under `asyncio.wait_for`, which on Python 3.11 can swallow the cancellation of a call
+    bounded by `asyncio.timeout`: a queue's timed wait for a due time then sleeps its whole block."""
     client = redis_client(redis_url)
     await client.flushdb()
     try:
