@@ -24,8 +24,9 @@ concurrent callers call BatchTriggerJobs back to back for `--seconds`, each call
 with a request id of its own (every item a new run); the figure is the runs recorded in PostgreSQL
 per second (counted there at the end). Its floor, measured first on the same PostgreSQL: the raw
 INSERT of the same runs (`INSERT ... SELECT FROM unnest`, `--items` rows per statement, `--callers`
-connections, the job's snapshot and a request id each: the rows the RPC writes, without its
-idempotency and missed-slot checks, events, enqueue or gRPC), in rows/s; the table is emptied after it.
+connections, the job's snapshot and a request id each, and each request id's claim in
+`execution_requests`: the rows the RPC writes, without its idempotency and missed-slot checks,
+events, enqueue or gRPC), in rows/s; the tables are emptied after it.
 """
 
 from __future__ import annotations
@@ -177,11 +178,16 @@ async def raw_insert_floor(database_url: str, job_id: str, callers: int, rows: i
     """Rows/s of the bare INSERT of manual runs of `job_id`, `rows` per statement from `callers`
     connections for `seconds`; the rows are deleted afterwards."""
     columns = ", ".join(SNAPSHOT)
+    # Each run and its request id's claim, written by one statement (as BatchTriggerJobs does, migration
+    # 0020), in a transaction that tells the row trigger so.
     sql = f"""
+        WITH u AS (SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $4::text[]) AS u(id, slot, request_id)),
+        claims AS (INSERT INTO execution_requests (job_id, request_id, run_id, scheduled_for)
+                   SELECT $3, request_id, id, slot FROM u)
         INSERT INTO job_executions (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at, priority,
                                     request_id, {columns})
         SELECT u.id, u.id, j.id, u.slot, 1, 'queued', 'manual', now(), j.priority, u.request_id, {snapshot("j")}
-        FROM unnest($1::uuid[], $2::timestamptz[], $4::text[]) AS u(id, slot, request_id) JOIN jobs j ON j.id = $3
+        FROM u JOIN jobs j ON j.id = $3
     """  # fmt: skip
     pool = await create_pool(database_url, size=callers, connect_timeout=timedelta(seconds=5))
     inserted = 0
@@ -196,14 +202,16 @@ async def raw_insert_floor(database_url: str, job_id: str, callers: int, rows: i
             while time.perf_counter() < stop:
                 slots = [base + timedelta(microseconds=(n + k) * callers + i) for k in range(rows)]
                 ids = [new_execution_id() for _ in range(rows)]
-                await pool.execute(sql, ids, slots, job, [f"floor-{i}-{n + k}" for k in range(rows)])
+                async with pool.acquire() as conn, conn.transaction():
+                    await conn.execute("SET LOCAL scheduler.request_claims = 'statement'")
+                    await conn.execute(sql, ids, slots, job, [f"floor-{i}-{n + k}" for k in range(rows)])
                 n += rows
                 inserted += rows
 
         began = time.perf_counter()
         await asyncio.gather(*(caller(i) for i in range(callers)))
         elapsed = time.perf_counter() - began
-        await pool.execute("TRUNCATE job_executions CASCADE")
+        await pool.execute("TRUNCATE job_executions, execution_requests CASCADE")
     finally:
         await pool.close()
     return inserted / elapsed

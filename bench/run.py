@@ -776,8 +776,8 @@ Floors (measured in the same run, on the same servers, right before or beside th
   raw Lua dequeue      one Lua script: ZPOPMIN 50 from a sorted set + ZADD them to another, one caller
   raw UPDATE…FROM unnest  `UPDATE t SET status, finished_at FROM unnest($1::bigint[])`, 50 rows/statement, 4 connections
   no-op gRPC           a grpc.aio server (own process) with a no-op unary method, 50 concurrent callers, one channel
-  raw INSERT…SELECT FROM unnest  the rows BatchTriggerJobs writes (a job's snapshot, a request id each), 1,000 per
-                       statement from 10 connections, without its checks, events, enqueue or gRPC
+  raw INSERT…SELECT FROM unnest  the rows BatchTriggerJobs writes (a job's snapshot, a request id each and its
+                       claim), 1,000 per statement from 10 connections, without its checks, events, enqueue or gRPC
   1,000 timers/s       1,000 uvloop call_at timers due at each whole second for 10 s: (ran - due)
   SELECT now() round trip  the least any statement of a scan tick costs, same pool, same moment
   10,000 ÷ drain rate  the burst cannot all start sooner than the worker can run 10,000 executions

@@ -11,6 +11,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Final
 
 import asyncpg
 
@@ -36,6 +37,7 @@ from scheduler_grpc.db.executions import (
     resolved_limit_keys,
     snapshot,
 )
+from scheduler_grpc.db.leadership import Connection
 from scheduler_grpc.errors import Fenced
 from scheduler_grpc.executions import ExecutionStatus, Trigger
 
@@ -64,6 +66,77 @@ def outside_missed_ranges(job: str, slot: str) -> str:
                     ORDER BY m.scheduled_for DESC LIMIT 1
                 ) AS range WHERE range.missed_through >= {slot}
             ))"""
+
+
+# `FiringRepository.trigger_now`'s statement: $1 the requests' order, $2 new run ids, $3 job ids,
+# $4 slots, $5 request ids, $6 traceparents, $7 payload overrides.
+_TRIGGER_NOW: Final = f"""
+            WITH r AS (
+                -- $6 is empty (NULLs) when tracing is off, $7 when no request overrides its payload.
+                SELECT * FROM unnest($1::integer[], $2::uuid[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[],
+                                     $7::jsonb[])
+                    AS r(ord, id, job_id, slot, request_id, trace_context, payload)
+            ), eligible AS (
+                SELECT r.id, r.job_id, r.slot, r.request_id, r.trace_context, j.priority, {_SNAPSHOT_OVERRIDDEN},
+                       {resolved_limit_keys("j.limits", "coalesce(r.payload, j.payload)")} AS resolved
+                FROM r JOIN jobs j ON j.id = r.job_id
+                WHERE {outside_missed_ranges("j", "r.slot")}
+            ), claimed AS (
+                -- Each request id's claim (migration 0020: this statement's, not the row trigger's):
+                -- a new one, or one taken over whose run does not exist (its insert was skipped on a
+                -- slot collision, or its day was dropped). A claim another transaction holds
+                -- uncommitted is waited for; once that commits, its run exists (seen by
+                -- `execution_exists`' fresh snapshot) and the claim stays theirs.
+                INSERT INTO execution_requests AS q (job_id, request_id, run_id, scheduled_for)
+                SELECT job_id, request_id, id, slot FROM eligible WHERE request_id IS NOT NULL
+                ORDER BY job_id, request_id
+                ON CONFLICT (job_id, request_id) DO UPDATE
+                    SET run_id = excluded.run_id, scheduled_for = excluded.scheduled_for
+                    WHERE NOT execution_exists(q.run_id, q.scheduled_for)
+                RETURNING q.run_id
+            ), inserted AS (
+                INSERT INTO job_executions AS e (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
+                                                 priority, request_id, trace_context, limit_keys, error, finished_at,
+                                                 {SNAPSHOT_COLUMNS})
+                SELECT id, id, job_id, slot, 1, {_STATUS}, 'manual', now(), priority, request_id, trace_context,
+                       {keys_of("resolved")}, {key_error_of("resolved")}, {_FINISHED}, {SNAPSHOT_COLUMNS}
+                FROM eligible
+                WHERE request_id IS NULL OR id IN (SELECT run_id FROM claimed)
+                -- One order for every statement: two calls claiming the same request ids (or
+                -- inserting the same slots) in different orders would each wait on the other's
+                -- uncommitted row, a deadlock PostgreSQL breaks by failing one.
+                ORDER BY job_id, request_id, slot
+                ON CONFLICT DO NOTHING
+                RETURNING {COLUMNS}, e.handler, e.queue, e.payload, e.limit_keys
+            )
+            SELECT r.ord, j.id IS NOT NULL AS job_found, el.id IS NOT NULL AS eligible, p.id AS prior_id, i.*
+            FROM r
+            LEFT JOIN jobs j ON j.id = r.job_id
+            LEFT JOIN eligible el ON el.id = r.id
+            LEFT JOIN inserted i ON i.id = r.id
+            -- The statement's snapshot: a run an EARLIER call created (not one this INSERT made).
+            -- A probe of the primary key per request (LIMIT: never flattened into a join, which the
+            -- planner would make a hash of the whole table, every statement).
+            LEFT JOIN LATERAL (
+                SELECT q.run_id, q.scheduled_for FROM execution_requests q
+                WHERE q.job_id = r.job_id AND q.request_id = r.request_id LIMIT 1
+            ) q ON true
+            LEFT JOIN job_executions p ON p.id = q.run_id AND p.scheduled_for = q.scheduled_for
+            ORDER BY r.ord
+            """
+
+
+async def _claiming(conn: Connection, args: tuple[object, ...]) -> list[asyncpg.Record]:
+    """`_TRIGGER_NOW` in a transaction whose request ids the statement claims itself: the row trigger
+    of migration 0016 steps aside for it (migration 0020). In a caller's transaction already, the
+    trigger is back on for the rest of it afterwards."""
+    outer = conn.is_in_transaction()
+    async with conn.transaction():
+        await conn.execute("SET LOCAL scheduler.request_claims = 'statement'")
+        rows = await conn.fetch(_TRIGGER_NOW, *args)
+        if outer:
+            await conn.execute("SET LOCAL scheduler.request_claims = ''")
+    return rows
 
 
 class FiringRepository:
@@ -300,42 +373,7 @@ class FiringRepository:
         return results
 
     async def _fetch_trigger_now(self, requests: Sequence[TriggerRequest]) -> list[asyncpg.Record]:
-        return await self._pool.fetch(
-            f"""
-            WITH r AS (
-                -- $6 is empty (NULLs) when tracing is off, $7 when no request overrides its payload.
-                SELECT * FROM unnest($1::integer[], $2::uuid[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[],
-                                     $7::jsonb[])
-                    AS r(ord, id, job_id, slot, request_id, trace_context, payload)
-            ), eligible AS (
-                SELECT r.id, r.job_id, r.slot, r.request_id, r.trace_context, j.priority, {_SNAPSHOT_OVERRIDDEN},
-                       {resolved_limit_keys("j.limits", "coalesce(r.payload, j.payload)")} AS resolved
-                FROM r JOIN jobs j ON j.id = r.job_id
-                WHERE {outside_missed_ranges("j", "r.slot")}
-            ), inserted AS (
-                INSERT INTO job_executions AS e (id, run_id, job_id, scheduled_for, attempt, status, trigger, due_at,
-                                                 priority, request_id, trace_context, limit_keys, error, finished_at,
-                                                 {SNAPSHOT_COLUMNS})
-                SELECT id, id, job_id, slot, 1, {_STATUS}, 'manual', now(), priority, request_id, trace_context,
-                       {keys_of("resolved")}, {key_error_of("resolved")}, {_FINISHED}, {SNAPSHOT_COLUMNS}
-                FROM eligible
-                -- One order for every statement: two calls inserting (and claiming, in
-                -- execution_requests, migration 0016) the same request ids in different orders would
-                -- each wait on the other's uncommitted row, a deadlock PostgreSQL breaks by failing one.
-                ORDER BY job_id, request_id, slot
-                ON CONFLICT DO NOTHING
-                RETURNING {COLUMNS}, e.handler, e.queue, e.payload, e.limit_keys
-            )
-            SELECT r.ord, j.id IS NOT NULL AS job_found, el.id IS NOT NULL AS eligible, p.id AS prior_id, i.*
-            FROM r
-            LEFT JOIN jobs j ON j.id = r.job_id
-            LEFT JOIN eligible el ON el.id = r.id
-            LEFT JOIN inserted i ON i.id = r.id
-            -- The statement's snapshot: a run an EARLIER call created (not one this INSERT made).
-            LEFT JOIN execution_requests q ON q.job_id = r.job_id AND q.request_id = r.request_id
-            LEFT JOIN job_executions p ON p.id = q.run_id AND p.scheduled_for = q.scheduled_for
-            ORDER BY r.ord
-            """,
+        args = (
             list(range(len(requests))),
             new_execution_ids(len(requests)),
             [request.job_id for request in requests],  # UUID text: asyncpg encodes it without a UUID object
@@ -344,3 +382,9 @@ class FiringRepository:
             [request.trace_context for request in requests] if any(r.trace_context for r in requests) else [],
             [request.payload for request in requests] if any(r.payload is not None for r in requests) else [],
         )
+        if all(request.request_id is None for request in requests):
+            return await self._pool.fetch(_TRIGGER_NOW, *args)
+        if isinstance(self._pool, asyncpg.Pool):
+            async with self._pool.acquire() as conn:
+                return await _claiming(conn, args)
+        return await _claiming(self._pool, args)
