@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 import zlib
@@ -88,8 +89,17 @@ def check_shards(shards: object, field_name: str = "shards") -> int:
     return shards
 
 
+# A UUIDv7 in the canonical form run ids have (lowercase, RFC 4122 variant): its first 48 bits,
+# the first 12 hex digits, are the millisecond.
+_CANONICAL_V7: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
 def run_time_ms(item_id: str) -> int | None:
     """The creation millisecond of a UUIDv7 id (a run id), or None for any other id."""
+    # Read off the text for a canonical id (every placement and shard look-up of every run asks,
+    # and parsing a UUID object cost a bulk trigger ~4 % of its CPU); any other form is parsed.
+    if type(item_id) is str and _CANONICAL_V7.fullmatch(item_id):
+        return int(item_id[:8] + item_id[9:13], 16)
     try:
         value = uuid.UUID(item_id)
     except (ValueError, AttributeError, TypeError):
@@ -138,7 +148,7 @@ class ShardPlan:
 
     def shard_of(self, queue: str, item_id: str, *, has_limits: bool = False) -> int:
         """The shard of a run (see the module's docstring)."""
-        if has_limits:
+        if has_limits or queue not in self.histories:  # (one shard: no need to read the id)
             return 0
         count = self.count_at(queue, run_time_ms(item_id))
         return 0 if count == 1 else spread(item_id) % count

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
 import pytest
 import redis.asyncio as aioredis
+from hypothesis import given
+from hypothesis import strategies as st
 from redis.asyncio.cluster import RedisCluster
 
 from scheduler_grpc.db.executions import new_execution_id
@@ -63,6 +66,29 @@ def test_placement_follows_the_count_in_effect_when_the_run_was_made() -> None:
     many = Counter(ShardPlan({"q": (ShardChange(0, 4),)}).shard_of("q", run_id()) for _ in range(2000))
     assert sorted(many) == [0, 1, 2, 3]
     assert min(many.values()) > 350
+
+
+def _parsed_time_ms(item_id: str) -> int | None:
+    """What `run_time_ms` means, the slow way: the id parsed as a UUID, its millisecond if a v7."""
+    try:
+        value = uuid.UUID(item_id)
+    except ValueError:
+        return None
+    return value.int >> 80 if value.version == 7 else None
+
+
+@given(
+    bits=st.integers(min_value=0, max_value=2**128 - 1),
+    version=st.sampled_from([None, 4, 7]),
+    form=st.sampled_from(["canonical", "upper", "braced", "hex"]),
+)
+def test_a_run_ids_millisecond_read_off_its_text_is_the_parsed_ones(bits: int, version: int | None, form: str) -> None:
+    if version is not None:  # that version with the RFC 4122 variant (uuid.UUID knows no v7 on 3.11)
+        bits = bits & ~(0xF << 76) & ~(0x3 << 62) | version << 76 | 0x2 << 62
+    value = uuid.UUID(int=bits)
+    text = {"canonical": str(value), "upper": str(value).upper(), "braced": f"{{{value}}}", "hex": value.hex}[form]
+    assert run_time_ms(text) == _parsed_time_ms(text)
+    assert run_time_ms(text[:-1] + "g") is None
 
 
 async def test_runs_spread_over_the_shards_and_each_is_taken_exactly_once(redis: aioredis.Redis) -> None:
