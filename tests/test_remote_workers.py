@@ -1123,10 +1123,7 @@ async def test_runs_resume_on_another_server_process(
                 held = [(await old.receive_kind("assignment")).assignment for _ in range(2)]
                 for a in held:
                     old.send(ack=workers_pb2.Ack(execution_id=a.execution_id, claim_token=a.claim_token))
-                remote = deployment.server.api.remote
-                assert remote is not None
-                [session] = remote.sessions
-                await eventually(lambda: _true(all(p.acked for p in session._pending.values())))
+                await acked_on_the_server(deployment, 2)
                 new = RawStream(channel, deployment.worker_key)
                 new.send(hello=workers_pb2.Hello(
                     handlers=[workers_pb2.HandlerInfo(name="remote.noop")], slots=2, sdk="raw", queue=QUEUE,
