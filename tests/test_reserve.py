@@ -191,6 +191,37 @@ async def test_a_dequeue_reserves_delayed_items_within_the_window_after_the_read
     assert await queue.ack(soon.id, soon.token)
 
 
+async def test_a_worker_that_reserves_wakes_a_sleeping_one_while_more_are_within_the_window(
+    redis: aioredis.Redis,
+) -> None:
+    """An instant's runs are shared by the workers: the one that reserves first wakes another while
+    runs within the window are left. Without that wake the others slept on (they went to sleep
+    before these runs were enqueued, and the enqueue's wake is taken by one) and the first
+    reserved the whole instant alone, starting its runs one after another (issue 25's lateness)."""
+    queue = Queue(redis, "instant")
+    window = timedelta(milliseconds=600)
+    # Both workers wait for work while there is none, each for long.
+    first = asyncio.create_task(
+        queue.dequeue_blocking("a", VT, 1, timedelta(seconds=20), reserve=window, reserve_count=100)
+    )
+    second = asyncio.create_task(
+        queue.dequeue_blocking("b", VT, 1, timedelta(seconds=20), reserve=window, reserve_count=100)
+    )
+    await eventually(lambda: _blocked_clients(redis, 2))
+    # An instant's 300 runs, due in 1 s: the enqueue wakes one of them, which learns when they come
+    # within its window and sleeps until then. Had the other slept on, it would have found them due
+    # (no longer reservable) when its wait next looked, and taken one ready run.
+    await queue.enqueue_many([NewItem(f"run-{i}", delay=timedelta(seconds=1)) for i in range(300)])
+    async with asyncio.timeout(5):  # the other one's own wait would end only after 20 s
+        leases = await asyncio.gather(first, second)
+    assert [len(batch) for batch in leases] == [100, 100]
+    assert all(lease.due_in is not None for batch in leases for lease in batch)
+
+
+async def _blocked_clients(redis: aioredis.Redis, count: int) -> bool:
+    return int((await redis.info("clients"))["blocked_clients"]) >= count
+
+
 async def test_a_resent_reserving_dequeue_returns_the_first_batch_and_orphans_nothing(
     redis: aioredis.Redis, redis_url: str
 ) -> None:

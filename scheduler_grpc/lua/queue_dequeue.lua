@@ -648,7 +648,18 @@ for i = 1, #reserved, 2 do
 end
 
 -- BullMQ's marker pattern: work is left, so wake another idle worker; otherwise nobody should wake.
-if work_left() then
+-- Reserved items count as work left while more are within the window: the other workers sleep
+-- until the window reaches the earliest item they knew of, and without this wake the first caller
+-- would reserve a whole instant's runs alone (their starts one after another on one worker).
+local function reservable_left()
+  if #reserved == 0 then
+    return false
+  end
+  local next_delayed = redis.call('ZRANGE', delayed_key, 0, 0, 'WITHSCORES')
+  return #next_delayed > 0 and tonumber(next_delayed[2]) <= now + window
+end
+
+if work_left() or reservable_left() then
   redis.call('ZADD', marker_key, 0, 'ready')
 else
   redis.call('DEL', marker_key)
