@@ -115,13 +115,17 @@ _TRIGGER_NOW: Final = f"""
             LEFT JOIN eligible el ON el.id = r.id
             LEFT JOIN inserted i ON i.id = r.id
             -- The statement's snapshot: a run an EARLIER call created (not one this INSERT made).
-            -- A probe of the primary key per request (LIMIT: never flattened into a join, which the
-            -- planner would make a hash of the whole table, every statement).
+            -- Primary-key probes per request with a request id, and nothing for the others (the
+            -- filter on r.request_id is checked once per request, before any scan). LIMIT: never
+            -- flattened into joins, which the planner may make a hash of the whole table, every
+            -- statement: a plan cached while the day's partition was empty did so for every
+            -- TriggerJob, its cost growing with the day's runs.
             LEFT JOIN LATERAL (
-                SELECT q.run_id, q.scheduled_for FROM execution_requests q
-                WHERE q.job_id = r.job_id AND q.request_id = r.request_id LIMIT 1
-            ) q ON true
-            LEFT JOIN job_executions p ON p.id = q.run_id AND p.scheduled_for = q.scheduled_for
+                SELECT p.id FROM execution_requests q
+                JOIN job_executions p ON p.id = q.run_id AND p.scheduled_for = q.scheduled_for
+                WHERE r.request_id IS NOT NULL AND q.job_id = r.job_id AND q.request_id = r.request_id
+                LIMIT 1
+            ) p ON true
             ORDER BY r.ord
             """
 
