@@ -14,15 +14,16 @@ from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
 
-from scheduler_grpc import events, metrics, stores
+from scheduler_grpc import events, metrics, script_calls, stores
 from scheduler_grpc.db.executions import Queued
+from scheduler_grpc.errors import Unavailable
 from scheduler_grpc.events import EventType, ExecutionEvent
 from scheduler_grpc.executions import Execution
 from scheduler_grpc.handlers import breaker_key
 from scheduler_grpc.items import item_data
 from scheduler_grpc.keys import WorkerKeys
 from scheduler_grpc.ports import CancelStore
-from scheduler_grpc.queue import LimitDefinition, NewItem, Queue
+from scheduler_grpc.queue import CALL_TIMEOUT, LimitDefinition, NewItem, Queue
 from scheduler_grpc.sharded import ShardedQueue
 from scheduler_grpc.sharding import ShardMap
 
@@ -61,10 +62,15 @@ class Queues:
         self._redis = redis
         self.shard_map = shard_map or ShardMap()
         self._capacity = capacity
-        self._queues: OrderedDict[str, Queue] = OrderedDict()
+        self._queues: OrderedDict[str, ShardedQueue] = OrderedDict()
         self.definitions = definitions
 
-    def get(self, name: str) -> Queue:
+    @property
+    def client(self) -> Redis:
+        """The client every queue uses."""
+        return self._redis
+
+    def get(self, name: str) -> ShardedQueue:
         queue = self._queues.get(name)
         if queue is None:
             queue = self._queues[name] = ShardedQueue(self._redis, name, shard_map=self.shard_map)
@@ -97,7 +103,16 @@ async def enqueue_runs(queues: Queues, runs: Sequence[Queued], now: datetime | N
     Runs that carry limit keys take the definitions of their limits along (`Queues.definitions`),
     written in the same script call; runs without limits cost nothing more.
     """
-    now = now or datetime.now(UTC)
+    added = 0
+    for name, items, definitions in await _by_queue(queues, runs, now or datetime.now(UTC)):
+        added += await queues.get(name).enqueue_many(items, definitions)
+    return added
+
+
+async def _by_queue(
+    queues: Queues, runs: Sequence[Queued], now: datetime
+) -> list[tuple[str, list[NewItem], list[LimitDefinition]]]:
+    """The runs' items by queue, each queue's with the definitions of the limits its runs carry."""
     by_queue: dict[str, list[NewItem]] = defaultdict(list)
     named: dict[str, set[str]] = defaultdict(set)
     for run in runs:
@@ -107,11 +122,10 @@ async def enqueue_runs(queues: Queues, runs: Sequence[Queued], now: datetime | N
     found: dict[str, LimitDefinition] = {}
     if named and queues.definitions is not None:
         found = {d.name: d for d in await queues.definitions(set().union(*named.values()))}
-    added = 0
-    for name, items in by_queue.items():
-        definitions = [found[limit] for limit in sorted(named.get(name, ())) if limit in found]
-        added += await queues.get(name).enqueue_many(items, definitions)
-    return added
+    return [
+        (name, items, [found[limit] for limit in sorted(named.get(name, ())) if limit in found])
+        for name, items in by_queue.items()
+    ]
 
 
 def created_events(runs: Sequence[Queued]) -> list[ExecutionEvent]:
@@ -139,8 +153,21 @@ async def dispatch_new_runs(redis: Redis, queues: Queues, runs: Sequence[Queued]
                              worker_id="", error="", time=stamp)
         for run in runs
     ]  # fmt: skip
-    await events.publish_encoded(redis, encoded, ids=False)
-    return await enqueue_runs(queues, runs, now)
+    if not (queues.client is redis and script_calls.together(redis)):
+        await events.publish_encoded(redis, encoded, ids=False)
+        return await enqueue_runs(queues, runs, now)
+    # One server: the publish and every enqueue in one round trip, in this order.
+    calls = [events.add_call(redis, encoded)]
+    for name, items, definitions in await _by_queue(queues, runs, now):
+        calls += await queues.get(name).enqueue_calls(items, definitions)
+    try:
+        async with asyncio.timeout(CALL_TIMEOUT.total_seconds()):
+            replies = await script_calls.run_together(redis, calls)
+    except Exception as exc:
+        if not stores.is_unreachable(exc):
+            raise
+        raise Unavailable(f"Redis did not answer the enqueue of {len(runs)} runs: {exc or 'timed out'}") from exc
+    return sum(int(reply) for reply in replies[1:])
 
 
 async def dispatch_committed(redis: Redis, queues: Queues, runs: Sequence[Queued]) -> bool:

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from redis.asyncio import Redis
@@ -38,6 +38,7 @@ from redis.exceptions import ResponseError
 from scheduler_grpc import metrics, resend, scripts
 from scheduler_grpc.errors import FailedPrecondition, InvalidArgument, SchedulerError, Unavailable
 from scheduler_grpc.keys import EventKeys
+from scheduler_grpc.script_calls import ScriptCall
 from scheduler_grpc.scripts import text as _text
 
 STREAM_MAX_LENGTH = 100_000
@@ -170,6 +171,7 @@ def encode_fields(
 
 # Under the resend guard: a publish resent by the client's auto-retry must not append twice.
 _ADD_SOURCE = resend.guarded(scripts.source("events_add"))
+PUBLISH_TIMEOUT_S: Final = 5.0  # bound on one publish (the client has no socket timeout)
 _add_script: AsyncScript | None = None
 
 
@@ -181,18 +183,22 @@ async def publish(redis: Redis, events: Iterable[ExecutionEvent]) -> list[str]:
 async def publish_encoded(redis: Redis, encoded: Sequence[bytes], *, ids: bool = True) -> list[str]:
     """`publish` of events already encoded (`ExecutionEvent.encode`, `encode_fields`); with
     `ids=False` the stream ids are not decoded and `[]` is returned (a writer that does not use them)."""
-    global _add_script
     if not encoded:
         return []
+    call = add_call(redis, encoded)
+    async with asyncio.timeout(PUBLISH_TIMEOUT_S):
+        reply = await call.script(keys=call.keys, args=call.args, client=redis)
+    return [_text(entry_id) for entry_id in reply] if ids else []
+
+
+def add_call(redis: Redis, encoded: Sequence[bytes]) -> ScriptCall:
+    """The script call of `publish_encoded` (safe to resend), for a writer that sends it along with
+    other calls in one round trip (`script_calls.run_together`); it replies with the stream ids."""
+    global _add_script
     if _add_script is None:
         _add_script = redis.register_script(_ADD_SOURCE)  # EVALSHA, loaded on NOSCRIPT; any client
-    async with asyncio.timeout(5.0):
-        reply = await _add_script(
-            keys=[_KEYS.stream, _KEYS.request(resend.request_id())],
-            args=[STREAM_MAX_LENGTH, *encoded, resend.remember_ms()],
-            client=redis,
-        )
-    return [_text(entry_id) for entry_id in reply] if ids else []
+    keys = [_KEYS.stream, _KEYS.request(resend.request_id())]
+    return ScriptCall(_add_script, keys, [STREAM_MAX_LENGTH, *encoded, resend.remember_ms()])
 
 
 async def read_after(redis: Redis, cursor: str = "0-0", count: int = 1000) -> list[ExecutionEvent]:

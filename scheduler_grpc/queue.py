@@ -87,6 +87,7 @@ from scheduler_grpc.errors import InvalidArgument, LeaseLost, Unavailable
 from scheduler_grpc.gcra import LimitDefinition, LimitKey, encode_definition, encode_group
 from scheduler_grpc.keys import QueueKeys, shard_name
 from scheduler_grpc.rules import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RULE, is_queue_name
+from scheduler_grpc.script_calls import ScriptCall
 from scheduler_grpc.scripts import source as _script_source
 from scheduler_grpc.scripts import text as _text
 
@@ -136,6 +137,8 @@ _MAX_BLOCK_S: Final = 2.0
 # Extra time a blocking read may take beyond BZPOPMIN's own timeout before the server counts as hung.
 _BLOCK_MARGIN_S: Final = 1.0
 _DEFAULT_WAIT: Final = timedelta(seconds=5)
+CALL_TIMEOUT: Final = timedelta(seconds=5)
+"""A queue call's bound on Redis's answer, unless its `Queue` is given another."""
 
 
 class ItemState(StrEnum):
@@ -400,7 +403,7 @@ class Queue:
         name: str = "default",
         *,
         blocking_redis: Redis | None = None,
-        call_timeout: timedelta = timedelta(seconds=5),
+        call_timeout: timedelta = CALL_TIMEOUT,
         max_stalls: int = DEFAULT_MAX_STALLS,
         shard: int = 0,
     ) -> None:
@@ -523,7 +526,7 @@ class Queue:
             Unavailable: Redis did not answer in time.
         """
         item = NewItem(item_id, priority, data, delay, tuple(limits))
-        args = _item_args(item, lambda attr: "item_id" if attr == "id" else attr)
+        args = item_args(item, lambda attr: "item_id" if attr == "id" else attr)
         return int(await self._run(self._enqueue, [0, *args])) == 1
 
     async def enqueue_many(self, items: Iterable[NewItem], definitions: Iterable[LimitDefinition] = ()) -> int:
@@ -544,15 +547,32 @@ class Queue:
             InvalidArgument: naming the first bad field, e.g. `items[3].priority`; nothing is added.
             Unavailable: Redis did not answer in time.
         """
-        defs = _definition_args(definitions)
-        args: list[Any] = []
-        for index, item in enumerate(items):
-            args += _item_args(item, f"items[{index}].{{}}".format)
+        args = [item_args(item, f"items[{index}].{{}}".format) for index, item in enumerate(items)]
         if not args:
-            if defs:
-                await self.put_limit_definitions(definitions)
+            await self.put_limit_definitions(definitions)
             return 0
-        return int(await self._run(self._enqueue, [len(defs) // 2, *defs, *args]))
+        call = self.enqueue_call(args, definitions)
+        assert call is not None
+        return int(await self._bounded(call.send()))
+
+    def enqueue_call(
+        self, items: Sequence[Sequence[Any]], definitions: Iterable[LimitDefinition] = ()
+    ) -> ScriptCall | None:
+        """The script call of `enqueue_many`, for items already made into their arguments (`item_args`),
+        for a caller that sends it along with other calls (`script_calls.run_together`); None when
+        there is nothing to write. Definitions are written only where the queue has none of that
+        name (`put_limit_definitions` replaces one).
+
+        Raises:
+            InvalidArgument: a bad definition (items are checked by `item_args`).
+        """
+        defs = _definition_args(definitions)
+        if not items and not defs:
+            return None
+        args: list[Any] = [len(defs) // 2, *defs]
+        for item in items:
+            args += item
+        return ScriptCall(self._enqueue.script, self._enqueue.keys, args)
 
     # -- taking work ----------------------------------------------------------------------------
 
@@ -1040,7 +1060,7 @@ class Queue:
         """
         args: list[Any] = []
         for index, (item, reason) in enumerate(items):
-            item_id, priority, _, data, group = _item_args(item, functools.partial("items[{}].{}".format, index))
+            item_id, priority, _, data, group = item_args(item, functools.partial("items[{}].{}".format, index))
             args += [item_id, priority, data, str(reason), group]
         parked = 0
         for start in range(0, len(args), 5 * MAX_BATCH):
@@ -1274,7 +1294,7 @@ class Queue:
 # -- conversions ------------------------------------------------------------------------------------
 
 
-def _item_args(item: NewItem, name: Callable[[str], str]) -> tuple[Any, ...]:
+def item_args(item: NewItem, name: Callable[[str], str]) -> tuple[Any, ...]:
     """An item's five script arguments (id, priority, delay ms, data, group), validated; `name`
     gives the field an error names."""
     _check_id(item.id, name("id"))

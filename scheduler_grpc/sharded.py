@@ -35,6 +35,7 @@ from redis.asyncio.cluster import RedisCluster
 from scheduler_grpc import pagetokens
 from scheduler_grpc.errors import InvalidArgument, LeaseLost
 from scheduler_grpc.queue import (
+    CALL_TIMEOUT,
     DEFAULT_MAX_STALLS,
     MAX_BATCH,
     SOLO_RETRY_DELAY,
@@ -50,8 +51,9 @@ from scheduler_grpc.queue import (
     QueueStats,
     Recovered,
     _check_id,
-    _item_args,
+    item_args,
 )
+from scheduler_grpc.script_calls import ScriptCall
 from scheduler_grpc.sharding import ShardMap, ShardPlan
 
 log = logging.getLogger(__name__)
@@ -100,7 +102,7 @@ class ShardedQueue(Queue):
         *,
         shard_map: ShardMap,
         blocking_redis: Redis | None = None,
-        call_timeout: timedelta = timedelta(seconds=5),
+        call_timeout: timedelta = CALL_TIMEOUT,
         max_stalls: int = DEFAULT_MAX_STALLS,
     ) -> None:
         super().__init__(redis, name, blocking_redis=blocking_redis, call_timeout=call_timeout, max_stalls=max_stalls)
@@ -145,19 +147,34 @@ class ShardedQueue(Queue):
         return await target.enqueue(item_id, priority=priority, data=data, delay=delay, limits=limits)
 
     async def enqueue_many(self, items: Iterable[NewItem], definitions: Iterable[LimitDefinition] = ()) -> int:
+        items, definitions = list(items), list(definitions)
+        if not items:
+            return await self.shard_queue(0).enqueue_many(items, definitions)
+        calls = await self.enqueue_calls(items, definitions)
+        # The shards' scripts run at once (on a cluster each is a round trip to its own master, in
+        # parallel rather than in series).
+        return sum(int(reply) for reply in await _all([self._bounded(call.send()) for call in calls]))
+
+    async def enqueue_calls(
+        self, items: Iterable[NewItem], definitions: Iterable[LimitDefinition] = ()
+    ) -> list[ScriptCall]:
+        """The script calls of `enqueue_many`, one per shard that gets items, for a caller that sends
+        them along with other calls (`script_calls.run_together`); each call's reply is the number
+        of its items added.
+
+        Raises:
+            InvalidArgument: naming the first bad field (every item is checked before any call is made).
+        """
         items = list(items)
-        definitions = list(definitions)
-        for index, item in enumerate(items):
-            _validate(item, index)
+        args = [item_args(item, f"items[{index}].{{}}".format) for index, item in enumerate(items)]
         plan = await self._placing(items)
-        by_shard: dict[int, list[NewItem]] = defaultdict(list)
-        for item in items:
-            by_shard[plan.shard_of(self.name, item.id, has_limits=bool(item.limits))].append(item)
-        # Definitions go to shard 0, where every run with limits is; the shards' scripts run at once
-        # (on a cluster each is a round trip to its own master, in parallel rather than in series).
-        shard0 = self.shard_queue(0).enqueue_many(by_shard.pop(0, []), definitions)
-        return sum(await _all([shard0, *(self.shard_queue(index).enqueue_many(batch)
-                                         for index, batch in sorted(by_shard.items()))]))  # fmt: skip
+        by_shard: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+        for item, item_arguments in zip(items, args, strict=True):
+            by_shard[plan.shard_of(self.name, item.id, has_limits=bool(item.limits))].append(item_arguments)
+        # Definitions go to shard 0, where every run with limits is.
+        calls = [self.shard_queue(0).enqueue_call(by_shard.pop(0, []), definitions)]
+        calls += [self.shard_queue(index).enqueue_call(batch) for index, batch in sorted(by_shard.items())]
+        return [call for call in calls if call is not None]
 
     # -- taking work ----------------------------------------------------------------------------
 
@@ -496,12 +513,6 @@ class ShardedQueue(Queue):
             for band, count in (await shard.ready_by_band()).items():
                 totals[band] = totals.get(band, 0) + count
         return totals
-
-
-def _validate(item: NewItem, index: int) -> None:
-    """An item's fields, checked before any shard is written (`Queue.enqueue_many` would name the
-    first bad one; here the whole call must fail before the first shard's part is added)."""
-    _item_args(item, f"items[{index}].{{}}".format)
 
 
 async def _route_entries(

@@ -1,60 +1,100 @@
 """Event order: a run's CREATED is on the events stream before the run is in its queue.
 
 A worker can claim a run (and publish STARTED) as soon as it is queued, so CREATED must be on the
-stream by then, or a watcher could see STARTED before CREATED. A spy on the real queue's enqueue
-reads the real events stream at the moment each run is enqueued.
+stream by then, or a watcher could see STARTED before CREATED. The server's own log of what it ran
+(MONITOR) shows each run's XADD to the stream and its enqueue in the order they happened, however
+the writer sent them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-import pytest
 import redis.asyncio as aioredis
 
-from scheduler_grpc import events
 from scheduler_grpc.control import Control
 from scheduler_grpc.db.leadership import LeadershipRepository
-from scheduler_grpc.events import EventType
 from scheduler_grpc.jobs import JobSpec, ScheduleKind
 from scheduler_grpc.leader import Term
-from scheduler_grpc.queue import LimitDefinition, NewItem, Queue
 from scheduler_grpc.scheduler import LeaderLoops, LoopSettings
 
 
-def _spy_on_enqueue(monkeypatch: pytest.MonkeyPatch, redis: aioredis.Redis) -> list[tuple[str, bool]]:
-    """Record, for each run enqueued, whether its CREATED event was already on the stream."""
-    seen: list[tuple[str, bool]] = []
-    enqueue_many = Queue.enqueue_many
+class _ServerLog:
+    """The commands one Redis server runs, in the order it runs them, its scripts' own included
+    (MONITOR, on a connection of its own): whatever a writer pipelines, this is the order that
+    counts."""
 
-    async def spying(self: Queue, items: Iterable[NewItem], definitions: Iterable[LimitDefinition] = ()) -> int:
-        items = list(items)
-        created = {e.run_id for e in await events.read_after(redis, count=10_000) if e.type is EventType.CREATED}
-        seen.extend((item.id, item.id in created) for item in items)
-        return await enqueue_many(self, items, definitions)
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.commands: list[str] = []
+        self._monitor = redis.monitor()
+        self._task: asyncio.Task[None] | None = None
 
-    monkeypatch.setattr(Queue, "enqueue_many", spying)
-    return seen
+    async def __aenter__(self) -> _ServerLog:
+        await self._monitor.__aenter__()
+        self._task = asyncio.create_task(self._read())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self._monitor.__aexit__()
+
+    async def _read(self) -> None:
+        while True:
+            info = await self._monitor.next_command()
+            if info["client_type"] == "lua":
+                self.commands.append(info["command"])
+
+    def position(self, verb: str, key_part: str, run_id: str) -> int | None:
+        """Where a script's first `verb` on a key containing `key_part` with `run_id` in it ran."""
+        for index, command in enumerate(self.commands):
+            words = command.split(" ")
+            if words[0].upper() == verb and key_part in words[1] and run_id in command:
+                return index
+        return None
+
+    async def wait_for(self, verb: str, key_part: str, run_ids: Iterable[str], deadline: float) -> None:
+        while any(self.position(verb, key_part, run_id) is None for run_id in run_ids):
+            assert time.monotonic() < deadline, f"no {verb} on {key_part} for every run: {self.commands[-20:]}"
+            await asyncio.sleep(0.01)
+
+
+def _announced_first(log: _ServerLog, run_ids: Iterable[str]) -> dict[str, tuple[int | None, int | None]]:
+    """Each run whose CREATED (its XADD to the events stream) did not run before its enqueue (the
+    HSETNX of its priority, the enqueue's first write): (the XADD's position, the HSETNX's)."""
+    late = {}
+    for run_id in run_ids:
+        added, queued = log.position("XADD", "events", run_id), log.position("HSETNX", "priority", run_id)
+        if added is None or queued is None or added > queued:
+            late[run_id] = (added, queued)
+    return late
 
 
 async def test_trigger_and_backfill_announce_a_run_before_queueing_it(
-    control: Control, redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+    control: Control, redis: aioredis.Redis, deadline: Callable[[float], float]
 ) -> None:
     job = await control.create_job(
         JobSpec(name="ordered", handler="test.echo", schedule_kind=ScheduleKind.CRON, cron="* * * * *")
     )
-    seen = _spy_on_enqueue(monkeypatch, redis)
-    triggered = await control.trigger_job(job.id)
-    now = datetime.now(UTC).replace(second=0, microsecond=0)
-    backfilled = await control.backfill_job(job.id, [now - timedelta(minutes=m) for m in (3, 2, 1)])
-    assert [run_id for run_id, _ in seen] == [run.run_id for run in [*triggered, *backfilled]]
-    assert all(announced for _, announced in seen), seen
+    async with _ServerLog(redis) as log:
+        triggered = await control.trigger_job(job.id)
+        now = datetime.now(UTC).replace(second=0, microsecond=0)
+        backfilled = await control.backfill_job(job.id, [now - timedelta(minutes=m) for m in (3, 2, 1)])
+        run_ids = [run.run_id for run in [*triggered, *backfilled]]
+        await log.wait_for("HSETNX", "priority", run_ids, deadline(10))
+    assert len(run_ids) == 4
+    assert _announced_first(log, run_ids) == {}
 
 
 async def test_the_leaders_scan_announces_a_run_before_queueing_it(
-    control: Control, redis: aioredis.Redis, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+    control: Control, redis: aioredis.Redis, pool: asyncpg.Pool, deadline: Callable[[float], float]
 ) -> None:
     record = await LeadershipRepository(pool).begin_term("scheduler", "leader")
     assert record is not None
@@ -65,7 +105,9 @@ async def test_the_leaders_scan_announces_a_run_before_queueing_it(
         JobSpec(name="due", handler="test.echo", schedule_kind=ScheduleKind.CRON, cron="* * * * * *")
     )
     await pool.execute("UPDATE jobs SET next_run_time = now() - interval '1 second'")
-    seen = _spy_on_enqueue(monkeypatch, redis)
-    await LeaderLoops(redis, pool, LoopSettings()).scan_once(term)
-    assert seen, "the scan enqueued nothing"
-    assert all(announced for _, announced in seen), seen
+    async with _ServerLog(redis) as log:
+        await LeaderLoops(redis, pool, LoopSettings()).scan_once(term)
+        run_ids = [str(row["run_id"]) for row in await pool.fetch("SELECT run_id FROM job_executions")]
+        assert run_ids, "the scan fired nothing"
+        await log.wait_for("HSETNX", "priority", run_ids, deadline(10))
+    assert _announced_first(log, run_ids) == {}
