@@ -25,8 +25,9 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import math
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -63,7 +64,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode[code.name], message
 
 
-@dataclass
+@dataclass(eq=False)
 class CallInfo:
     """One call as the interceptors see it."""
 
@@ -77,6 +78,42 @@ class CallInfo:
     # The caller's W3C `traceparent` trace id or `x-request-id`, else a fresh id; in every log line.
     trace: str = ""
     span: Any = None  # the call's span (tracing on; Health's calls have none)
+    task: asyncio.Task[Any] | None = None  # a unary call's task while its deadline runs (`_Deadlines`)
+    expired: bool = False  # the server's own bound ran out (`_Deadlines` cancelled the task)
+
+
+class _Deadlines:
+    """Ends unary calls that run past `seconds` (DEADLINE_EXCEEDED, see `ApiInterceptor`).
+
+    `asyncio.timeout` per call costs a timer of its own (under uvloop a libuv handle made, started,
+    stopped and closed: ~20 us of a ~500 us call). Here calls share timers: a call joins the bucket
+    of its due time rounded up to `resolution`, and one timer per bucket cancels the calls still in
+    it, so a call ends between `seconds` and `seconds + resolution` after it began.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.resolution = min(1.0, seconds / 10)
+        self._buckets: dict[int, set[CallInfo]] = {}
+
+    def start(self, call: CallInfo) -> set[CallInfo]:
+        """Start `call`'s deadline (its task is the current one); returns its bucket, which the
+        call leaves (`discard`) when it ends."""
+        call.task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        due = math.ceil((loop.time() + self.seconds) / self.resolution)
+        bucket = self._buckets.get(due)
+        if bucket is None:
+            bucket = self._buckets[due] = set()
+            loop.call_at(due * self.resolution, self._expire, due)
+        bucket.add(call)
+        return bucket
+
+    def _expire(self, due: int) -> None:
+        for call in self._buckets.pop(due, ()):
+            if call.task is not None:
+                call.expired = True
+                call.task.cancel()
 
 
 _CALL: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("scheduler_call", default=None)
@@ -177,7 +214,7 @@ class ApiInterceptor(_WrappingInterceptor):
         super().__init__()
         self._metrics = metrics
         self._auth = authenticator
-        self._call_timeout = call_timeout.total_seconds()
+        self._deadlines = _Deadlines(call_timeout.total_seconds())
         self._limit = limit
         self.active = 0
 
@@ -196,15 +233,24 @@ class ApiInterceptor(_WrappingInterceptor):
         self._metrics.rpc_started(call.method)
         admitted = False
         principal_token: contextvars.Token[auth.Principal | None] | None = None
-        deadline: asyncio.Timeout | None = None
+        bucket: set[CallInfo] | None = None
         try:
             admitted = self._admit(call)
             principal_token = auth.set_current_principal(await self._authorize(call))
             if call.response_streaming:  # e.g. Health/Watch: lives as long as the client wants
                 result = await invoke()
             else:
-                async with asyncio.timeout(self._call_timeout) as deadline:
+                bucket = self._deadlines.start(call)
+                cancelling = call.task.cancelling() if call.task is not None else 0
+                try:
                     result = await invoke()
+                except asyncio.CancelledError:
+                    # Our deadline's cancel (and nobody else's): the call ran out of time.
+                    if not call.expired or call.task is None or call.task.uncancel() > cancelling:
+                        raise
+                    raise _CallExpired() from None
+                finally:
+                    bucket.discard(call)
         except asyncio.CancelledError:
             self._finish(call, "CANCELLED", began)
             raise
@@ -212,7 +258,7 @@ class ApiInterceptor(_WrappingInterceptor):
             self._finish(call, _code_name(call.context, default="UNKNOWN"), began)
             raise
         except Exception as exc:
-            if deadline is not None and deadline.expired():
+            if isinstance(exc, _CallExpired):
                 # The server's own bound ran out, not a store's: saying UNAVAILABLE "a backing
                 # server is unavailable" would send the operator after healthy stores.
                 code, message = grpc.StatusCode.DEADLINE_EXCEEDED, CALL_TIMEOUT_MESSAGE
@@ -339,6 +385,10 @@ class ApiInterceptor(_WrappingInterceptor):
 _CODES: Final = frozenset(code.name for code in grpc.StatusCode)
 
 
+class _CallExpired(Exception):
+    """A unary call ran past the server's own bound (`_Deadlines`)."""
+
+
 def _start_span(call: CallInfo) -> Any:
     """The call's server span: a child of the caller's `traceparent` if it sent one; its trace id
     becomes the call's (`TRACE`, in every log line)."""
@@ -374,7 +424,7 @@ def _trace_id(context: Context) -> str:
                 return parts[1]
         elif key == "x-request-id" and 0 < len(text) <= 128:
             return text
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # a uuid4's randomness, without making a UUID (~3 us a call)
 
 
 def _code_name(context: Context, default: str) -> str:
