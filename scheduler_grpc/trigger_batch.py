@@ -2,11 +2,17 @@
 script call and one event publish.
 
 A trigger is one row, one enqueue and one event; done one call at a time, each pays a PostgreSQL
-round trip and commit, two Redis script calls and the pool's bookkeeping. Here a caller adds its
+round trip and commit, a Redis round trip and the pool's bookkeeping. Here a caller adds its
 request to a queue and waits on its own future. While fewer than `max_in_flight` batches are
 running, a batch starts at once with whatever is queued (the first caller of a quiet server waits
-for nobody); calls that arrive while batches are in flight form the next batch. No timer: the batch
-size follows the load.
+for nobody); calls that arrive while batches are in flight form the next batch.
+
+Under load the next batch also waits up to `gather` for company: only after a batch of at least
+`GATHER_AFTER` requests, the evidence of concurrent callers (as PostgreSQL's `commit_delay` waits
+only with `commit_siblings` transactions open). A batch's cost is mostly its round trips, so on a
+busy server bigger batches are more calls per second (measured: TriggerJob from 50 callers, batches
+of ~7 -> ~14 and ~25 % more calls a second, at +3 ms before a batch starts); a lone caller, or a
+few, never waits.
 
 Each caller gets its own answer: a new run, the run of an earlier call with the same `request_id`,
 or its own error (an unknown job is NOT_FOUND for that caller only). A statement error that may come
@@ -47,6 +53,8 @@ MAX_IN_FLIGHT: Final = 1
 # 1,000 rows, so ten concurrent calls would otherwise take a whole default pool (10) from everything else.
 MAX_BULK_IN_FLIGHT: Final = 3
 MAX_COLLISIONS: Final = 5  # fresh slots tried for one request before giving up (ABORTED)
+GATHER: Final = timedelta(milliseconds=3)  # longest a batch waits for company (see the module docstring)
+GATHER_AFTER: Final = 4  # a batch waits only after one of at least this many requests
 BATCH_TIMEOUT: Final = timedelta(seconds=30)  # one batch's statement (the dispatch after it has its own bound)
 
 Dispatch = Callable[[Sequence[Queued]], Awaitable[object]]
@@ -88,6 +96,7 @@ class TriggerBatcher:
         max_batch: Most requests per batch.
         max_in_flight: Most batches running at once.
         max_bulk_in_flight: Most `trigger_all` statements running at once (the others wait their turn).
+        gather: Longest a batch waits for more requests, after a batch of `GATHER_AFTER` or more.
     """
 
     def __init__(
@@ -98,6 +107,7 @@ class TriggerBatcher:
         max_batch: int = MAX_BATCH,
         max_in_flight: int = MAX_IN_FLIGHT,
         max_bulk_in_flight: int = MAX_BULK_IN_FLIGHT,
+        gather: timedelta = GATHER,
     ) -> None:
         self._executions = executions
         self._dispatch = dispatch
@@ -110,6 +120,10 @@ class TriggerBatcher:
         self._bulk = asyncio.Semaphore(max_bulk_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_slot = datetime.min.replace(tzinfo=UTC)
+        self._gather = gather.total_seconds()
+        self._last_size = 0  # requests in the batch started last
+        self._gathering: asyncio.TimerHandle | None = None  # starts the next batch when its wait ends
+        self._gathered = False  # that wait is over: the next batch starts without another
 
     async def trigger(self, job_id: str, request_id: str | None = None) -> TriggerResult:
         """Create a manual run of `job_id` now (or find the one `request_id` created before).
@@ -225,8 +239,28 @@ class TriggerBatcher:
         self._last_slot = first + timedelta(microseconds=count - 1)
         return [first + timedelta(microseconds=n) for n in range(count)]
 
+    def _waits(self) -> bool:
+        """Whether the next batch waits for more requests now (see the module docstring); the first
+        time, a timer is set that starts it."""
+        if self._gathered or self._last_size < GATHER_AFTER or len(self._pending) >= self._max_batch:
+            return False
+        if self._gathering is None:
+            self._gathering = asyncio.get_running_loop().call_later(self._gather, self._gather_ended)
+        return True
+
+    def _gather_ended(self) -> None:
+        self._gathering = None
+        self._gathered = True
+        self._pump()
+
     def _pump(self) -> None:
         while self._pending and self._in_flight < self._max_in_flight:
+            if self._waits():
+                return
+            if self._gathering is not None:  # a full batch before its wait ended
+                self._gathering.cancel()
+                self._gathering = None
+            self._gathered = False
             groups: dict[tuple[str, str | None], _Group] = {}
             while self._pending and len(groups) < self._max_batch:
                 waiter = self._pending.popleft()
@@ -242,6 +276,7 @@ class TriggerBatcher:
                 group.waiters.append(waiter)
             if not groups:
                 return
+            self._last_size = len(groups)
             self._in_flight += 1
             # A context of its own: the batch serves many calls, not the one whose call started it.
             task = asyncio.get_running_loop().create_task(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,7 +20,7 @@ from scheduler_grpc.executions import Trigger
 from scheduler_grpc.jobs import JobSpec, ScheduleKind
 from scheduler_grpc.keys import QueueKeys
 from scheduler_grpc.queue import Queue
-from scheduler_grpc.trigger_batch import MAX_IN_FLIGHT
+from scheduler_grpc.trigger_batch import GATHER_AFTER, MAX_IN_FLIGHT, TriggerBatcher
 from tests.engine_helpers import Roles, eventually
 from tests.test_api_support import Harness, api, echo_job  # noqa: F401 - `api` is a fixture
 
@@ -95,6 +96,72 @@ async def test_concurrent_triggers_share_statements(control: Control, monkeypatc
     assert sum(statements) == 100
     # The first call goes alone; the rest queue up behind it and share at most a few statements.
     assert len(statements) <= 5, statements
+
+
+def _held_statements(control: Control, monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[asyncio.Event]]:
+    """Each trigger statement's size, each statement held until its event is set (made as it starts)."""
+    sizes: list[int] = []
+    releases: list[asyncio.Event] = []
+    trigger_now = control._firing.trigger_now
+
+    async def held(requests: Any) -> Any:
+        sizes.append(len(requests))
+        releases.append(release := asyncio.Event())
+        await release.wait()
+        return await trigger_now(requests)
+
+    monkeypatch.setattr(control._firing, "trigger_now", held)
+    return sizes, releases
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    async def check() -> bool:
+        return predicate()
+
+    await eventually(check, interval=0.01)
+
+
+async def test_under_load_a_batch_waits_for_the_calls_that_keep_coming(
+    control: Control, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a batch of GATHER_AFTER or more, the next one waits up to `gather` (long here, so the
+    test need not race it) and takes the calls that came meanwhile; after a small one it does not."""
+    job = await control.create_job(JobSpec(name="gathered", handler="test.echo", schedule_kind=ScheduleKind.MANUAL))
+    control._triggers = TriggerBatcher(control._firing, control._dispatch, gather=timedelta(seconds=30))
+    sizes, releases = _held_statements(control, monkeypatch)
+
+    async def statements(count: int) -> None:
+        await _until(lambda: len(sizes) >= count)
+
+    first = [asyncio.create_task(control.trigger_job(job.id))]
+    await statements(1)  # a lone call goes at once
+    second = [asyncio.create_task(control.trigger_job(job.id)) for _ in range(GATHER_AFTER)]
+    await _until(lambda: len(control._triggers._pending) == GATHER_AFTER)
+    releases[0].set()
+    await asyncio.gather(*first)
+    await statements(2)  # after a batch of one, no wait: the next starts with what is queued
+    third = [asyncio.create_task(control.trigger_job(job.id)) for _ in range(2)]
+    await _until(lambda: len(control._triggers._pending) == 2)
+    releases[1].set()
+    await asyncio.gather(*second)
+    fourth = [asyncio.create_task(control.trigger_job(job.id)) for _ in range(3)]
+    await _until(lambda: len(control._triggers._pending) == 5)
+    assert sizes == [1, GATHER_AFTER], "after a batch of GATHER_AFTER, the next waits for more"
+    control._triggers._gather_ended()  # as the timer would, 30 s from now
+    await statements(3)
+    releases[2].set()
+    runs = await asyncio.gather(*third, *fourth)
+    assert sizes == [1, GATHER_AFTER, 5]
+    assert len({run.run_id for [run] in runs}) == 5
+
+
+async def test_a_sequential_caller_never_waits_for_company(control: Control) -> None:
+    """Calls one after another are batches of one: none waits (here the wait would be 30 s)."""
+    job = await control.create_job(JobSpec(name="alone", handler="test.echo", schedule_kind=ScheduleKind.MANUAL))
+    control._triggers = TriggerBatcher(control._firing, control._dispatch, gather=timedelta(seconds=30))
+    async with asyncio.timeout(10):
+        runs = [await control.trigger_job(job.id) for _ in range(20)]
+    assert len({run.run_id for [run] in runs}) == 20
 
 
 async def test_a_trigger_that_collides_with_a_run_at_its_slot_retries_with_another(control: Control) -> None:
