@@ -63,6 +63,11 @@ class QueueKeys:
         kpause: ZSET lk -> ms until which the key admits nothing (paused by hand or by back-pressure).
         recount: ZSET id -> ms: runs still running whose units were counted again after Redis lost
             them (`Queue.hold_running`), until `Queue.unhold` gives them back.
+
+    Reservations' fair shares (`Queue.dequeue`'s `held`):
+
+        reservers: ZSET worker -> ms (Redis clock) of its last reserving dequeue; forgotten after 5 s.
+        reserving: ZSET id -> due ms: reservations not due yet (pruned as they come due).
     """
 
     name: str
@@ -196,6 +201,14 @@ class QueueKeys:
     @property
     def recount(self) -> str:
         return self._key("recount")
+
+    @property
+    def reservers(self) -> str:
+        return self._key("reservers")
+
+    @property
+    def reserving(self) -> str:
+        return self._key("reserving")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ leader on a `FiringStore` and a `RecoveryStore`; the trigger batcher on a `Trigg
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -126,8 +126,11 @@ class WorkQueue(Protocol):
         reserve: timedelta = ...,
         reserve_count: int = 0,
         idle: bool = False,
+        held: Callable[[], int] | None = None,
     ) -> Leased:
-        """Lease up to `count` due items (and reserve items due within `reserve`), waiting up to `wait`."""
+        """Lease up to `count` due items (and reserve items due within `reserve`, a fair share of
+        them beside the other reserving workers, less the reservations `held()` counts), waiting up to
+        `wait`."""
         ...
 
     async def ack_many(self, leases: Iterable[Lease | tuple[str, str]]) -> list[bool]:

@@ -447,7 +447,7 @@ class Queue:
         self._dequeue = op(
             "dequeue",
             "ready processing priority data deliveries lease owner lease_seq marker delayed seq solo drainer limdef "
-            f"{groups} tat tatrem kpause",
+            f"{groups} tat tatrem kpause reservers reserving",
             once=True,
         )
         self._ack = op("ack", f"processing priority data deliveries lease owner ready seq marker {groups}")
@@ -585,6 +585,7 @@ class Queue:
         reserve: timedelta = timedelta(0),
         reserve_count: int = 0,
         idle: bool = False,
+        held: int = 0,
     ) -> Leased:
         """Lease up to `count` of the best ready items to `worker_id`, without waiting.
 
@@ -607,6 +608,10 @@ class Queue:
                 idle caller gets a solo item (one that stalled `max_stalls - 1` times): then the
                 reply is that one lease, `solo=True`, and the caller must run nothing beside it
                 until it ends. Other callers skip solo items (never reserve them either).
+            held: Reservations the caller holds that are not due yet. While several workers
+                reserve from the queue, a caller reserves at most its fair share of the window
+                less these (see lua/queue_dequeue.lua), until the earliest item is within a third
+                of the window of its due time.
 
         Returns:
             The leases: the ready ones best first, then the reserved ones in due order; empty when
@@ -618,7 +623,7 @@ class Queue:
             Unavailable: Redis did not answer in time.
         """
         _check_id(worker_id, "worker_id")
-        leases, _ = await self._take(worker_id, visibility_timeout, count, reserve, reserve_count, idle=idle)
+        leases, _ = await self._take(worker_id, visibility_timeout, count, reserve, reserve_count, idle=idle, held=held)
         return leases
 
     async def _take(
@@ -630,6 +635,7 @@ class Queue:
         reserve_count: int = 0,
         *,
         idle: bool = False,
+        held: int = 0,
     ) -> tuple[Leased, float | None]:
         """`dequeue`, and when nothing was ready nor reserved, the seconds until the earliest delayed
         item the caller may take is due, or comes within the reserve window when reserving (Redis
@@ -639,7 +645,9 @@ class Queue:
         reserve_ms = _to_ms(reserve, "reserve")
         if isinstance(reserve_count, bool) or not isinstance(reserve_count, int) or not 0 <= reserve_count <= MAX_BATCH:
             raise InvalidArgument("reserve_count", f"must be an integer from 0 to {MAX_BATCH}, got {reserve_count!r}")
-        args = (worker_id, visibility_ms, count, MAX_BATCH, reserve_ms, reserve_count, 1 if idle else 0)
+        if isinstance(held, bool) or not isinstance(held, int) or held < 0:
+            raise InvalidArgument("held", f"must be a non-negative integer, got {held!r}")
+        args = (worker_id, visibility_ms, count, MAX_BATCH, reserve_ms, reserve_count, 1 if idle else 0, held)
         call = asyncio.ensure_future(self._run(self._dequeue, args))
         try:
             # Shielded: a cancellation must not drop a reply whose items are already leased.
@@ -726,6 +734,7 @@ class Queue:
         reserve: timedelta = timedelta(0),
         reserve_count: int = 0,
         idle: bool = False,
+        held: Callable[[], int] | None = None,
     ) -> Leased:
         """Like `dequeue`, but wait up to `wait` for work instead of returning empty at once.
 
@@ -736,7 +745,8 @@ class Queue:
         the earliest delayed item is due, and the block ends then (an enqueue of an earlier delayed
         item sets the marker, so the waiter learns the new time at once). With a reserve window
         (see `dequeue`) the wait ends when the earliest delayed item comes within the window.
-        `idle` is `dequeue`'s; a reply that says `solo_waiting` ends the wait at once.
+        `idle` is `dequeue`'s; a reply that says `solo_waiting` ends the wait at once. `held` says
+        `dequeue`'s `held` at each try.
 
         Returns:
             The leases, best first; empty if nothing became ready within `wait` (or when the caller
@@ -751,7 +761,10 @@ class Queue:
         loop = asyncio.get_running_loop()
         end = loop.time() + wait.total_seconds()
         while True:
-            leases, next_due = await self._take(worker_id, visibility_timeout, count, reserve, reserve_count, idle=idle)
+            leases, next_due = await self._take(
+                worker_id, visibility_timeout, count, reserve, reserve_count, idle=idle,
+                held=held() if held is not None else 0,  # read again each time: it changes while this waits
+            )  # fmt: skip
             if leases or leases.solo_waiting:
                 return leases
             remaining = end - loop.time()

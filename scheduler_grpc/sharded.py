@@ -187,12 +187,13 @@ class ShardedQueue(Queue):
         reserve: timedelta = timedelta(0),
         reserve_count: int = 0,
         idle: bool = False,
+        held: int = 0,
     ) -> Leased:
         _check_id(worker_id, "worker_id")
         shards = await self.served()
         leases, _ = await self._take_all(
             shards, worker_id=worker_id, visibility_timeout=visibility_timeout, count=count,
-            reserve=reserve, reserve_count=reserve_count, idle=idle,
+            reserve=reserve, reserve_count=reserve_count, idle=idle, held=held,
         )  # fmt: skip
         return leases
 
@@ -206,10 +207,16 @@ class ShardedQueue(Queue):
         reserve: timedelta,
         reserve_count: int,
         idle: bool,
+        held: int = 0,
     ) -> tuple[Leased, float | None]:
-        """One dequeue over the shards in turn, starting one shard later than the last call."""
+        """One dequeue over the shards in turn, starting one shard later than the last call. `held`
+        is the caller's reservations on all shards: each shard's fair share counts its part of
+        them as the placement spreads runs, evenly."""
         if len(shards) == 1:
-            return await shards[0]._take(worker_id, visibility_timeout, count, reserve, reserve_count, idle=idle)
+            return await shards[0]._take(
+                worker_id, visibility_timeout, count, reserve, reserve_count, idle=idle, held=held
+            )
+        held_here = -(-held // len(shards))
         start = self._turn % len(shards)
         self._turn += 1
         if idle and self._solo_shard is not None and self._solo_shard < len(shards):
@@ -229,6 +236,7 @@ class ShardedQueue(Queue):
                     reserve,
                     reserve_count - reserved,
                     idle=idle and not taken,
+                    held=held_here,
                 )
                 for lease in leases:
                     taken.append(dataclasses.replace(lease, token=wrap_token(index, lease.token)))
@@ -263,13 +271,15 @@ class ShardedQueue(Queue):
         reserve: timedelta = timedelta(0),
         reserve_count: int = 0,
         idle: bool = False,
+        held: Callable[[], int] | None = None,
     ) -> Leased:
         """`Queue.dequeue_blocking` over every shard: an idle wait wakes on any shard's marker."""
         shards = await self.served()
         if len(shards) == 1:
             return await shards[0].dequeue_blocking(
-                worker_id, visibility_timeout, count, wait, reserve=reserve, reserve_count=reserve_count, idle=idle
-            )
+                worker_id, visibility_timeout, count, wait, reserve=reserve, reserve_count=reserve_count, idle=idle,
+                held=held,
+            )  # fmt: skip
         _check_id(worker_id, "worker_id")
         if wait < timedelta(0):
             raise InvalidArgument("wait", "must not be negative")
@@ -278,7 +288,7 @@ class ShardedQueue(Queue):
         while True:
             leases, next_due = await self._take_all(
                 shards, worker_id=worker_id, visibility_timeout=visibility_timeout, count=count,
-                reserve=reserve, reserve_count=reserve_count, idle=idle,
+                reserve=reserve, reserve_count=reserve_count, idle=idle, held=held() if held is not None else 0,
             )  # fmt: skip
             if leases or leases.solo_waiting:
                 return leases

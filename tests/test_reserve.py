@@ -37,6 +37,7 @@ from tests.engine_helpers import eventually, make_settings
 from tests.test_worker_faults import registry_with
 
 VT = timedelta(seconds=30)
+MS = timedelta(milliseconds=1)
 
 
 class ClockHandler(Handler):
@@ -216,6 +217,74 @@ async def test_a_worker_that_reserves_wakes_a_sleeping_one_while_more_are_within
         leases = await asyncio.gather(first, second)
     assert [len(batch) for batch in leases] == [100, 100]
     assert all(lease.due_in is not None for batch in leases for lease in batch)
+
+
+async def test_an_instants_runs_are_reserved_in_fair_shares_by_the_reserving_workers(redis: aioredis.Redis) -> None:
+    """Three workers reserving an instant's 1,000 runs 100 at a time, one of them asking far more
+    often (the first to wake, or the one with the fastest claims): each ends with a third. Before,
+    whoever asked took what it asked for, and one worker started most of an instant's runs one
+    after another while the others idled (issue 25's lateness: shares of 500 and 600 of 1,000)."""
+    queue = Queue(redis, "instant")
+    window = timedelta(seconds=2)
+    held = dict.fromkeys("abc", 0)
+    await queue.enqueue_many([NewItem(f"run-{i}", delay=timedelta(seconds=1.8)) for i in range(1000)])
+    for worker in "abc":  # each asks with reservations while runs are delayed: a known reserver
+        assert await queue.dequeue(worker, VT, 1, reserve=MS, reserve_count=100) == []
+    for worker in "aaaaaaaaaabbbbbccccc" * 2:
+        taken = await queue.dequeue(worker, VT, 1, reserve=window, reserve_count=100, held=held[worker])
+        held[worker] += len(taken)
+    assert sum(held.values()) == 1000
+    assert all(332 <= share <= 334 for share in held.values()), held  # a third each, give or take rounding
+    assert (await queue.stats()).delayed == 0
+
+
+async def test_a_worker_kept_out_by_its_share_comes_back_when_shares_end_and_takes_what_is_left(
+    redis: aioredis.Redis,
+) -> None:
+    """A reserver that went away (or stopped asking) strands nothing: within a third of the window
+    of the due time, whoever asks takes the rest, whatever its share; until then a caller that has
+    its share is told to come back then, not at once (no busy loop)."""
+    queue = Queue(redis, "instant")
+    window = timedelta(seconds=3)
+    await queue.enqueue_many([NewItem(f"run-{i}", delay=timedelta(seconds=2)) for i in range(10)])
+    for worker in ("a", "gone"):
+        assert await queue.dequeue(worker, VT, 1, reserve=MS, reserve_count=100) == []
+    taken = await queue.dequeue("a", VT, 1, reserve=window, reserve_count=100)
+    assert len(taken) == 5  # its half: "gone" reserved within the last seconds
+    leases, next_due = await queue._take("a", VT, 1, window, 100, held=5)
+    assert leases == []
+    assert next_due is not None
+    assert 0.9 < next_due <= 1.0, "back when the earliest run is a third of the window from its due time"
+    async with asyncio.timeout(5):
+        rest = await queue.dequeue_blocking(
+            "a", VT, 1, timedelta(seconds=4), reserve=window, reserve_count=100, held=lambda: 5
+        )
+    assert len(rest) == 5
+    assert all(lease.due_in is not None and lease.due_in <= window / 3 for lease in rest)
+
+
+async def test_a_blocking_dequeue_counts_the_reservations_held_at_each_try(redis: aioredis.Redis) -> None:
+    """The reservations a worker holds are read again each time its blocking dequeue tries: runs it
+    held when the wait began have started since, and counting them would keep it out of the next
+    instant until the shares end (it did: a worker's count from the instant before kept it out)."""
+    queue = Queue(redis, "instant")
+    window = timedelta(milliseconds=1500)
+    await queue.enqueue("later", delay=timedelta(minutes=1))
+    for worker in ("a", "b"):
+        assert await queue.dequeue(worker, VT, 1, reserve=MS, reserve_count=100) == []
+    held = [400]  # b's reservations when its wait begins; they have all started when the runs come
+    waiting = asyncio.create_task(
+        queue.dequeue_blocking(
+            "b", VT, 1, timedelta(seconds=5), reserve=window, reserve_count=100, held=lambda: held[0]
+        )
+    )
+    await eventually(lambda: _blocked_clients(redis, 1))
+    held[0] = 0
+    await queue.enqueue_many([NewItem(f"run-{i}", delay=timedelta(seconds=2)) for i in range(100)])
+    async with asyncio.timeout(5):
+        leases = await waiting
+    assert len(leases) == 50  # its share, as soon as the runs came within the window
+    assert all(lease.due_in is not None and lease.due_in > window / 3 for lease in leases)
 
 
 async def _blocked_clients(redis: aioredis.Redis, count: int) -> bool:

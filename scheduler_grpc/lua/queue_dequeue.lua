@@ -2,11 +2,12 @@
 -- KEYS[7]=owner KEYS[8]=lease_seq KEYS[9]=marker KEYS[10]=delayed KEYS[11]=seq KEYS[12]=solo
 -- KEYS[13]=drainer KEYS[14]=limdef KEYS[15]=lims KEYS[16]=gwait KEYS[17]=gmem KEYS[18]=gactive
 -- KEYS[19]=gdelay KEYS[20]=gblock KEYS[21]=grr KEYS[22]=kpark KEYS[23]=kqueued KEYS[24]=held
--- KEYS[25]=holds KEYS[26]=tat KEYS[27]=tatrem KEYS[28]=kpause
+-- KEYS[25]=holds KEYS[26]=tat KEYS[27]=tatrem KEYS[28]=kpause KEYS[29]=reservers KEYS[30]=reserving
 -- ARGV[1]=worker id ARGV[2]=visibility timeout in ms ARGV[3]=most items to take
 -- ARGV[4]=most due delayed items to promote first
 -- ARGV[5]=reserve window in ms (0: reserve nothing) ARGV[6]=most delayed items to reserve
 -- ARGV[7]=1 when the caller is idle (it holds no run at all), else 0
+-- ARGV[8]=reservations the caller holds that are not due yet (its fair share counts them)
 -- Returns: {} when nothing was leased, nothing is delayed and no solo item waits for the caller;
 -- {wait_ms, drain} when nothing was leased: wait_ms is how long until the earliest delayed item the
 -- caller may take is due (Redis clock, as a duration; with reservations on, until it comes within
@@ -24,6 +25,14 @@
 -- Reservations: when the ready items do not fill ARGV[3], delayed items due within the window (up
 -- to ARGV[6]) are leased too, taken out of the delayed set: the worker claims them ahead and
 -- starts each at its due time.
+-- Fair shares: while more than one worker reserves from the queue (reservers: the worker of each
+-- reserving call made while items are delayed, forgotten RESERVER_TTL_MS after its last), a caller takes at most its share of
+-- the window, ceil((delayed items within it + reservations not due yet) / reservers), less the
+-- reservations it holds (ARGV[8]); reserving records each reservation until its due time. So a
+-- crowd due at one instant starts on every worker side by side, not mostly on the first to wake
+-- (each worker starts its share one run after another). Within window / 3 of the earliest item's
+-- due time the shares end, and whoever asks takes what is left (a reserver that went away, or
+-- held more than it said, strands nothing). A caller kept out by its share comes back then.
 -- Solo items (the solo set: items that stalled max_stalls - 1 times, see queue_recover) are leased
 -- only to an idle caller, one alone (a solo delivery, its token ending in 's'), so a worker that dies
 -- during it died of that item. Other callers skip them, keeping their place; one of those, the
@@ -45,10 +54,10 @@
 local ready_key, processing_key, priority_key, data_key, deliveries_key, lease_key, owner_key,
   lease_seq_key, marker_key, delayed_key, seq_key, solo_key, drainer_key, limdef_key, lims_key, gwait_key,
   gmem_key, gactive_key, gdelay_key, gblock_key, grr_key, kpark_key, kqueued_key, held_key, holds_key,
-  tat_key, tatrem_key, kpause_key =
+  tat_key, tatrem_key, kpause_key, reservers_key, reserving_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11],
   KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18], KEYS[19], KEYS[20], KEYS[21],
-  KEYS[22], KEYS[23], KEYS[24], KEYS[25], KEYS[26], KEYS[27], KEYS[28]
+  KEYS[22], KEYS[23], KEYS[24], KEYS[25], KEYS[26], KEYS[27], KEYS[28], KEYS[29], KEYS[30]
 
 -- @include ready_score
 -- @include groups
@@ -527,10 +536,39 @@ else
   end
 end
 
+-- The most this caller may reserve now: its fair share of the window, less what it holds (see
+-- the header); every reserving caller is noted as a reserver.
+local RESERVER_TTL_MS = 5000
+local shared_out = false -- kept from reserving by its share: it comes back when the shares end
+local function fair_share(most)
+  redis.call('ZREMRANGEBYSCORE', reservers_key, '-inf', now - RESERVER_TTL_MS)
+  redis.call('ZREMRANGEBYSCORE', reserving_key, '-inf', now)
+  local reservers = redis.call('ZCARD', reservers_key)
+  if reservers < 2 or tonumber(earliest[2]) <= now + window / 3 then
+    return most
+  end
+  local within = redis.call('ZCOUNT', delayed_key, '-inf', string.format('%.0f', now + window))
+  local share = math.ceil((within + redis.call('ZCARD', reserving_key)) / reservers)
+  local room = math.max(0, share - tonumber(ARGV[8]))
+  if room < most then
+    most = room
+    shared_out = room == 0
+  end
+  return most
+end
+
 -- Ready items first: reserve only when they leave the request unfilled (a draining worker pays
 -- nothing), and only when the earliest delayed item is within the window (else no range read).
 local reserved = {}
+if reserving and #earliest > 0 then
+  redis.call('ZADD', reservers_key, now, worker)
+  redis.call('PEXPIRE', reservers_key, RESERVER_TTL_MS)
+end
 if not solo_id and reserving and #popped < 2 * count and #earliest > 0
+    and tonumber(earliest[2]) <= now + window then
+  reserve_most = fair_share(reserve_most)
+end
+if not solo_id and reserving and reserve_most > 0 and #popped < 2 * count and #earliest > 0
     and tonumber(earliest[2]) <= now + window then
   local found = redis.call('ZRANGE', delayed_key, '-inf', string.format('%.0f', now + window), 'BYSCORE',
     'LIMIT', 0, reserve_most + skip_span, 'WITHSCORES')
@@ -593,7 +631,8 @@ if #popped == 0 and #reserved == 0 and not solo_id then
     local due = tonumber(head[i + 1]) - now
     local solo = is_solo(head[i])
     if not solo and reserving and not (limited and redis.call('HEXISTS', lims_key, head[i]) == 1) then
-      due = due - window
+      -- Kept out by its share: back when the shares end (or when an enqueue wakes it).
+      due = due - (shared_out and window / 3 or window)
     end
     if (idle or not solo) and (not ahead or due < ahead) then
       ahead = due
@@ -644,7 +683,11 @@ for i = 1, #popped, 2 do
 end
 for i = 1, #reserved, 2 do
   redis.call('ZREM', delayed_key, reserved[i])
+  redis.call('ZADD', reserving_key, reserved[i + 1], reserved[i])
   lease(reserved[i], math.max(0, tonumber(reserved[i + 1]) - now), '')
+end
+if #reserved > 0 then
+  redis.call('PEXPIRE', reserving_key, window + 1000)
 end
 
 -- BullMQ's marker pattern: work is left, so wake another idle worker; otherwise nobody should wake.

@@ -21,7 +21,7 @@ from scheduler_grpc.handlers import ExecutionContext, HandlerRegistry, HandlerSe
 from scheduler_grpc.items import item_breaker_key
 from scheduler_grpc.worker.attempt import Attempt, Deadline, HandBack, failed, run_handler, run_handler_traced
 from scheduler_grpc.worker.lifecycle import State, Stop
-from scheduler_grpc.worker.support import MS, Maintenance, Shared, faulted, log, sleep_until
+from scheduler_grpc.worker.support import MS, DueStarts, Maintenance, Shared, faulted, log, sleep_until
 
 _LATENESS_TRIGGERS = frozenset({Trigger.SCHEDULE, Trigger.MANUAL})
 
@@ -38,6 +38,7 @@ class Executor:
         self._maintenance = maintenance
         self._grace = shared.settings.worker_reserve_grace.total_seconds()
         self._held_started: list[Attempt] = []  # started in this turn of the loop (`_started_held`)
+        self.dues = DueStarts()  # when the held runs come due: recording gives way to their starts
 
     # -- starting ------------------------------------------------------------------------------------
 
@@ -58,6 +59,7 @@ class Executor:
             if run.reserved:
                 assert run.claim.clock is not None  # a claim with reservations reads the clock
                 run.due = replied + max((run.claim.started_at - run.claim.clock).total_seconds(), 0.0)
+                self.dues.add(run)
                 self._spawn(run, self._hold(run, replied))
                 continue
             timeout = run.claim.timeout

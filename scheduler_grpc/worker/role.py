@@ -112,7 +112,7 @@ class Worker:
         self._executor = Executor(shared, registry, Maintenance(history, bus, self.queue))
         tracker.hooks(on_slots=shared.slot_free.set, on_granted=self._executor.granted, on_finished=shared.outcomes.set)
         self._fetcher = Fetcher(shared)
-        self._completer = Completer(shared)
+        self._completer = Completer(shared, self._executor.dues)
         self._started_at = datetime.now(UTC)
         self._identity = dict(identity or {})
 
@@ -158,7 +158,7 @@ class Worker:
                 group.create_task(self._heartbeat_loop(), name="heartbeat"),
                 group.create_task(cancels.listen(), name="cancel-listener"),
                 group.create_task(cancels.poll(), name="cancel-poll"),
-                group.create_task(publish_loop(shared), name="publish-events"),
+                group.create_task(publish_loop(shared, self._executor.dues), name="publish-events"),
             ]
             await stop.wait()
             log.info("worker stopping: no new work", extra={"worker_id": self.id, "active": self.active})

@@ -36,6 +36,7 @@ from scheduler_grpc.worker.support import (
     MS,
     PUBLISH_BATCH,
     RESERVE_BATCH,
+    DueStarts,
     Shared,
     StoreTrouble,
     faulted,
@@ -188,12 +189,17 @@ class Fetcher:
         self._shared.slot_free.clear()
         await self._shared.slot_free.wait()
 
+    def _held(self) -> int:
+        """Reservations held that are not due yet (the queue's fair share counts them)."""
+        return self._shared.tracker.count(State.RESERVED, State.HELD)
+
     async def _dequeue(self, free: int, reservations: int) -> list[Lease]:
         shared = self._shared
         window = shared.settings.worker_reserve_ahead if reservations else timedelta(0)
         leases = await shared.queue.dequeue_blocking(
             shared.id, shared.settings.visibility_timeout, free, FETCH_WAIT,
             reserve=window, reserve_count=reservations, idle=shared.tracker.idle,
+            held=self._held,
         )  # fmt: skip
         self._solo_waiting = leases.solo_waiting
         return leases
@@ -334,8 +340,9 @@ class Completer:
     queue (acks, retries with backoff, dead letters). Recording that fails is retried (the leases
     kept meanwhile) for up to COMPLETION_RETRY_FOR, then let go: the runs run again elsewhere."""
 
-    def __init__(self, shared: Shared) -> None:
+    def __init__(self, shared: Shared, dues: DueStarts) -> None:
         self._shared = shared
+        self._dues = dues
         self._durations: dict[str, Any] = {}  # handler -> its EXECUTION_DURATION child
         self._settled = asyncio.Event()
 
@@ -348,6 +355,7 @@ class Completer:
                 shared.outcomes.clear()
                 await shared.outcomes.wait()
             self._settled.clear()
+            await self._dues.give_way()  # an instant's held runs start first
             batch = shared.tracker.take_finished(COMPLETION_BATCH)
             try:
                 await self._complete(batch)
@@ -593,12 +601,14 @@ class Cancels:
             run.task.cancel()
 
 
-async def publish_loop(shared: Shared) -> None:
-    """Publish the outbox's events, oldest first, in batches; a batch that cannot be published
-    within COMPLETION_RETRY_FOR (or by the end of a stop) is dropped, logged: the changes it
-    describes are recorded in PostgreSQL."""
+async def publish_loop(shared: Shared, dues: DueStarts) -> None:
+    """Publish the outbox's events, oldest first, in batches (each after the held runs due then have
+    started, `DueStarts.give_way`); a batch that cannot be published within COMPLETION_RETRY_FOR
+    (or by the end of a stop) is dropped, logged: the changes it describes are recorded in
+    PostgreSQL."""
     while True:
         batch = await shared.outbox.take(PUBLISH_BATCH)
+        await dues.give_way()
         until = time.monotonic() + COMPLETION_RETRY_FOR.total_seconds()
         try:
             await shared.retrying(
