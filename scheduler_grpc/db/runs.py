@@ -135,7 +135,9 @@ class RunRepository:
 
         * `queued` -> it becomes `running` under this token;
         * `running` under another token (its worker lost the lease) or `abandoned` -> that attempt
-          is recorded `abandoned` and a new attempt starts `running` under this token;
+          is recorded `abandoned` and a new attempt starts `running` under this token (when the old
+          holder or the leader queued that next attempt while this claim waited for the row, that
+          queued attempt starts `running` under this token);
         * `running` under this token -> returned again (a repeated claim is harmless);
         * finished, or no row (job deleted) -> nothing: the caller acks the item away;
         * `running` under another token with a cancel requested -> recorded `cancelled`, nothing
@@ -194,10 +196,16 @@ class RunRepository:
                 FROM latest l
                 WHERE l.status = 'abandoned'
                    OR (l.status = 'running' AND l.claim_token <> l.token AND l.cancel_requested_at IS NULL)
-                -- The old holder may have ended the attempt and added the next one while we waited for
-                -- its row lock (abandon, release): that attempt is not in our snapshot. Then the run
-                -- is simply not claimed here (the caller acks the item; reconcile enqueues the attempt).
-                ON CONFLICT DO NOTHING
+                -- The old holder (or the leader, for an expired lease) may have ended the attempt and
+                -- queued the next one while we waited for its row lock (release, abandon): that
+                -- attempt is not in our snapshot. We hold the item's current lease, so that queued
+                -- attempt is ours to run: claimed as it is (its snapshot and due time), started no
+                -- earlier than its due time. One in any other state is left alone (nothing claimed:
+                -- the caller acks the item, as for a finished run).
+                ON CONFLICT (job_id, scheduled_for, attempt) DO UPDATE
+                    SET status = 'running', claim_token = EXCLUDED.claim_token, worker_id = EXCLUDED.worker_id,
+                        started_at = greatest(EXCLUDED.started_at, job_executions.due_at)
+                    WHERE job_executions.status = 'queued'
                 RETURNING id, run_id, job_id, scheduled_for, attempt, started_at, due_at, trigger, trace_context,
                           limit_keys, {SNAPSHOT_COLUMNS}
             ), claimed AS (
