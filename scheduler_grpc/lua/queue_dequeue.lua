@@ -26,13 +26,14 @@
 -- to ARGV[6]) are leased too, taken out of the delayed set: the worker claims them ahead and
 -- starts each at its due time.
 -- Fair shares: while more than one worker reserves from the queue (reservers: the worker of each
--- reserving call made while items are delayed, forgotten RESERVER_TTL_MS after its last), a caller takes at most its share of
--- the window, ceil((delayed items within it + reservations not due yet) / reservers), less the
--- reservations it holds (ARGV[8]); reserving records each reservation until its due time. So a
--- crowd due at one instant starts on every worker side by side, not mostly on the first to wake
--- (each worker starts its share one run after another). Within window / 3 of the earliest item's
--- due time the shares end, and whoever asks takes what is left (a reserver that went away, or
--- held more than it said, strands nothing). A caller kept out by its share comes back then.
+-- reserving call made while items are delayed, forgotten RESERVER_TTL_MS after its last), a caller
+-- takes at most its share of the window, ceil((delayed items within it + reservations not due yet)
+-- / reservers), less the reservations it holds (ARGV[8]); reserving records each reservation until
+-- its due time. So a crowd due at one instant starts on every worker side by side, not mostly on
+-- the first to wake (each worker starts its share one run after another). Within window / 3 of the
+-- earliest item's due time the shares end, and whoever asks takes what is left (a reserver that
+-- went away, or held more than it said, strands nothing). A caller kept out by its share comes
+-- back then.
 -- Solo items (the solo set: items that stalled max_stalls - 1 times, see queue_recover) are leased
 -- only to an idle caller, one alone (a solo delivery, its token ending in 's'), so a worker that dies
 -- during it died of that item. Other callers skip them, keeping their place; one of those, the
@@ -564,12 +565,12 @@ if reserving and #earliest > 0 then
   redis.call('ZADD', reservers_key, now, worker)
   redis.call('PEXPIRE', reservers_key, RESERVER_TTL_MS)
 end
-if not solo_id and reserving and #popped < 2 * count and #earliest > 0
-    and tonumber(earliest[2]) <= now + window then
+local reservable = not solo_id and reserving and #popped < 2 * count and #earliest > 0
+  and tonumber(earliest[2]) <= now + window
+if reservable then
   reserve_most = fair_share(reserve_most)
 end
-if not solo_id and reserving and reserve_most > 0 and #popped < 2 * count and #earliest > 0
-    and tonumber(earliest[2]) <= now + window then
+if reservable and reserve_most > 0 then
   local found = redis.call('ZRANGE', delayed_key, '-inf', string.format('%.0f', now + window), 'BYSCORE',
     'LIMIT', 0, reserve_most + skip_span, 'WITHSCORES')
   if solo_count == 0 and not limited then
