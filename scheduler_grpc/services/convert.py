@@ -526,18 +526,25 @@ def _set_time(field: timestamp_pb2.Timestamp, value: datetime) -> None:
 
 
 def execution_to_proto(execution: Execution) -> executions_pb2.Execution:
-    # Only the fields that are set, times written in place: an unset field passed as None or "" to
-    # the constructor cost as much as a set one, and a Timestamp made to be copied in twice that
-    # (2 us instead of 4 for a new run; a BatchTriggerJobs answer has 1,000).
-    message = executions_pb2.Execution(
-        id=execution.id,
-        run_id=execution.run_id,
-        job_id=execution.job_id,
-        attempt=execution.attempt,
-        state=_EXECUTION_STATE[execution.status],
-        trigger=_TRIGGER[execution.trigger],
-        priority=execution.priority,
-    )
+    message = executions_pb2.Execution()
+    fill_execution(message, execution)
+    return message
+
+
+def fill_execution(message: executions_pb2.Execution, execution: Execution) -> None:
+    """Write `execution` into `message`, an empty message (a new one, or a field of a message being
+    built, so it is not made and then copied in: half the cost per item of a BatchTriggerJobs answer).
+    """
+    # Only the fields that are set, times written in place: an unset field written as None or ""
+    # costs as much as a set one, and a Timestamp made to be copied in twice that.
+    message.id = execution.id
+    message.run_id = execution.run_id
+    message.job_id = execution.job_id
+    message.attempt = execution.attempt
+    message.state = _EXECUTION_STATE[execution.status]
+    message.trigger = _TRIGGER[execution.trigger]
+    if execution.priority:
+        message.priority = execution.priority
     _set_time(message.schedule_time, execution.scheduled_for)
     _set_time(message.due_time, execution.due_at)
     _set_time(message.create_time, execution.created_at)
@@ -564,7 +571,6 @@ def execution_to_proto(execution: Execution) -> executions_pb2.Execution:
         )
     if execution.result is not None:
         message.result.CopyFrom(_receivable(execution.result))
-    return message
 
 
 def _receivable(result: Any) -> struct_pb2.Value:

@@ -167,14 +167,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self, request: jobs_pb2.BatchTriggerJobsRequest, context: Context
     ) -> jobs_pb2.BatchTriggerJobsResponse:
         answers = await self._control.trigger_many([_trigger_item(item) for item in request.requests])
-        results = []
+        response = jobs_pb2.BatchTriggerJobsResponse()
+        add = response.results.add  # each result written in place: no message made and then copied in
         for answer in answers:
+            result = add()
             if isinstance(answer, Exception):
                 code, message = statuses.status_of(answer)
-                results.append(jobs_pb2.TriggerJobResult(code=grpc.StatusCode[code.name].value[0], message=message))
+                result.code, result.message = grpc.StatusCode[code.name].value[0], message
             else:
-                results.append(jobs_pb2.TriggerJobResult(execution=convert.execution_to_proto(answer)))
-        return jobs_pb2.BatchTriggerJobsResponse(results=results)
+                convert.fill_execution(result.execution, answer)
+        return response
 
     async def PreviewSchedule(
         self, request: jobs_pb2.PreviewScheduleRequest, context: Context
