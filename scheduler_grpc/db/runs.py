@@ -1,9 +1,10 @@
 """The worker's store of runs in PostgreSQL: claim, complete, hand back, give up, cancel checks.
 
-The hot path: the claim and the completion of a batch are each ONE statement over arrays
-(`unnest`). What the worker relies on (`scheduler_grpc.ports.RunStore`): each write applies only
-under the attempt's claim token while it is still `running`, so a repeated claim or completion
-(a resend after a lost reply) changes nothing twice.
+The hot path: the claim and the completion of a batch are each one statement over arrays
+(`unnest`), a short one for the usual batch (a claim whose batch holds other cases takes two).
+What the worker relies on (`scheduler_grpc.ports.RunStore`): each write applies only under the
+attempt's claim token while it is still `running`, so a repeated claim or completion (a resend
+after a lost reply) changes nothing twice.
 """
 
 from __future__ import annotations
@@ -69,6 +70,90 @@ def slot_of(given: str, key: str) -> str:
 def _slots(values: Sequence[datetime | None], n: int) -> list[datetime | None]:
     """One slot per item (None: unknown); empty: all unknown."""
     return list(values) if values else [None] * n
+
+
+# `RunRepository.claim`'s first statement: the items whose run's latest attempt is `queued` (a run
+# has at most one open attempt, and it is its latest) in the partition of the given slot, claimed as
+# the whole statement claims them (the same start and columns). No row lock first: the UPDATE waits
+# for a concurrent writer of the row and then checks `queued` again, so a run another claim or an
+# abandon took meanwhile is simply not claimed here (the whole statement then decides).
+_CLAIM_QUEUED = f"""
+    WITH i AS (
+        SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $4::bool[], $5::timestamptz[], $6::timestamptz[])
+            AS i(run_id, token, reserve, leased_at, slot)
+    ), c AS (
+        UPDATE job_executions e SET status = 'running', claim_token = i.token, worker_id = $3,
+               started_at = CASE WHEN i.reserve THEN greatest(clock_timestamp(), e.due_at)
+                                 ELSE least(now(), greatest(coalesce(i.leased_at, now()),
+                                                            date_trunc('milliseconds', e.due_at))) END
+        FROM i WHERE e.run_id = i.run_id AND e.scheduled_for = i.slot AND e.status = 'queued'
+        RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at, e.trigger,
+                  e.trace_context, e.limit_keys, {snapshot("e")}
+    )
+    SELECT c.id::text, c.run_id::text, c.job_id::text, c.scheduled_for, c.attempt, c.started_at, c.due_at,
+           c.trigger, j.name, c.trace_context, c.limit_keys, {snapshot_of_run("c")},
+           CASE WHEN c.attempt = 1 THEN 0
+                ELSE (SELECT count(*) FROM job_executions p
+                      WHERE p.run_id = c.run_id AND p.scheduled_for = c.scheduled_for
+                        AND p.status = 'interrupted') END AS interrupted,
+           0::bigint AS abandoned,
+           CASE WHEN cardinality($4::bool[]) > 0 THEN clock_timestamp() END AS clock
+    FROM c JOIN jobs j ON j.id = c.job_id
+"""
+
+
+# `RunRepository.complete`'s statement for a batch sent for the first time in which no outcome
+# retries and every slot is known (most batches): the update of the whole statement alone. Its
+# plan is a fraction of the whole statement's, which PostgreSQL may plan again at every execution
+# (a custom plan: ~3 ms for a batch of 5 on 2 cores, against ~20 us per outcome of the update).
+_COMPLETE_ONLY = """
+    WITH r AS MATERIALIZED (
+        -- `running` is a column, not a constant (see the whole statement).
+        SELECT r.*, 'running'::text AS running
+        FROM unnest($1::text[]::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
+                    $7::timestamptz[])
+            AS r(id, token, status, error, result, started_at, slot)
+    )
+    UPDATE job_executions e SET status = r.status, finished_at = now(), error = r.error,
+           result = r.result::jsonb, started_at = coalesce(r.started_at, e.started_at)
+    FROM r WHERE e.id = r.id AND e.scheduled_for = r.slot AND e.claim_token = r.token AND e.status = r.running
+    RETURNING e.id::text, e.run_id::text, e.job_id::text, e.attempt, e.status
+"""
+
+
+def _claim_args(
+    items: Sequence[tuple[str, str]],
+    worker_id: str,
+    reserved: list[bool],
+    leased_at: list[datetime | None],
+    slots: list[datetime | None],
+) -> tuple[Any, ...]:
+    """`_CLAIM_QUEUED`'s arguments: as the whole statement takes them, an empty list meaning none
+    (unnest pads it with NULLs: `reserve` NULL is false, `slot` NULL claims nothing here)."""
+    return ([run_id for run_id, _ in items], [token for _, token in items], worker_id, reserved, leased_at, slots)
+
+
+def _claim_of(row: asyncpg.Record) -> Claim:
+    return Claim(
+        run_id=row["run_id"],
+        execution_id=row["id"],
+        job_id=row["job_id"],
+        job_name=row["name"],
+        attempt=row["attempt"],
+        scheduled_for=row["scheduled_for"],
+        started_at=row["started_at"],
+        handler=row["handler"],
+        payload=row["payload"],
+        timeout=row["timeout"],
+        retry=RetryPolicy(row["max_retries"], row["initial_backoff"], row["max_backoff"], row["retry_jitter"]),
+        queue=row["queue"],
+        due_at=row["due_at"],
+        clock=row["clock"],
+        interrupted=row["interrupted"],
+        trigger=TRIGGERS[row["trigger"]],
+        trace_context=row["trace_context"],
+        limits=limit_keys_from_json(row["limit_keys"]),
+    )
 
 
 class RunRepository:
@@ -145,10 +230,41 @@ class RunRepository:
 
         What to run comes from the run's own snapshot of its job (see migration 0002), not from the
         job as it is now.
+
+        Two statements at most: the first claims the items whose run's latest attempt is `queued`
+        and whose slot is given (every item, as a rule), and the whole statement above runs only
+        for the items it did not claim (for all of them without `slots`). The first is the one most
+        claims need, at a fraction of the other's cost per statement (one access to the table
+        instead of six, each planned and started over every partition).
         """
         if not items:
             return []
-        rows = await self._pool.fetch(
+        reserved, leased_at, slots = list(reserved), list(leased_at), list(slots)
+        rows: list[asyncpg.Record] = []
+        if slots:  # without slots the first statement could claim nothing
+            rows += await self._pool.fetch(_CLAIM_QUEUED, *_claim_args(items, worker_id, reserved, leased_at, slots))
+        if len(rows) < len(items):
+            claimed = {row["run_id"] for row in rows}  # as PostgreSQL writes a uuid: lower case
+            rest = [i for i, (run_id, _) in enumerate(items) if run_id.lower() not in claimed]
+            rows += await self._claim_any(
+                [items[i] for i in rest],
+                worker_id,
+                [reserved[i] for i in rest] if reserved else [],
+                [leased_at[i] for i in rest] if leased_at else [],
+                [slots[i] for i in rest] if slots else [],
+            )
+        return [_claim_of(row) for row in rows]
+
+    async def _claim_any(
+        self,
+        items: Sequence[tuple[str, str]],
+        worker_id: str,
+        reserved: list[bool],
+        leased_at: list[datetime | None],
+        slots: list[datetime | None],
+    ) -> list[asyncpg.Record]:
+        """The whole claim (every case of `claim`'s list) of `items`."""
+        return await self._pool.fetch(
             f"""
             WITH given AS (
                 -- Ids travel as text both ways: cheaper for the client than uuid objects.
@@ -233,33 +349,10 @@ class RunRepository:
             worker_id,
             LOST_WORKER_ERROR,
             CANCELLED_ERROR,
-            list(reserved),
-            list(leased_at),
-            list(slots),
+            reserved,
+            leased_at,
+            slots,
         )
-        return [
-            Claim(
-                run_id=row["run_id"],
-                execution_id=row["id"],
-                job_id=row["job_id"],
-                job_name=row["name"],
-                attempt=row["attempt"],
-                scheduled_for=row["scheduled_for"],
-                started_at=row["started_at"],
-                handler=row["handler"],
-                payload=row["payload"],
-                timeout=row["timeout"],
-                retry=RetryPolicy(row["max_retries"], row["initial_backoff"], row["max_backoff"], row["retry_jitter"]),
-                queue=row["queue"],
-                due_at=row["due_at"],
-                clock=row["clock"],
-                interrupted=row["interrupted"],
-                trigger=TRIGGERS[row["trigger"]],
-                trace_context=row["trace_context"],
-                limits=limit_keys_from_json(row["limit_keys"]),
-            )
-            for row in rows
-        ]
 
     async def resumable(self, items: Sequence[tuple[str, str]]) -> list[Claim]:
         """The attempts `(execution_id, claim_token)` still `running` under their token, as their
@@ -339,6 +432,22 @@ class RunRepository:
 
     async def _complete(self, encoded: Sequence[tuple[Outcome, str | None]], resent: bool) -> list[Completed]:
         outcomes = [outcome for outcome, _ in encoded]
+        if not resent and all(o.retry_after is None and o.scheduled_for is not None for o in outcomes):
+            # Nothing to retry, nothing to look up again, every slot known: the update alone.
+            rows = await self._pool.fetch(
+                _COMPLETE_ONLY,
+                [outcome.execution_id for outcome in outcomes],
+                [outcome.claim_token for outcome in outcomes],
+                [outcome.status.value for outcome in outcomes],
+                [outcome.error for outcome in outcomes],
+                [result for _, result in encoded],
+                [outcome.started_at for outcome in outcomes],
+                [outcome.scheduled_for for outcome in outcomes],
+            )
+            return [
+                Completed(row["id"], row["run_id"], row["job_id"], row["attempt"], STATUSES[row["status"]], None)
+                for row in rows
+            ]
         rows = await self._pool.fetch(
             f"""
             WITH r AS MATERIALIZED (
