@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from scheduler_grpc.db.executions import Outcome
+from scheduler_grpc.db.executions import Outcome, Queryable
 from scheduler_grpc.db.firing import FiringRepository
 from scheduler_grpc.db.jobs import JobRepository
 from scheduler_grpc.db.runs import RunRepository
@@ -133,3 +133,42 @@ async def test_a_completion_without_retries_records_the_same_as_the_whole_statem
     assert [r["status"] for r in await pool.fetch(
         "SELECT status FROM job_executions WHERE run_id = $1::uuid ORDER BY attempt", retried.run_id
     )] == ["failed", "queued"]  # fmt: skip
+
+
+async def test_the_short_statements_probe_each_run_whatever_the_statistics_say(pool: asyncpg.Pool) -> None:
+    """Statistics taken before a day's runs were queued (the day analysed nearly empty) must not
+    give the short claim or completion a plan that scans the day at every batch. The first five
+    executions of a prepared statement are planned with their values (a scan of a small day may
+    then be the cheaper plan); the plan kept from the sixth on must probe each run."""
+    job = await JobRepository(pool).create(JobSpec(name="stale-stats", handler="test.echo"), None)
+    firing = FiringRepository(pool)
+    slot = datetime.now(UTC)
+    await pool.execute("ANALYZE job_executions")
+    made = await firing.trigger(job.id, Trigger.MANUAL, [slot + timedelta(microseconds=i + 1) for i in range(3000)])
+    scanned: list[int] = []
+    # One connection (its prepared statements), one transaction (its own exact counters).
+    async with pool.acquire() as connection, connection.transaction():
+        runs = RunRepository(connection)
+        for k in range(0, len(made), 100):
+            batch = made[k : k + 100]
+            before = await _sequential_reads(connection)
+            claims = await runs.claim([(q.run_id, "t") for q in batch], "w", slots=[q.scheduled_for for q in batch])
+            done = await runs.complete(
+                [
+                    Outcome(c.execution_id, "t", ExecutionStatus.SUCCEEDED, scheduled_for=c.scheduled_for)
+                    for c in claims
+                ],
+                resent=False,
+            )
+            assert len(done) == len(batch)
+            scanned.append(await _sequential_reads(connection) - before)
+    assert scanned[6:] == [0] * (len(scanned) - 6), scanned
+
+
+async def _sequential_reads(connection: Queryable) -> int:
+    """Rows of job_executions read by sequential scan in this transaction."""
+    return int(
+        await connection.fetchval(
+            "SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_xact_user_tables WHERE relname LIKE 'job_executions%'"
+        )
+    )

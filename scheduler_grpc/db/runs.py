@@ -72,31 +72,32 @@ def _slots(values: Sequence[datetime | None], n: int) -> list[datetime | None]:
     return list(values) if values else [None] * n
 
 
-# `RunRepository.claim`'s first statement: the items whose run's latest attempt is `queued` (a run
-# has at most one open attempt, and it is its latest) in the partition of the given slot, claimed as
-# the whole statement claims them (the same start and columns). No row lock first: the UPDATE waits
-# for a concurrent writer of the row and then checks `queued` again, so a run another claim or an
-# abandon took meanwhile is simply not claimed here (the whole statement then decides).
+# `RunRepository.claim`'s first statement: the items whose run is still at its first attempt and
+# `queued` (a run's first attempt has the run's id: one primary-key probe per item, whatever the
+# statistics say of the day's partition), claimed as the whole statement claims them (the same
+# start, the same columns; a first attempt has no interrupted one before it). No row lock first:
+# the UPDATE waits for a concurrent writer of the row and then checks `queued` again, so a run
+# another claim or an abandon took meanwhile is left to the whole statement, as is a retry.
 _CLAIM_QUEUED = f"""
-    WITH i AS (
-        SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $4::bool[], $5::timestamptz[], $6::timestamptz[])
+    WITH i AS MATERIALIZED (
+        -- `queued` is a column, not a constant, as `running` in the whole completion: with the
+        -- constant the planner may scan a day's partition for its queued rows (by statistics often
+        -- taken before the day's runs were queued) instead of probing the primary key per item.
+        SELECT i.*, 'queued'::text AS queued
+        FROM unnest($1::text[]::uuid[], $2::text[], $4::bool[], $5::timestamptz[], $6::timestamptz[])
             AS i(run_id, token, reserve, leased_at, slot)
     ), c AS (
         UPDATE job_executions e SET status = 'running', claim_token = i.token, worker_id = $3,
                started_at = CASE WHEN i.reserve THEN greatest(clock_timestamp(), e.due_at)
                                  ELSE least(now(), greatest(coalesce(i.leased_at, now()),
                                                             date_trunc('milliseconds', e.due_at))) END
-        FROM i WHERE e.run_id = i.run_id AND e.scheduled_for = i.slot AND e.status = 'queued'
+        FROM i WHERE e.id = i.run_id AND e.scheduled_for = i.slot AND e.status = i.queued
         RETURNING e.id, e.run_id, e.job_id, e.scheduled_for, e.attempt, e.started_at, e.due_at, e.trigger,
                   e.trace_context, e.limit_keys, {snapshot("e")}
     )
     SELECT c.id::text, c.run_id::text, c.job_id::text, c.scheduled_for, c.attempt, c.started_at, c.due_at,
            c.trigger, j.name, c.trace_context, c.limit_keys, {snapshot_of_run("c")},
-           CASE WHEN c.attempt = 1 THEN 0
-                ELSE (SELECT count(*) FROM job_executions p
-                      WHERE p.run_id = c.run_id AND p.scheduled_for = c.scheduled_for
-                        AND p.status = 'interrupted') END AS interrupted,
-           0::bigint AS abandoned,
+           0::bigint AS interrupted, 0::bigint AS abandoned,
            CASE WHEN cardinality($4::bool[]) > 0 THEN clock_timestamp() END AS clock
     FROM c JOIN jobs j ON j.id = c.job_id
 """
@@ -231,11 +232,12 @@ class RunRepository:
         What to run comes from the run's own snapshot of its job (see migration 0002), not from the
         job as it is now.
 
-        Two statements at most: the first claims the items whose run's latest attempt is `queued`
-        and whose slot is given (every item, as a rule), and the whole statement above runs only
-        for the items it did not claim (for all of them without `slots`). The first is the one most
-        claims need, at a fraction of the other's cost per statement (one access to the table
-        instead of six, each planned and started over every partition).
+        Two statements at most: the first claims the items whose run's first attempt is still
+        `queued` and whose slot is given (as a rule, every item but retries), and the whole
+        statement above runs only for the items it did not claim (for all of them without
+        `slots`). The first is the one most claims need, at a fraction of the other's cost per
+        statement (one access to the table instead of six, each planned and started over every
+        partition).
         """
         if not items:
             return []
