@@ -5,9 +5,10 @@
 Starts embedded PostgreSQL (or uses DATABASE_URL), seeds `--history` finished attempts
 (bench/console_bench.py's generator; a database already holding exactly that many rows is reused,
 since seeding a million takes minutes), queues `--runs` runs of one job, then claims and completes
-them in batches of `--batch` through `RunRepository` (no Redis, no handler). Per execution and
-per statement kind: PostgreSQL CPU µs (its process tree, from /proc; the machine's load inflates
-it, so compare the ratio to the `UPDATE ... FROM unnest` floor measured first), WAL bytes
+them in batches of `--batch` through `RunRepository` with their slots, as the worker does (no
+Redis, no handler). Per execution and per statement kind: PostgreSQL CPU µs (its process tree,
+from /proc; the machine's load inflates it, so compare the ratio to the `UPDATE ... FROM unnest`
+floor measured first), WAL bytes
 (pg_current_wal_lsn), and how many row updates were HOT (pg_stat_user_tables; its counters lag up
 to a second). With `--explain`, prints EXPLAIN (ANALYZE, BUFFERS, WAL) of one claim batch and one
 complete batch halfway through (both rolled back).
@@ -81,9 +82,12 @@ async def main(args: argparse.Namespace, database_url: str) -> dict[str, object]
         )
         base = datetime(2020, 1, 1, tzinfo=UTC)
         runs: list[str] = []
+        slot_of: dict[str, datetime | None] = {}  # each run's slot, as its queue item gives it
         for start in range(0, args.runs, 1000):
             slots = [base + timedelta(microseconds=i) for i in range(start, min(start + 1000, args.runs))]
-            runs += [q.run_id for q in await FiringRepository(pool).trigger(job.id, Trigger.BACKFILL, slots)]
+            made = await FiringRepository(pool).trigger(job.id, Trigger.BACKFILL, slots)
+            runs += [q.run_id for q in made]
+            slot_of.update((q.run_id, q.scheduled_for) for q in made)
         await pool.execute("VACUUM ANALYZE job_executions")
         await pool.execute("CHECKPOINT")
         ppid = await postgres_pid(pool)
@@ -102,12 +106,22 @@ async def main(args: argparse.Namespace, database_url: str) -> dict[str, object]
             now = datetime.now(UTC)
             leased = now.replace(microsecond=now.microsecond // 1000 * 1000)
             cpu, wal = tree_cpu_seconds(ppid), await _wal(pool)
-            claims = await repo.claim(items, "worker-probe", leased_at=[leased] * len(items))
+            claims = await repo.claim(
+                items, "worker-probe", leased_at=[leased] * len(items), slots=[slot_of[run_id] for run_id in batch]
+            )
             spent["claim"][0] += tree_cpu_seconds(ppid) - cpu
             spent["claim"][1] += await _wal(pool) - wal
             tokens = dict(items)
             outcomes = [
-                Outcome(c.execution_id, tokens[c.run_id], ExecutionStatus.SUCCEEDED, None, {"ok": True}, None)
+                Outcome(
+                    c.execution_id,
+                    tokens[c.run_id],
+                    ExecutionStatus.SUCCEEDED,
+                    None,
+                    {"ok": True},
+                    None,
+                    scheduled_for=c.scheduled_for,
+                )
                 for c in claims
             ]
             cpu, wal = tree_cpu_seconds(ppid), await _wal(pool)
@@ -140,6 +154,9 @@ class _Explaining:
 
     def __init__(self, connection: Any) -> None:
         self._connection = connection
+
+    def transaction(self) -> Any:  # a completion's savepoint (`RunRepository.complete`)
+        return self._connection.transaction()
 
     async def fetch(self, sql: str, *args: Any) -> list[Any]:
         plan = await self._connection.fetch("EXPLAIN (ANALYZE, BUFFERS, WAL) " + sql, *args)

@@ -248,13 +248,14 @@ class RunRepository:
         if len(rows) < len(items):
             claimed = {row["run_id"] for row in rows}  # as PostgreSQL writes a uuid: lower case
             rest = [i for i, (run_id, _) in enumerate(items) if run_id.lower() not in claimed]
-            rows += await self._claim_any(
-                [items[i] for i in rest],
-                worker_id,
-                [reserved[i] for i in rest] if reserved else [],
-                [leased_at[i] for i in rest] if leased_at else [],
-                [slots[i] for i in rest] if slots else [],
-            )
+            if rest:  # (none when the batch named a claimed run twice)
+                rows += await self._claim_any(
+                    [items[i] for i in rest],
+                    worker_id,
+                    [reserved[i] for i in rest] if reserved else [],
+                    [leased_at[i] for i in rest] if leased_at else [],
+                    [slots[i] for i in rest] if slots else [],
+                )
         return [_claim_of(row) for row in rows]
 
     async def _claim_any(
