@@ -135,6 +135,7 @@ def _claim_args(
 
 
 def _claim_of(row: asyncpg.Record) -> Claim:
+    """The claim a row of the claim statements (or of `resumable`) describes."""
     return Claim(
         run_id=row["run_id"],
         execution_id=row["id"],
@@ -370,7 +371,8 @@ class RunRepository:
                    e.trigger, j.name, e.trace_context, e.limit_keys, {snapshot_of_run("e")},
                    CASE WHEN e.attempt = 1 THEN 0
                         ELSE (SELECT count(*) FROM job_executions p
-                              WHERE p.run_id = e.run_id AND p.status = 'interrupted') END AS interrupted
+                              WHERE p.run_id = e.run_id AND p.status = 'interrupted') END AS interrupted,
+                   NULL::timestamptz AS clock  -- not a reservation's claim: nothing to wait for
             FROM unnest($1::uuid[], $2::text[]) AS r(id, token)
             JOIN job_executions e ON e.id = r.id AND e.claim_token = r.token AND e.status = 'running'
             JOIN jobs j ON j.id = e.job_id
@@ -378,18 +380,7 @@ class RunRepository:
             ids([execution_id for execution_id, _ in items]),
             [token for _, token in items],
         )
-        return [
-            Claim(
-                run_id=row["run_id"], execution_id=row["id"], job_id=row["job_id"], job_name=row["name"],
-                attempt=row["attempt"], scheduled_for=row["scheduled_for"], started_at=row["started_at"],
-                handler=row["handler"], payload=row["payload"], timeout=row["timeout"],
-                retry=RetryPolicy(row["max_retries"], row["initial_backoff"], row["max_backoff"], row["retry_jitter"]),
-                queue=row["queue"], due_at=row["due_at"], clock=None, interrupted=row["interrupted"],
-                trigger=TRIGGERS[row["trigger"]], trace_context=row["trace_context"],
-                limits=limit_keys_from_json(row["limit_keys"]),
-            )
-            for row in rows
-        ]  # fmt: skip
+        return [_claim_of(row) for row in rows]
 
     async def complete(self, outcomes: Sequence[Outcome], *, resent: bool = True) -> list[Completed]:
         """Record how attempts ended; each only under its claim token and while still `running`.
